@@ -1,0 +1,1 @@
+"""rlfleet: RL fine-tuning of robot policies in simulation, at fleet scale."""

@@ -1,0 +1,82 @@
+"""The actor process: env workers + inference client + segment assembly + learner link.
+
+Pipelining (Sample Factory's double buffering): envs are split in S stages; while the workers
+step stage s, the inference server computes actions for stage s+1, so neither waits.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+from omegaconf import DictConfig
+
+from rlfleet.actors.env_worker import EnvWorkerPool
+from rlfleet.actors.inference_client import connect_inference
+from rlfleet.actors.learner_client import LearnerClient
+from rlfleet.actors.rollout import SegmentBuilder
+from rlfleet.config import as_dict
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ActorStats:
+    env_steps: int
+    segments: int
+    seconds: float
+
+
+def run_actor(cfg: DictConfig, actor_index: int, client_id: str, learner_address: str, inference_address: str,
+              stop_event: threading.Event | None = None, max_segments: int | None = None) -> ActorStats:
+    a = cfg.actor
+    E, S, T, K = a.num_envs, a.pipeline_stage_num, a.rollout_len, cfg.env.chunk_size
+    dims = cfg.model_dims
+    stop_event = stop_event or threading.Event()
+    pool = EnvWorkerPool(as_dict(cfg.env), E, a.num_workers, S, dims.state_dim, dims.action_dim, K,
+                         env_offset=actor_index * E)
+    learner = inference = None
+    segments, steps, t0 = 0, 0, time.monotonic()
+    try:
+        inference = connect_inference(a.transport, inference_address, pool.slots, actor_id=client_id)
+        learner = LearnerClient(learner_address, client_id, a.send_queue_size, cfg.learner.weight_chunk_bytes)
+        pool.reset()
+        rows = pool.stage_rows
+        builders = [SegmentBuilder(T, hi - lo, dims.state_dim, K, dims.action_dim) for lo, hi in rows]
+
+        def launch(s: int) -> None:
+            version = inference.wait(s)
+            builders[s].record_policy(pool.slots, *rows[s], version)
+            pool.step_async(s)
+
+        for s in range(S):
+            inference.submit(s, *rows[s])
+        launch(0)
+        s = 0
+        t0 = time.monotonic()
+        log.info("actor %s stepping %d envs in %d stages", client_id, E, S)
+        while not (stop_event.is_set() or learner.stop_requested.is_set() or learner.failed.is_set()):
+            nxt = (s + 1) % S
+            if nxt != s:
+                launch(nxt)  # queued in the workers behind stage s: they never idle
+            pool.step_wait(s)
+            builders[s].record_step(pool.slots, *rows[s])
+            steps += (rows[s][1] - rows[s][0]) * K
+            learner.env_steps = steps
+            if builders[s].full:
+                learner.push(builders[s].finish(pool.slots, *rows[s]))
+                segments += 1
+                if max_segments is not None and segments >= max_segments:
+                    break
+            inference.submit(s, *rows[s])
+            if nxt == s:
+                launch(s)
+            s = nxt
+    finally:
+        if learner is not None:
+            learner.close()
+        if inference is not None:
+            inference.close()
+        pool.close()
+    return ActorStats(steps, segments, time.monotonic() - t0)

@@ -1,0 +1,188 @@
+"""Env worker subprocess: steps its slice of envs and writes results into shared-memory slots.
+
+The actor tells a worker "step stage s" over a pipe; the worker reads that stage's action
+rows from shared memory, steps, writes observations/rewards/episode stats back into the same
+rows and answers with a tiny notification. Workers hold one env slice per pipeline stage, so
+while stage s waits for inference the worker is already stepping stage s+1.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import traceback
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+
+import numpy as np
+
+from rlfleet.wire.shm import ArraySpec, Layout, SharedArrays, layout_from_json, layout_to_json
+
+
+def slot_layout(num_envs: int, state_dim: int, action_dim: int, chunk_size: int) -> Layout:
+    """The shared-memory slots of one actor's E envs (also read by a same-host inference server)."""
+    E, S, K, D = num_envs, state_dim, chunk_size, action_dim
+    return {
+        "states": ArraySpec((E, S), "float32"),
+        "task_ids": ArraySpec((E,), "int64"),
+        "actions": ArraySpec((E, K, D), "float32"),
+        "logprobs": ArraySpec((E,), "float32"),
+        "values": ArraySpec((E,), "float32"),
+        "rewards": ArraySpec((E, K), "float32"),
+        "terminated": ArraySpec((E,), "bool"),
+        "truncated": ArraySpec((E,), "bool"),
+        "success": ArraySpec((E,), "bool"),
+        "episode_done": ArraySpec((E,), "bool"),
+        "episode_return": ArraySpec((E,), "float32"),
+        "episode_length": ArraySpec((E,), "int32"),
+        "episode_success_once": ArraySpec((E,), "bool"),
+        "final_states": ArraySpec((E, S), "float32"),
+    }
+
+
+@dataclass(frozen=True)
+class EnvSlice:
+    stage: int
+    lo: int  # first row in the actor's slots
+    hi: int
+    global_offset: int  # index of the first env across the whole fleet (tasks, seeds)
+
+
+def stage_slices(num_envs: int, num_stages: int, num_workers: int, actor_offset: int) -> list[list[EnvSlice]]:
+    """Rows of stage s are [s*E/S, (s+1)*E/S), split evenly over the workers."""
+    if num_envs % (num_stages * num_workers):
+        raise ValueError(
+            f"num_envs ({num_envs}) must be divisible by pipeline_stage_num x num_workers "
+            f"({num_stages} x {num_workers})"
+        )
+    per_stage, per_worker = num_envs // num_stages, num_envs // (num_stages * num_workers)
+    out: list[list[EnvSlice]] = [[] for _ in range(num_workers)]
+    for s in range(num_stages):
+        for w in range(num_workers):
+            lo = s * per_stage + w * per_worker
+            out[w].append(EnvSlice(s, lo, lo + per_worker, actor_offset + lo))
+    return out
+
+
+def _write_step(slots: SharedArrays, sl: EnvSlice, res) -> None:
+    rows = slice(sl.lo, sl.hi)
+    slots["states"][rows] = res.obs["states"]
+    slots["rewards"][rows] = res.rewards
+    slots["terminated"][rows] = res.terminated
+    slots["truncated"][rows] = res.truncated
+    slots["success"][rows] = res.success
+    slots["episode_done"][rows] = res.episode_done
+    slots["episode_return"][rows] = res.episode_return
+    slots["episode_length"][rows] = res.episode_length
+    slots["episode_success_once"][rows] = res.episode_success_once
+    slots["final_states"][rows] = res.final_states
+
+
+def worker_main(env_cfg: dict, slices: list[EnvSlice], shm_name: str, layout_json: str, conn: Connection) -> None:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    from rlfleet.envs.api import EnvConfig
+    from rlfleet.envs.registry import make_env
+
+    slots = SharedArrays.attach(shm_name, layout_from_json(layout_json), untrack=False)
+    envs = {}
+    try:
+        cfg = EnvConfig(**env_cfg)
+        envs = {sl.stage: make_env(cfg, sl.hi - sl.lo, env_offset=sl.global_offset) for sl in slices}
+        by_stage = {sl.stage: sl for sl in slices}
+        conn.send(("ready", None))
+        while True:
+            cmd, arg = conn.recv()
+            if cmd == "step":
+                sl = by_stage[arg]
+                _write_step(slots, sl, envs[arg].chunk_step(slots["actions"][sl.lo : sl.hi]))
+                conn.send(("stepped", arg))
+            elif cmd == "reset":
+                for sl in slices:
+                    seeds = None if arg is None else np.asarray(arg)[sl.lo : sl.hi]
+                    obs = envs[sl.stage].reset(seeds)
+                    slots["states"][sl.lo : sl.hi] = obs["states"]
+                    slots["task_ids"][sl.lo : sl.hi] = obs["task_ids"]
+                conn.send(("reset", None))
+            elif cmd == "close":
+                break
+            else:
+                raise ValueError(f"unknown worker command {cmd!r}")
+    except (EOFError, KeyboardInterrupt, BrokenPipeError):
+        pass
+    except Exception:
+        try:
+            conn.send(("error", traceback.format_exc()))
+        except (BrokenPipeError, OSError):
+            pass
+    finally:
+        for env in envs.values():
+            env.close()
+        slots.close()
+
+
+class WorkerCrashed(RuntimeError):
+    pass
+
+
+class EnvWorkerPool:
+    """E envs in W worker processes, pipelined in S stages, results in one shared block."""
+
+    def __init__(self, env_cfg: dict, num_envs: int, num_workers: int, num_stages: int,
+                 state_dim: int, action_dim: int, chunk_size: int, env_offset: int = 0):
+        self.num_envs, self.num_stages = num_envs, num_stages
+        self.stage_rows = [(s * num_envs // num_stages, (s + 1) * num_envs // num_stages) for s in range(num_stages)]
+        self.layout = slot_layout(num_envs, state_dim, action_dim, chunk_size)
+        self.slots = SharedArrays.create(self.layout)
+        ctx = mp.get_context("spawn")  # never fork a process that may hold gRPC threads
+        self.conns: list[Connection] = []
+        self.procs: list[mp.Process] = []
+        try:
+            for slices in stage_slices(num_envs, num_stages, num_workers, env_offset):
+                parent, child = ctx.Pipe()
+                proc = ctx.Process(target=worker_main, daemon=True,
+                                   args=(env_cfg, slices, self.slots.name, layout_to_json(self.layout), child))
+                proc.start()
+                child.close()
+                self.conns.append(parent)
+                self.procs.append(proc)
+            self._gather("ready")
+        except BaseException:
+            self.close()
+            raise
+
+    def _gather(self, expect: str) -> None:
+        for i, conn in enumerate(self.conns):
+            try:
+                kind, payload = conn.recv()
+            except EOFError as exc:
+                raise WorkerCrashed(f"env worker {i} died (exit code {self.procs[i].exitcode})") from exc
+            if kind == "error":
+                raise WorkerCrashed(f"env worker {i} failed:\n{payload}")
+            if kind != expect:
+                raise WorkerCrashed(f"env worker {i} answered {kind!r}, expected {expect!r}")
+
+    def reset(self, seeds: np.ndarray | None = None) -> None:
+        for conn in self.conns:
+            conn.send(("reset", None if seeds is None else np.asarray(seeds).tolist()))
+        self._gather("reset")
+
+    def step_async(self, stage: int) -> None:
+        for conn in self.conns:
+            conn.send(("step", stage))
+
+    def step_wait(self, stage: int) -> None:
+        self._gather("stepped")
+
+    def close(self) -> None:
+        for conn in self.conns:
+            try:
+                conn.send(("close", None))
+            except (BrokenPipeError, OSError):
+                pass
+        for proc in self.procs:
+            proc.join(timeout=3)
+            if proc.is_alive():
+                proc.terminate()
+        for conn in self.conns:
+            conn.close()
+        self.conns, self.procs = [], []
+        self.slots.close()

@@ -1,0 +1,92 @@
+"""Advantage post-processing: batch normalisation (PPO implementation detail)
+and GRPO's group-relative advantages (Shao et al. 2024, "DeepSeekMath",
+sec. 4.1.2, outcome supervision), used for critic-free embodied RL where a
+group is several rollouts of the same task/seed."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def normalize_advantages(adv: Tensor, eps: float = 1e-8) -> Tensor:
+    """Normalise to mean 0, std 1:  (A - mean(A)) / (std(A) + eps).
+
+    Uses the *population* std (``unbiased=False``), so the result has
+    population std ~1 exactly and a single-element batch gives 0 instead of
+    NaN.  (CleanRL uses the sample std; the difference is a factor
+    sqrt(N/(N-1)), negligible for minibatch sizes.)  Why: keeps the policy-loss
+    scale independent of reward scale (PPO implementation detail, Engstrom et
+    al. 2020 / Huang et al. 2022 "The 37 Implementation Details of PPO").
+    """
+    mean = adv.mean()
+    std = adv.std(unbiased=False) if adv.numel() > 0 else adv.new_tensor(0.0)
+    return (adv - mean) / (std + eps)
+
+
+def _group_stats(returns: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Per-sample group mean and population std, plus the inverse index."""
+    if returns.dim() != 1 or group_ids.shape != returns.shape:
+        raise ValueError(
+            f"returns and group_ids must be 1-D of equal length, got "
+            f"{tuple(returns.shape)} and {tuple(group_ids.shape)}"
+        )
+    r = returns if returns.is_floating_point() else returns.float()
+    _, inverse = torch.unique(group_ids, return_inverse=True)
+    n_groups = int(inverse.max().item()) + 1 if inverse.numel() > 0 else 0
+    counts = torch.zeros(n_groups, dtype=r.dtype, device=r.device).index_add_(0, inverse, torch.ones_like(r))
+    sums = torch.zeros(n_groups, dtype=r.dtype, device=r.device).index_add_(0, inverse, r)
+    mean = sums / counts
+    sq_dev = (r - mean[inverse]) ** 2
+    var = torch.zeros(n_groups, dtype=r.dtype, device=r.device).index_add_(0, inverse, sq_dev) / counts
+    return mean[inverse], var.sqrt()[inverse], inverse
+
+
+def group_relative_advantages(returns: Tensor, group_ids: Tensor, eps: float = 1e-6) -> Tensor:
+    """GRPO outcome advantage (Shao et al. 2024, DeepSeekMath, sec. 4.1.2):
+
+        A_i = (R_i - mean_{j in g(i)} R_j) / (std_{j in g(i)} R_j + eps)
+
+    ``std`` is the *population* std (``unbiased=False``), as in many GRPO
+    implementations; others use the sample std (``torch.std`` default, a factor
+    sqrt(G/(G-1)) larger).  Population std keeps a singleton group at 0 instead
+    of NaN.  A group whose members all got the same return has zero advantage:
+    it carries no learning signal.
+
+    Args:
+        returns: ``[N]`` scalar return of each trajectory.
+        group_ids: ``[N]`` long, arbitrary (not necessarily contiguous) group labels.
+    """
+    r = returns if returns.is_floating_point() else returns.float()
+    mean, std, _ = _group_stats(r, group_ids)
+    return (r - mean) / (std + eps)
+
+
+def filter_groups_by_mean(returns: Tensor, group_ids: Tensor, lo: float, hi: float) -> Tensor:
+    """Bool mask ``[N]`` keeping samples whose group's mean return lies in [lo, hi].
+
+    Why: groups that all succeed or all fail have zero group-relative
+    advantage and only dilute the batch (DAPO "dynamic sampling", Yu et al.
+    2025; RLinf's success-rate filter).  Bounds are inclusive.
+    """
+    mean, _, _ = _group_stats(returns, group_ids)
+    return (mean >= lo) & (mean <= hi)
+
+
+def spread_over_steps(traj_adv: Tensor, valid_mask: Tensor) -> Tensor:
+    """Broadcast one advantage per trajectory onto its steps.
+
+        out[t, n] = traj_adv[n] if valid_mask[t, n] else 0
+
+    Why: GRPO assigns the outcome advantage to every action of the trajectory;
+    padding steps (after the episode ended) must contribute nothing.
+
+    Args:
+        traj_adv: ``[N]``.  valid_mask: ``[T, N]`` bool or 0/1.
+    """
+    if valid_mask.dim() != 2 or valid_mask.shape[1] != traj_adv.shape[0]:
+        raise ValueError(
+            f"valid_mask must be [T, N] with N={traj_adv.shape[0]}, got {tuple(valid_mask.shape)}"
+        )
+    expanded = traj_adv.unsqueeze(0).expand(valid_mask.shape[0], -1)
+    return torch.where(valid_mask.bool(), expanded, torch.zeros_like(expanded))

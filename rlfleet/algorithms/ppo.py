@@ -1,0 +1,178 @@
+"""PPO losses (Schulman et al. 2017, "Proximal Policy Optimization
+Algorithms") with the common implementation details (asymmetric clip range,
+dual clip, value clipping, entropy bonus), in the decoupled form for a stale
+asynchronous fleet (Hilton et al. 2021, "Batch size-invariance for policy
+optimization"):
+
+    ratio_t = pi_theta(a_t|s_t) / pi_old(a_t|s_t)      pi_old = learner's pre-update policy
+    w_t     = min(pi_old(a_t|s_t) / mu(a_t|s_t), rho_bar)   mu = actor's behaviour policy
+
+``w_t`` comes from :func:`rlfleet.algorithms.off_policy.truncated_importance_weights`
+and is passed to :func:`policy_loss` as ``weights``.
+"""
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+
+def _fraction(mask: Tensor) -> float:
+    """Exact fraction of True entries (count / total, no float32 rounding)."""
+    return int(mask.sum().item()) / mask.numel() if mask.numel() > 0 else 0.0
+
+
+@dataclass
+class PPOConfig:
+    """PPO hyper-parameters (plain types: usable as an OmegaConf structured config)."""
+
+    gamma: float = 0.99
+    gae_lambda: float = 0.95
+    clip_ratio_low: float = 0.2  # ratio lower bound is 1 - clip_ratio_low
+    clip_ratio_high: float = 0.2  # ratio upper bound is 1 + clip_ratio_high
+    dual_clip: Optional[float] = None  # c > 1 (Ye et al. 2020); None disables
+    value_clip: Optional[float] = 0.2  # None disables value clipping
+    vf_coef: float = 0.5
+    ent_coef: float = 0.0
+    max_grad_norm: float = 1.0
+    norm_adv: bool = True
+    update_epochs: int = 4
+    num_minibatches: int = 4
+    lr: float = 3e-4
+    max_policy_lag: int = 4  # drop samples older than this many learner updates
+    rho_bar: float = 1.0  # truncated importance-weight cap
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.clip_ratio_low < 1.0:
+            raise ValueError(f"clip_ratio_low must be in [0, 1), got {self.clip_ratio_low}")
+        if self.clip_ratio_high < 0.0:
+            raise ValueError(f"clip_ratio_high must be >= 0, got {self.clip_ratio_high}")
+        if self.dual_clip is not None and self.dual_clip <= 1.0:
+            raise ValueError(f"dual_clip must be > 1 (or None), got {self.dual_clip}")
+        if self.value_clip is not None and self.value_clip <= 0.0:
+            raise ValueError(f"value_clip must be > 0 (or None), got {self.value_clip}")
+        if self.rho_bar <= 0.0:
+            raise ValueError(f"rho_bar must be > 0, got {self.rho_bar}")
+        if self.max_policy_lag < 0:
+            raise ValueError(f"max_policy_lag must be >= 0, got {self.max_policy_lag}")
+        if self.update_epochs < 1 or self.num_minibatches < 1:
+            raise ValueError("update_epochs and num_minibatches must be >= 1")
+
+
+def policy_loss(
+    logp: Tensor,
+    logp_old: Tensor,
+    advantages: Tensor,
+    clip_low: float,
+    clip_high: float,
+    dual_clip: Optional[float] = None,
+    weights: Optional[Tensor] = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """Clipped surrogate loss (Schulman et al. 2017, eq. 7), negated for descent.
+
+        ratio  = exp(logp - logp_old)
+        L_clip = max(-A * ratio, -A * clamp(ratio, 1 - clip_low, 1 + clip_high))
+        dual clip (Ye et al. 2020, "Mastering Complex Control in MOBA Games
+        with Deep RL"), only where A < 0:
+            L = min(L_clip, -c * A)          (bounds the loss when ratio >> 1)
+        loss   = mean(w * L)                  (w = truncated IS weights, Hilton et al. 2021)
+
+    Asymmetric ``clip_low``/``clip_high`` as in DAPO's "clip-higher" (Yu et al.
+    2025).  ``logp_old`` is the learner's pre-update log-prob (a constant).
+
+    Stats (python floats): ``approx_kl`` = mean((ratio - 1) - log ratio)
+    (Schulman's k3 KL(old||new) estimator), ``clip_fraction`` = fraction with
+    ratio outside [1 - clip_low, 1 + clip_high], ``ratio_mean``,
+    ``dual_clip_fraction`` = fraction where the dual-clip bound is active,
+    ``policy_loss``.
+    """
+    if dual_clip is not None and dual_clip <= 1.0:
+        raise ValueError(f"dual_clip must be > 1 (or None), got {dual_clip}")
+    logp_old = logp_old.detach()
+    advantages = advantages.detach()
+
+    log_ratio = logp - logp_old
+    ratio = torch.exp(log_ratio)
+    pg_loss_unclipped = -advantages * ratio
+    pg_loss_clipped = -advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    per_sample = torch.max(pg_loss_unclipped, pg_loss_clipped)
+
+    if dual_clip is not None:
+        dual_bound = -dual_clip * advantages  # > 0 where A < 0
+        negative_adv = advantages < 0
+        dual_active = negative_adv & (per_sample > dual_bound)
+        per_sample = torch.where(negative_adv, torch.min(per_sample, dual_bound), per_sample)
+    else:
+        dual_active = torch.zeros_like(ratio, dtype=torch.bool)
+
+    if weights is not None:
+        per_sample = weights.detach() * per_sample
+    loss = per_sample.mean()
+
+    with torch.no_grad():
+        clipped = (ratio < 1.0 - clip_low) | (ratio > 1.0 + clip_high)
+        stats = {
+            "approx_kl": ((ratio - 1.0) - log_ratio).mean().item(),
+            "clip_fraction": _fraction(clipped),
+            "ratio_mean": ratio.mean().item(),
+            "dual_clip_fraction": _fraction(dual_active),
+            "policy_loss": loss.item(),
+        }
+    return loss, stats
+
+
+def value_loss(
+    values: Tensor, values_old: Tensor, returns: Tensor, value_clip: Optional[float]
+) -> tuple[Tensor, dict[str, float]]:
+    """Value regression, optionally clipped around the pre-update values.
+
+        unclipped: 0.5 * mean((v - R)^2)
+        clipped:   v_clip = v_old + clamp(v - v_old, -c, c)
+                   0.5 * mean(max((v - R)^2, (v_clip - R)^2))
+
+    Value clipping is a PPO implementation detail from OpenAI baselines
+    (see Engstrom et al. 2020, "Implementation Matters in Deep Policy
+    Gradients"; Huang et al. 2022, "The 37 Implementation Details of PPO").
+
+    Stats: ``value_clip_ratio`` = fraction where the clipped term is strictly
+    larger (0.0 when not clipping), ``value_loss``.
+    """
+    values_old = values_old.detach()
+    returns = returns.detach()
+    loss_unclipped = (values - returns) ** 2
+    if value_clip is None:
+        loss = 0.5 * loss_unclipped.mean()
+        clip_ratio = 0.0
+    else:
+        values_clipped = values_old + torch.clamp(values - values_old, -value_clip, value_clip)
+        loss_clipped = (values_clipped - returns) ** 2
+        loss = 0.5 * torch.max(loss_unclipped, loss_clipped).mean()
+        clip_ratio = _fraction(loss_clipped > loss_unclipped)
+    return loss, {"value_clip_ratio": clip_ratio, "value_loss": loss.item()}
+
+
+def explained_variance(values: Tensor, returns: Tensor) -> float:
+    """EV = 1 - Var[R - V] / Var[R]  (1: perfect critic, 0: as good as a constant,
+    < 0: worse than a constant).  Population variances.
+
+    Returns NaN when Var[R] == 0 (EV is undefined; same convention as
+    CleanRL / Stable-Baselines3), so callers should log it with a nan-aware
+    aggregate.
+    """
+    v = values.detach().flatten().double()
+    r = returns.detach().flatten().double()
+    var_r = r.var(unbiased=False).item() if r.numel() > 0 else 0.0
+    if var_r == 0.0 or math.isnan(var_r):
+        return float("nan")
+    return 1.0 - (r - v).var(unbiased=False).item() / var_r
+
+
+def ppo_total_loss(pg_loss: Tensor, v_loss: Tensor, entropy: Tensor, cfg: PPOConfig) -> Tensor:
+    """loss = L_pg + vf_coef * L_v - ent_coef * mean(H[pi])  (Schulman et al. 2017, eq. 9).
+
+    The entropy term is a bonus (subtracted) that discourages premature
+    collapse of exploration.
+    """
+    return pg_loss + cfg.vf_coef * v_loss - cfg.ent_coef * entropy.mean()

@@ -1,0 +1,97 @@
+"""The simulator-independent env API: a batch of B envs stepped K actions (one chunk) at a time.
+
+Every simulator adapter (MetaWorld now, others later) implements `ChunkedEnv`, so actors,
+evaluators and the wire layer never see simulator types. Observation keys follow RLinf
+(`states`, `task_descriptions`, later `main_images`) so policies port over unchanged.
+
+Semantics shared by all adapters:
+
+* Auto-reset: an env whose episode ends at substep k of a chunk records its episode stats,
+  resets at once and ignores the rest of the chunk (reward 0 for those substeps); the obs
+  returned for it is the new episode's first obs, and `final_states` keeps the state the old
+  episode ended in (needed to bootstrap the value of a truncated episode).
+* Actions are clipped to [action_low, action_high].
+"""
+
+import abc
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class EnvConfig:
+    """Which simulator and tasks to run; simple types only so it works as an OmegaConf structured config."""
+
+    name: str = "metaworld"
+    # A single task ("reach-v3"), a task set ("MT10", "MT25", "MT50") or a comma-separated list of tasks.
+    task: str = "reach-v3"
+    max_episode_steps: int = 150  # env steps (not chunks) before an episode is truncated
+    chunk_size: int = 1  # K: actions executed per policy query
+    seed: int = 0
+
+
+@dataclass
+class EnvSpec:
+    """Static shape information about one env batch, what a policy or buffer needs to size itself."""
+
+    state_dim: int
+    action_dim: int
+    chunk_size: int
+    num_envs: int
+    max_episode_steps: int
+    task_names: list[str]  # the task of each env, length num_envs
+    action_low: float = -1.0
+    action_high: float = 1.0
+
+
+@dataclass
+class StepResult:
+    """What one `chunk_step` returns for a batch of B envs, chunk size K and state dim S.
+
+    `episode_return`, `episode_length`, `episode_success_once` and `final_states` are only
+    meaningful where `episode_done` is True (zero elsewhere).
+    """
+
+    obs: dict  # states [B,S] float32, task_ids [B] int64, task_descriptions list[str] (len B)
+    rewards: np.ndarray  # [B,K] float32; 0 for substeps skipped after an episode ended
+    terminated: np.ndarray  # [B] bool: episode ended by the task itself during this chunk
+    truncated: np.ndarray  # [B] bool: episode hit max_episode_steps during this chunk
+    success: np.ndarray  # [B] bool: success reported at any executed substep of this chunk
+    episode_done: np.ndarray  # [B] bool: terminated | truncated
+    episode_return: np.ndarray  # [B] float32: sum of raw rewards of the finished episode
+    episode_length: np.ndarray  # [B] int32: env steps of the finished episode
+    episode_success_once: np.ndarray  # [B] bool: success at any step of the finished episode
+    final_states: np.ndarray  # [B,S] float32: last state of the finished episode, before auto-reset
+
+
+class ChunkedEnv(abc.ABC):
+    """A batch of auto-resetting envs stepped one action chunk at a time."""
+
+    @property
+    @abc.abstractmethod
+    def spec(self) -> EnvSpec:
+        """Shapes and task assignment of this batch."""
+
+    @abc.abstractmethod
+    def reset(self, seeds: np.ndarray | None = None) -> dict:
+        """Start a new episode in every env and return the observation dict.
+
+        `seeds` holds one int per env and makes the episodes reproducible (same seeds, same
+        initial states). None derives seeds deterministically from `EnvConfig.seed` and each
+        env's global index.
+        """
+
+    @abc.abstractmethod
+    def chunk_step(self, actions: np.ndarray) -> StepResult:
+        """Execute `actions` float32 [B,K,D] (K substeps per env), auto-resetting finished episodes."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release simulator resources."""
+
+    def __enter__(self) -> "ChunkedEnv":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,52 @@
+"""Name -> factory lookup for simulators, so configs pick a simulator by `EnvConfig.name`.
+
+Factories are registered as callables and the MetaWorld one imports its module lazily: importing
+`rlfleet.envs` stays cheap (no mujoco/metaworld import) for processes that never step an env,
+such as the learner.
+"""
+
+from collections.abc import Callable
+
+from rlfleet.envs.api import ChunkedEnv, EnvConfig
+
+EnvFactory = Callable[[EnvConfig, int, int], ChunkedEnv]
+"""(cfg, num_envs, env_offset) -> ChunkedEnv."""
+
+_REGISTRY: dict[str, EnvFactory] = {}
+
+
+def register_env(name: str, factory: EnvFactory) -> None:
+    """Make `factory` available as `EnvConfig.name == name`; re-registering a name replaces it."""
+    if not name:
+        raise ValueError("env name must be a non-empty string")
+    _REGISTRY[name] = factory
+
+
+def registered_envs() -> list[str]:
+    """Names `make_env` accepts."""
+    return sorted(_REGISTRY)
+
+
+def make_env(cfg: EnvConfig, num_envs: int, env_offset: int = 0) -> ChunkedEnv:
+    """Build `num_envs` envs of simulator `cfg.name`; `env_offset` is the global index of the first.
+
+    The offset lets several worker processes each hold a slice of one big env batch while still
+    getting distinct tasks and seeds.
+    """
+    factory = _REGISTRY.get(cfg.name)
+    if factory is None:
+        raise ValueError(f"unknown env name {cfg.name!r}; registered: {', '.join(registered_envs())}")
+    if num_envs < 1:
+        raise ValueError(f"num_envs must be >= 1, got {num_envs}")
+    if env_offset < 0:
+        raise ValueError(f"env_offset must be >= 0, got {env_offset}")
+    return factory(cfg, num_envs, env_offset)
+
+
+def _make_metaworld(cfg: EnvConfig, num_envs: int, env_offset: int) -> ChunkedEnv:
+    from rlfleet.envs.metaworld.env import MetaWorldEnv
+
+    return MetaWorldEnv(cfg, num_envs, env_offset=env_offset)
+
+
+register_env("metaworld", _make_metaworld)

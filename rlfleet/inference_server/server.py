@@ -1,0 +1,100 @@
+"""The inference server process: front ends -> dynamic batcher -> policy, weights from the learner."""
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import zmq
+from omegaconf import DictConfig
+
+from rlfleet.inference_server.batcher import DynamicBatcher
+from rlfleet.inference_server.grpc_frontend import InferenceServicer
+from rlfleet.inference_server.policy_runner import PolicyRunner
+from rlfleet.inference_server.weight_subscriber import WeightSubscriber, pull_weights
+from rlfleet.inference_server.zmq_frontend import ZmqFrontend
+from rlfleet.policies.checkpoint_io import load_checkpoint, load_state_dict_bytes
+from rlfleet.policies.registry import make_policy
+from rlfleet.wire.gen import inference_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class InferenceStats:
+    batches: int
+    rows: int
+    errors: int
+    version: int
+
+
+class InferenceServer:
+    """Owns the batching loop; runs until stop() or until the learner says training is over."""
+
+    def __init__(self, runner: PolicyRunner, host: str, grpc_port: int, zmq_port: int,
+                 max_batch: int, max_wait_ms: float, subscriber: WeightSubscriber | None = None):
+        from rlfleet.wire.grpc_server import start_grpc_server
+
+        self.runner = runner
+        self.batcher = DynamicBatcher(max_batch, max_wait_ms)
+        self.ctx = zmq.Context()
+        self.zmq = ZmqFrontend(self.ctx, host, zmq_port, self.batcher, runner.validate).start()
+        self.servicer = InferenceServicer(self.batcher, runner, self.zmq.endpoint)
+        self.grpc_server, self.grpc_port = start_grpc_server(
+            host, grpc_port,
+            [lambda s: inference_pb2_grpc.add_InferenceServiceServicer_to_server(self.servicer, s)],
+            ["rlfleet.v1.InferenceService"],
+        )
+        self.address = f"{host}:{self.grpc_port}"
+        self.subscriber = subscriber
+        self._stop = threading.Event()
+        self.batch_sizes: list[int] = []
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def stats(self) -> InferenceStats:
+        return InferenceStats(self.runner.batches, self.runner.rows,
+                              self.runner.errors + self.zmq.errors + self.servicer.errors, self.runner.version)
+
+    def serve(self) -> None:
+        try:
+            while not self._stop.is_set():
+                if self.subscriber is not None:
+                    if self.subscriber.finished.is_set():
+                        log.info("learner finished training; inference server exits")
+                        break
+                    pending = self.subscriber.take()
+                    if pending is not None:
+                        self.runner.load_weights(*pending)
+                batch = self.batcher.next_batch(timeout=0.05)
+                if batch:
+                    self.runner.run(batch)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self.subscriber is not None:
+            self.subscriber.stop()
+        self.grpc_server.stop(grace=0.5)
+        self.zmq.stop()
+        self.ctx.term()
+
+
+def build_runner_from_learner(channel, cfg: DictConfig, subscriber_id: str) -> tuple[PolicyRunner, WeightSubscriber]:
+    from rlfleet.wire.gen import learner_pb2_grpc
+
+    dims = cfg.model_dims
+    policy = make_policy(cfg.policy, dims.state_dim, dims.action_dim, cfg.env.chunk_size)
+    stub = learner_pb2_grpc.LearnerServiceStub(channel)
+    version, data = pull_weights(stub)
+    load_state_dict_bytes(policy, data)
+    runner = PolicyRunner(policy, version, cfg.inference.device)
+    return runner, WeightSubscriber(channel, version, subscriber_id).start()
+
+
+def build_runner_from_checkpoint(path: str | Path, device: str = "cpu") -> PolicyRunner:
+    policy, _ = load_checkpoint(path)
+    return PolicyRunner(policy, 0, device)
+

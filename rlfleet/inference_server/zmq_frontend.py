@@ -1,0 +1,166 @@
+"""ZeroMQ front end: raw tensor frames from remote actors, or shared-memory rows from local ones.
+
+Protocol (DEALER -> ROUTER), every message [kind, request_id(8 bytes little endian), ...]:
+- b"attach" + JSON {shm_name, layout}: map the actor's shared-memory block (same host only);
+- b"act_shm" + int64[3] (lo, hi, deterministic): read states[lo:hi] from the block, write
+  actions/logprobs/values into the same rows, answer b"done" + int64 policy version;
+- b"act" + flag byte + codec frames: answer b"result" + int64 version + codec frames;
+- anything wrong: b"error" + UTF-8 message; the socket keeps serving.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import struct
+import threading
+
+import numpy as np
+import zmq
+
+from rlfleet.inference_server.batcher import DynamicBatcher, InferenceRequest
+from rlfleet.wire import codec
+from rlfleet.wire.shm import SharedArrays, layout_from_json
+
+log = logging.getLogger(__name__)
+_I64 = struct.Struct("<q")
+
+
+class ZmqFrontend:
+    def __init__(self, ctx: zmq.Context, host: str, port: int, batcher: DynamicBatcher, validate):
+        self.ctx = ctx
+        self.batcher = batcher
+        self.validate = validate
+        self.router = ctx.socket(zmq.ROUTER)
+        self.router.setsockopt(zmq.LINGER, 0)
+        self.router.setsockopt(zmq.MAXMSGSIZE, 256 * 1024 * 1024)
+        if port:
+            self.router.bind(f"tcp://{host}:{port}")
+        else:
+            port = self.router.bind_to_random_port(f"tcp://{host}")
+        self.endpoint = f"tcp://{host}:{port}"
+        self._outbox_addr = f"inproc://rlfleet-outbox-{id(self)}"
+        self.outbox = ctx.socket(zmq.PULL)
+        self.outbox.bind(self._outbox_addr)
+        self._local = threading.local()
+        self.blocks: dict[bytes, SharedArrays] = {}
+        self.errors = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="zmq-frontend", daemon=True)
+
+    def start(self) -> "ZmqFrontend":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2)
+
+    def _reply(self, frames: list) -> None:
+        """Called from the batching thread: hand the reply to the socket's own thread."""
+        sock = getattr(self._local, "push", None)
+        if sock is None:
+            sock = self._local.push = self.ctx.socket(zmq.PUSH)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.connect(self._outbox_addr)
+        sock.send_multipart(frames, copy=False)
+
+    def _loop(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self.router, zmq.POLLIN)
+        poller.register(self.outbox, zmq.POLLIN)
+        while not self._stop.is_set():
+            for sock, _ in poller.poll(100):
+                if sock is self.outbox:
+                    while True:
+                        try:
+                            self.router.send_multipart(self.outbox.recv_multipart(zmq.NOBLOCK, copy=False), copy=False)
+                        except zmq.Again:
+                            break
+                else:
+                    while True:
+                        try:
+                            frames = self.router.recv_multipart(zmq.NOBLOCK, copy=False)
+                        except zmq.Again:
+                            break
+                        self._handle(frames)
+        for blk in self.blocks.values():
+            blk.close()
+        self.router.close()
+        self.outbox.close()
+
+    def _error(self, ident, req_id: bytes, msg: str) -> None:
+        self.errors += 1
+        log.warning("rejected an inference request: %s", msg)
+        self.router.send_multipart([ident, b"error", req_id, msg.encode()])
+
+    def _handle(self, frames: list) -> None:
+        ident = frames[0]
+        if len(frames) < 3:
+            self._error(ident, b"\0" * 8, "message too short: expected [kind, request_id, ...]")
+            return
+        kind, req_id = frames[1].bytes, frames[2].bytes
+        try:
+            if kind == b"attach":
+                self._attach(ident.bytes, frames[3].bytes if len(frames) > 3 else b"")
+                self.router.send_multipart([ident, b"ok", req_id])
+            elif kind == b"act_shm":
+                self._act_shm(ident, req_id, frames[3:])
+            elif kind == b"act":
+                self._act_frames(ident, req_id, frames[3:])
+            else:
+                raise codec.WireFormatError(f"unknown message kind {kind[:32]!r}")
+        except (codec.WireFormatError, ValueError, KeyError, FileNotFoundError) as exc:
+            self._error(ident, req_id, str(exc))
+
+    def _attach(self, ident: bytes, payload: bytes) -> None:
+        try:
+            info = json.loads(payload)
+            name, layout = info["shm_name"], layout_from_json(json.dumps(info["layout"]))
+        except (json.JSONDecodeError, KeyError, TypeError) as exc:
+            raise codec.WireFormatError(f"bad attach message: {exc}") from exc
+        for key in ("states", "actions", "logprobs", "values"):
+            if key not in layout:
+                raise codec.WireFormatError(f"shared block layout lacks {key!r}")
+        old = self.blocks.pop(ident, None)
+        if old is not None:
+            old.close()
+        self.blocks[ident] = SharedArrays.attach(name, layout)
+
+    def _act_shm(self, ident, req_id: bytes, rest: list) -> None:
+        blk = self.blocks.get(ident.bytes)
+        if blk is None:
+            raise codec.WireFormatError("act_shm before attach: send an attach message first")
+        if len(rest) != 1 or len(rest[0].bytes) != 24:
+            raise codec.WireFormatError("act_shm needs one 24-byte frame (lo, hi, deterministic)")
+        lo, hi, det = struct.unpack("<qqq", rest[0].bytes)
+        n = blk["states"].shape[0]
+        if not 0 <= lo < hi <= n:
+            raise codec.WireFormatError(f"rows {lo}:{hi} outside the block's {n} envs")
+        states = np.array(blk["states"][lo:hi])
+        self.validate(states)
+
+        def respond(out: dict[str, np.ndarray], version: int) -> None:
+            for key in ("actions", "logprobs", "values"):
+                blk[key][lo:hi] = out[key]
+            self._reply([ident, b"done", req_id, _I64.pack(version)])
+
+        self.batcher.submit(InferenceRequest(states, bool(det), respond, self._fail(ident, req_id)))
+
+    def _act_frames(self, ident, req_id: bytes, rest: list) -> None:
+        if not rest or len(rest[0].bytes) != 1:
+            raise codec.WireFormatError("act needs a 1-byte deterministic flag frame before the tensors")
+        det = rest[0].bytes == b"\1"
+        obs = codec.decode_frames([f.buffer for f in rest[1:]])
+        states = codec.require(obs, "states")
+        self.validate(states)
+
+        def respond(out: dict[str, np.ndarray], version: int) -> None:
+            self._reply([ident, b"result", req_id, _I64.pack(version), *codec.encode_frames(out)])
+
+        self.batcher.submit(InferenceRequest(np.array(states), det, respond, self._fail(ident, req_id)))
+
+    def _fail(self, ident, req_id: bytes):
+        def fail(msg: str) -> None:
+            self.errors += 1
+            self._reply([ident, b"error", req_id, msg.encode()])
+        return fail

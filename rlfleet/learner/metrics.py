@@ -1,0 +1,65 @@
+"""Metrics: TensorBoard scalars with RLinf's names, episode aggregation and a rich progress line."""
+from __future__ import annotations
+
+from collections import deque
+from pathlib import Path
+
+import numpy as np
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from rlfleet.wire.segment import Segment
+
+
+class EpisodeWindow:
+    """The last N finished episodes (overall and per task) for env/* metrics."""
+
+    def __init__(self, task_names: list[str], size: int = 200):
+        self.task_names = task_names
+        self.recent: deque[tuple[float, int, bool, int]] = deque(maxlen=size)
+        self.per_task: dict[int, deque[bool]] = {}
+
+    def add(self, seg: Segment) -> None:
+        for ret, length, ok, task in zip(seg.ep_returns, seg.ep_lengths, seg.ep_success, seg.ep_task_ids):
+            self.recent.append((float(ret), int(length), bool(ok), int(task)))
+            self.per_task.setdefault(int(task), deque(maxlen=50)).append(bool(ok))
+
+    def scalars(self) -> dict[str, float]:
+        if not self.recent:
+            return {}
+        arr = np.array([(r, l, s) for r, l, s, _ in self.recent], dtype=np.float64)
+        out = {"env/return": arr[:, 0].mean(), "env/episode_len": arr[:, 1].mean(), "env/success_once": arr[:, 2].mean()}
+        if len(self.per_task) > 1:
+            for task, oks in self.per_task.items():
+                name = self.task_names[task] if task < len(self.task_names) else str(task)
+                out[f"env/success_once/{name}"] = float(np.mean(oks))
+        return out
+
+
+class MetricsWriter:
+    def __init__(self, log_dir: Path, enabled: bool = True):
+        self.writer = None
+        if enabled:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.writer = SummaryWriter(log_dir=str(log_dir))
+
+    def write(self, scalars: dict[str, float], step: int) -> None:
+        if self.writer is None:
+            return
+        for key, value in scalars.items():
+            if value is not None and np.isfinite(value):
+                self.writer.add_scalar(key, value, step)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.flush()
+            self.writer.close()
+
+
+def make_progress(total_env_steps: int) -> tuple[Progress, int]:
+    progress = Progress(
+        TextColumn("[bold]train[/bold]"), BarColumn(), TextColumn("{task.completed:,.0f}/{task.total:,.0f} steps"),
+        TextColumn("{task.fields[info]}"), TimeElapsedColumn(), transient=False,
+    )
+    task = progress.add_task("train", total=total_env_steps, info="waiting for actors")
+    return progress, task

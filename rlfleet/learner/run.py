@@ -1,0 +1,201 @@
+"""The learner process: serve LearnerService, train on what arrives, publish, checkpoint, evaluate."""
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from rlfleet.config import as_dict, to_yaml
+from rlfleet.envs.api import EnvConfig
+from rlfleet.envs.registry import make_env
+from rlfleet.evaluation import evaluate_policy
+from rlfleet.learner.checkpointer import Checkpointer, TrainerCounters
+from rlfleet.learner.ingest import IngestQueue
+from rlfleet.learner.metrics import EpisodeWindow, MetricsWriter, make_progress
+from rlfleet.learner.service import LearnerServicer
+from rlfleet.learner.trainer import PPOTrainer
+from rlfleet.learner.weight_publisher import WeightPublisher
+from rlfleet.policies.checkpoint_io import model_config, state_dict_bytes
+from rlfleet.policies.registry import make_policy
+from rlfleet.wire.gen import learner_pb2_grpc
+from rlfleet.wire.grpc_server import start_grpc_server
+from rlfleet.wire.segment import Segment
+
+log = logging.getLogger(__name__)
+
+
+def fill_model_dims(cfg: DictConfig) -> EnvConfig:
+    """Probe one env for its dimensions and record them in the config the learner hands out."""
+    env_cfg = EnvConfig(**as_dict(cfg.env))
+    probe = make_env(env_cfg, 1)
+    cfg.model_dims.state_dim = probe.spec.state_dim
+    cfg.model_dims.action_dim = probe.spec.action_dim
+    probe.close()
+    return env_cfg
+
+
+def write_address(path: str | None, **addresses: str) -> None:
+    if path:
+        tmp = Path(path + ".tmp")
+        tmp.write_text(json.dumps(addresses))
+        tmp.replace(path)
+
+
+class Learner:
+    def __init__(self, cfg: DictConfig, run_dir: Path):
+        self.cfg = cfg
+        self.run_dir = run_dir
+        run_dir.mkdir(parents=True, exist_ok=True)
+        torch.manual_seed(cfg.runner.seed)
+        self.env_cfg = fill_model_dims(cfg)
+        dims = cfg.model_dims
+        self.policy = make_policy(cfg.policy, dims.state_dim, dims.action_dim, cfg.env.chunk_size)
+        self.model_config = model_config(as_dict(cfg.policy), dims.state_dim, dims.action_dim, cfg.env.chunk_size,
+                                         as_dict(cfg.env))
+        self.trainer = PPOTrainer(self.policy, OmegaConf.to_object(cfg.algorithm), cfg.learner.reward_scale,
+                                  cfg.learner.device)
+        self.checkpointer = Checkpointer(run_dir)
+        self.counters = TrainerCounters()
+        if cfg.runner.resume:
+            latest = self.checkpointer.latest()
+            if latest is None:
+                log.warning("--resume: no checkpoint under %s; starting fresh", self.checkpointer.root)
+            else:
+                self.counters = self.checkpointer.restore(latest, self.policy, self.trainer.optimizer)
+                log.info("resumed from %s at version %d", latest, self.counters.version)
+        (run_dir / "config.yaml").write_text(to_yaml(cfg))
+        self.publisher = WeightPublisher()
+        self.publisher.publish(self.counters.version, state_dict_bytes(self.policy))
+        self.ingest = IngestQueue(cfg.learner.ingest_queue_size)
+        self.servicer = LearnerServicer(to_yaml(cfg), uuid.uuid4().hex[:12], self.ingest, self.publisher,
+                                        cfg.learner.weight_chunk_bytes)
+        self.server, self.port = start_grpc_server(
+            cfg.learner.host, cfg.learner.port,
+            [lambda s: learner_pb2_grpc.add_LearnerServiceServicer_to_server(self.servicer, s)],
+            ["rlfleet.v1.LearnerService"],
+        )
+        self.address = f"{cfg.learner.host}:{self.port}"
+        self.stop_event = threading.Event()
+        self.episodes = EpisodeWindow(make_env_task_names(self.env_cfg))
+
+    def _gather(self, progress, task) -> list[Segment] | None:
+        """Segments until one update's worth of samples; None when asked to stop first."""
+        segments, samples = [], 0
+        while samples < self.cfg.learner.batch_env_steps:
+            if self.stop_event.is_set() or self._out_of_time():
+                return None
+            item = self.ingest.get(timeout=0.2)
+            if item is None:
+                continue
+            seg = item.segment
+            segments.append(seg)
+            samples += seg.num_steps * seg.num_envs
+            self.counters.env_steps += int(seg.env_steps)
+            self.episodes.add(seg)
+            progress.update(task, completed=self.counters.env_steps)
+        return segments
+
+    def _out_of_time(self) -> bool:
+        c, r = self.counters, self.cfg.runner
+        if c.env_steps >= r.total_env_steps:
+            return True
+        return bool(r.max_wall_seconds) and (time.monotonic() - self._t_start) >= r.max_wall_seconds
+
+    def save(self) -> Path:
+        return self.checkpointer.save(self.policy, self.trainer.optimizer, self.counters, self.model_config)
+
+    def train(self) -> dict:
+        cfg = self.cfg
+        writer = MetricsWriter(self.run_dir / "tensorboard", cfg.runner.logger.tensorboard)
+        progress, task = make_progress(cfg.runner.total_env_steps)
+        self._t_start = time.monotonic()
+        steps_at_start, t_first = self.counters.env_steps, None
+        try:
+            with progress:
+                progress.update(task, completed=self.counters.env_steps)
+                while True:
+                    segments = self._gather(progress, task)
+                    if segments is None:
+                        break
+                    if t_first is None:  # throughput counts from the first data, not from start-up
+                        t_first, steps_at_start = time.monotonic(), self.counters.env_steps - sum(int(s.env_steps) for s in segments)
+                    t0 = time.monotonic()
+                    stats = self.trainer.update(segments, self.counters.version)
+                    self.counters.version += 1
+                    self.counters.update += 1
+                    self.publisher.publish(self.counters.version, state_dict_bytes(self.policy))
+                    elapsed = time.monotonic() - t_first
+                    stats.update(self.episodes.scalars())
+                    stats["time/update_s"] = time.monotonic() - t0
+                    stats["throughput/env_steps_per_s"] = (self.counters.env_steps - steps_at_start) / max(elapsed, 1e-6)
+                    stats["queue/ingest_depth"] = float(self.ingest.qsize())
+                    stats["queue/rejected_segments"] = float(self.ingest.rejected)
+                    stats["learner/version"] = float(self.counters.version)
+                    stats["actors/alive"] = float(self.servicer.alive_clients("actor"))
+                    writer.write(stats, self.counters.env_steps)
+                    self.last_stats = stats
+                    progress.update(task, completed=self.counters.env_steps, info=(
+                        f"v{self.counters.version} success {stats.get('env/success_once', float('nan')):.2f} "
+                        f"{stats['throughput/env_steps_per_s']:,.0f} steps/s lag {stats.get('throughput/policy_lag', 0):.1f}"))
+                    if self.counters.update % cfg.runner.checkpoint_every == 0:
+                        self.save()
+        finally:
+            self.counters.wall_seconds += time.monotonic() - self._t_start
+            self.servicer.stop_event.set()  # actors learn it from their next heartbeat or push
+            final = self.save()
+            writer.close()
+        steps = self.counters.env_steps - steps_at_start
+        summary = {
+            "version": self.counters.version,
+            "updates": self.counters.update,
+            "env_steps": self.counters.env_steps,
+            "train_seconds": round(time.monotonic() - self._t_start, 1),
+            "throughput_env_steps_per_s": round(steps / max(time.monotonic() - (t_first or time.monotonic()), 1e-6), 1),
+            "train_success_once": getattr(self, "last_stats", {}).get("env/success_once"),
+            "checkpoint": str(final),
+        }
+        return summary
+
+    def evaluate(self) -> dict[str, float]:
+        return evaluate_policy(self.policy, self.env_cfg, self.cfg.eval.episodes_per_task)
+
+    def close(self) -> None:
+        self.publisher.finish()
+        self.server.stop(grace=1.0)
+
+
+def make_env_task_names(env_cfg: EnvConfig) -> list[str]:
+    from rlfleet.evaluation import task_list
+
+    return task_list(env_cfg)
+
+
+def run_learner(cfg: DictConfig, address_file: str | None = None) -> dict:
+    run_dir = Path(cfg.runner.logger.log_path)
+    learner = Learner(cfg, run_dir)
+    write_address(address_file, learner=learner.address)
+    log.info("learner listening on %s, run folder %s", learner.address, run_dir)
+
+    def on_signal(signum, frame):  # Ctrl-C / SIGTERM: stop cleanly, checkpoint on the way out
+        learner.stop_event.set()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    try:
+        summary = learner.train()
+        if cfg.eval.at_end and not learner.stop_event.is_set():
+            time.sleep(0.5)  # let actors see the stop flag and free the cores
+            eval_success = learner.evaluate()
+            summary["eval_success"] = eval_success
+            summary["eval_success_mean"] = sum(eval_success.values()) / len(eval_success)
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        return summary
+    finally:
+        learner.close()

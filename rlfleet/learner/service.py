@@ -1,0 +1,152 @@
+"""LearnerService: registration, heartbeats, trajectory ingest and weight streaming over gRPC."""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import grpc
+
+from rlfleet.learner.ingest import IngestedSegment, IngestQueue
+from rlfleet.learner.weight_publisher import WeightPublisher
+from rlfleet.wire import codec
+from rlfleet.wire.gen import learner_pb2, learner_pb2_grpc, tensor_pb2
+from rlfleet.wire.segment import Segment
+
+log = logging.getLogger(__name__)
+
+MAX_SEGMENT_BYTES = 512 * 1024 * 1024
+
+
+@dataclass
+class ClientInfo:
+    client_id: str
+    role: str
+    index: int
+    last_seen: float
+    env_steps: int = 0
+
+
+class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
+    def __init__(self, config_yaml: str, run_id: str, ingest: IngestQueue, weights: WeightPublisher,
+                 chunk_bytes: int = 4 * 1024 * 1024, heartbeat_ms: int = 1000):
+        self.config_yaml = config_yaml
+        self.run_id = run_id
+        self.ingest = ingest
+        self.weights = weights
+        self.chunk_bytes = chunk_bytes
+        self.heartbeat_ms = heartbeat_ms
+        self.stop_event = threading.Event()
+        self._clients: dict[str, ClientInfo] = {}
+        self._next_index: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    # ---- membership -------------------------------------------------------------------------
+    def Register(self, request, context):
+        with self._lock:
+            info = self._clients.get(request.client_id)
+            if info is None:
+                idx = self._next_index.get(request.role, 0)
+                self._next_index[request.role] = idx + 1
+                info = ClientInfo(request.client_id, request.role, idx, time.monotonic())
+                self._clients[request.client_id] = info
+            info.last_seen = time.monotonic()
+        log.info("registered %s %s (index %d) from %s", request.role, request.client_id, info.index, request.host)
+        current = self.weights.current()
+        return learner_pb2.RegisterReply(
+            run_id=self.run_id, config_yaml=self.config_yaml, client_index=info.index,
+            policy_version=current.version if current else -1, heartbeat_interval_ms=self.heartbeat_ms,
+        )
+
+    def Heartbeat(self, request, context):
+        with self._lock:
+            info = self._clients.get(request.client_id)
+            if info is not None:
+                info.last_seen = time.monotonic()
+                info.env_steps = request.env_steps
+        current = self.weights.current()
+        return learner_pb2.HeartbeatReply(
+            stop=self.stop_event.is_set(), policy_version=current.version if current else -1
+        )
+
+    def alive_clients(self, role: str, within_s: float = 10.0) -> int:
+        now = time.monotonic()
+        with self._lock:
+            return sum(1 for c in self._clients.values() if c.role == role and now - c.last_seen < within_s)
+
+    # ---- trajectories -----------------------------------------------------------------------
+    def PushTrajectory(self, request_iterator, context):
+        version = self._version()
+        parts: list[bytes] = []
+        first = None
+        try:
+            for chunk in request_iterator:
+                if first is None:
+                    first = chunk
+                    if chunk.num_chunks == 0:
+                        raise codec.WireFormatError("num_chunks must be at least 1")
+                elif (chunk.segment_id, chunk.client_id, chunk.num_chunks) != (
+                    first.segment_id, first.client_id, first.num_chunks
+                ):
+                    raise codec.WireFormatError("chunks of one push must share segment_id, client_id and num_chunks")
+                if chunk.chunk_index != len(parts):
+                    raise codec.WireFormatError(f"chunk {chunk.chunk_index} arrived where {len(parts)} was expected")
+                parts.append(chunk.payload)
+                if sum(len(p) for p in parts) > MAX_SEGMENT_BYTES:
+                    raise codec.WireFormatError(f"segment larger than {MAX_SEGMENT_BYTES} bytes")
+            if first is None:
+                raise codec.WireFormatError("empty push: no chunks")
+            if len(parts) != first.num_chunks:
+                raise codec.WireFormatError(f"got {len(parts)} of {first.num_chunks} chunks")
+            if self.ingest.seen(first.client_id, first.segment_id):
+                self.ingest.duplicates += 1
+                return learner_pb2.PushAck(segment_id=first.segment_id, accepted=True, duplicate=True,
+                                           learner_version=version, stop=self.stop_event.is_set())
+            msg = tensor_pb2.TensorMap()
+            try:
+                msg.ParseFromString(b"".join(parts))
+            except Exception as exc:
+                raise codec.WireFormatError(f"unreadable segment: {exc}") from exc
+            segment = Segment.from_tensors(codec.decode_map(msg))
+        except codec.WireFormatError as exc:
+            self.ingest.count_rejected()
+            log.warning("rejected a trajectory push: %s", exc)
+            return learner_pb2.PushAck(segment_id=first.segment_id if first else 0, accepted=False,
+                                       error=str(exc), learner_version=version)
+        item = IngestedSegment(first.client_id, first.segment_id, segment)
+        while not self.stop_event.is_set() and context.is_active():
+            if self.ingest.put(item, timeout=0.5):
+                return learner_pb2.PushAck(segment_id=first.segment_id, accepted=True,
+                                           learner_version=self._version())
+        return learner_pb2.PushAck(segment_id=first.segment_id, accepted=False, stop=True,
+                                   error="learner is stopping", learner_version=self._version())
+
+    # ---- weights ----------------------------------------------------------------------------
+    def _version(self) -> int:
+        current = self.weights.current()
+        return current.version if current else -1
+
+    def WatchWeights(self, request, context) -> Iterator[learner_pb2.WeightAnnouncement]:
+        known = request.known_version
+        while context.is_active():
+            wv = self.weights.wait_newer(known, timeout=0.5)
+            if wv is not None:
+                known = wv.version
+                yield learner_pb2.WeightAnnouncement(version=wv.version, checksum=wv.checksum, size_bytes=len(wv.data))
+            if self.weights.finished:
+                yield learner_pb2.WeightAnnouncement(version=known, final=True)
+                return
+
+    def PullWeights(self, request, context) -> Iterator[learner_pb2.WeightChunk]:
+        wv = self.weights.current()
+        if wv is None:
+            context.abort(grpc.StatusCode.UNAVAILABLE, "no weights published yet")
+        if request.version >= 0 and request.version > wv.version:
+            context.abort(grpc.StatusCode.NOT_FOUND, f"version {request.version} does not exist yet (latest {wv.version})")
+        size = request.max_chunk_bytes or self.chunk_bytes
+        chunks = codec.split_chunks(wv.data, min(size, self.chunk_bytes))
+        for i, piece in enumerate(chunks):
+            yield learner_pb2.WeightChunk(version=wv.version, checksum=wv.checksum, total_size=len(wv.data),
+                                          index=i, num_chunks=len(chunks), data=bytes(piece))

@@ -1,0 +1,142 @@
+"""The PPO update over a batch of trajectory segments (decoupled PPO for a stale fleet).
+
+Reads top to bottom like the algorithm: refresh normalisation, compute old log-probs and
+values with the pre-update policy, correct for policy lag, GAE, then minibatch epochs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from rlfleet.algorithms import (
+    PPOConfig,
+    bootstrap_next_values,
+    compute_gae,
+    explained_variance,
+    lag_mask,
+    normalize_advantages,
+    policy_lag,
+    policy_loss,
+    ppo_total_loss,
+    truncated_importance_weights,
+    value_loss,
+)
+from rlfleet.wire.segment import Segment
+
+
+@dataclass
+class Batch:
+    """Flattened [N] samples ready for minibatching."""
+
+    states: torch.Tensor
+    actions: torch.Tensor
+    logp_old: torch.Tensor
+    is_weights: torch.Tensor
+    values_old: torch.Tensor
+    advantages: torch.Tensor
+    returns: torch.Tensor
+    lags: torch.Tensor
+
+    def __len__(self) -> int:
+        return int(self.states.shape[0])
+
+    def select(self, idx: torch.Tensor) -> "Batch":
+        return Batch(*(getattr(self, f)[idx] for f in self.__dataclass_fields__))
+
+
+class PPOTrainer:
+    def __init__(self, policy: nn.Module, cfg: PPOConfig, reward_scale: float = 1.0, device: str = "cpu"):
+        self.policy = policy.to(device)
+        self.cfg = cfg
+        self.reward_scale = reward_scale
+        self.device = device
+        self.optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.lr, eps=1e-5)
+
+    def _t(self, arr: np.ndarray) -> torch.Tensor:
+        return torch.as_tensor(np.asarray(arr), device=self.device)
+
+    @torch.no_grad()
+    def _prepare_segment(self, seg: Segment, version: int) -> Batch:
+        T, B = seg.num_steps, seg.num_envs
+        states = self._t(seg.states)
+        flat_states = states.reshape(T * B, -1)
+        actions = self._t(seg.actions).reshape(T * B, -1)
+        behaviour_logp = self._t(seg.logprobs).reshape(T * B)
+
+        logp_old, _, values = self.policy.evaluate(flat_states, actions)
+        values = values.reshape(T, B)
+        last_value = self.policy.value(self._t(seg.next_states))
+        final_values = self.policy.value(self._t(seg.final_states).reshape(T * B, -1)).reshape(T, B)
+
+        # Off-policy correction: lag-0 samples use the behaviour log-prob itself, so their
+        # importance weight is exactly 1; lagged ones get min(pi_old / mu, rho_bar).
+        lags = policy_lag(version, self._t(seg.versions)).repeat_interleave(B)
+        logp_old = torch.where(lags == 0, behaviour_logp, logp_old)
+        is_weights = truncated_importance_weights(logp_old, behaviour_logp, self.cfg.rho_bar)
+
+        terminated, truncated = self._t(seg.terminated), self._t(seg.truncated)
+        next_values = bootstrap_next_values(values, last_value, terminated, truncated, final_values)
+        rewards = self._t(seg.rewards) * self.reward_scale
+        advantages, returns = compute_gae(
+            rewards, values, next_values, terminated | truncated, self.cfg.gamma, self.cfg.gae_lambda
+        )
+        return Batch(flat_states, actions, logp_old, is_weights, values.reshape(-1),
+                     advantages.reshape(-1), returns.reshape(-1), lags)
+
+    def prepare(self, segments: list[Segment], version: int) -> Batch:
+        parts = [self._prepare_segment(s, version) for s in segments]
+        batch = Batch(*(torch.cat([getattr(p, f) for p in parts]) for f in Batch.__dataclass_fields__))
+        keep = lag_mask(batch.lags, self.cfg.max_policy_lag)
+        return batch.select(keep.nonzero().squeeze(-1))
+
+    def update(self, segments: list[Segment], version: int) -> dict[str, float]:
+        """One PPO update (epochs x minibatches) on the given segments; returns metrics."""
+        self.policy.update_normalization(
+            torch.cat([self._t(s.states).reshape(-1, s.states.shape[-1]) for s in segments])
+        )
+        total = sum(s.num_steps * s.num_envs for s in segments)
+        batch = self.prepare(segments, version)
+        stats: dict[str, list[float]] = {}
+        if len(batch) == 0:
+            return {"train/dropped_samples": float(total)}
+        mb_size = max(1, len(batch) // self.cfg.num_minibatches)
+        for _ in range(self.cfg.update_epochs):
+            perm = torch.randperm(len(batch), device=self.device)
+            for start in range(0, len(batch) - mb_size + 1, mb_size):
+                mb = batch.select(perm[start : start + mb_size])
+                adv = normalize_advantages(mb.advantages) if self.cfg.norm_adv else mb.advantages
+                logp, entropy, values = self.policy.evaluate(mb.states, mb.actions)
+                pg_loss, pg_stats = policy_loss(
+                    logp, mb.logp_old, adv, self.cfg.clip_ratio_low, self.cfg.clip_ratio_high,
+                    self.cfg.dual_clip, weights=mb.is_weights,
+                )
+                v_loss, v_stats = value_loss(values, mb.values_old, mb.returns, self.cfg.value_clip)
+                loss = ppo_total_loss(pg_loss, v_loss, entropy, self.cfg)
+                self.optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                grad_norm = nn.utils.clip_grad_norm_(self.policy.parameters(), self.cfg.max_grad_norm)
+                for key, val in {
+                    "train/actor/policy_loss": pg_loss.item(),
+                    "train/actor/approx_kl": pg_stats["approx_kl"],
+                    "train/actor/clip_fraction": pg_stats["clip_fraction"],
+                    "train/actor/dual_clip_fraction": pg_stats.get("dual_clip_fraction", 0.0),
+                    "train/actor/grad_norm": float(grad_norm),
+                    "train/actor/entropy": entropy.mean().item(),
+                    "train/critic/value_loss": v_loss.item(),
+                    "train/critic/value_clip_ratio": v_stats["value_clip_ratio"],
+                }.items():
+                    stats.setdefault(key, []).append(val)
+                self.optimizer.step()
+        out = {k: float(np.mean(v)) for k, v in stats.items()}
+        out["train/critic/explained_variance"] = explained_variance(batch.values_old, batch.returns)
+        out["rollout/returns_mean"] = batch.returns.mean().item()
+        out["rollout/advantages_mean"] = batch.advantages.mean().item()
+        out["rollout/is_weight_mean"] = batch.is_weights.mean().item()
+        out["throughput/policy_lag"] = batch.lags.float().mean().item()
+        out["throughput/policy_lag_max"] = float(batch.lags.max().item())
+        out["train/dropped_samples"] = float(total - len(batch))
+        out["train/samples"] = float(len(batch))
+        return out

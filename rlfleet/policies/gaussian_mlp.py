@@ -1,0 +1,120 @@
+"""The simplest policy: a Gaussian MLP actor and an MLP critic on state observations.
+
+Observation normalisation lives inside the module as buffers, so it travels with the weights
+to the inference servers and into checkpoints (one source of truth for both sides).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+from torch.distributions import Normal
+
+
+@dataclass
+class PolicyConfig:
+    name: str = "gaussian_mlp"
+    hidden_sizes: list[int] = field(default_factory=lambda: [256, 256])
+    activation: str = "tanh"
+    init_log_std: float = -0.5
+    min_log_std: float = -5.0
+    max_log_std: float = 1.0
+    obs_norm: bool = True
+    obs_clip: float = 10.0
+
+
+_ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU, "silu": nn.SiLU}
+
+
+def _mlp(sizes: list[int], activation: str, out_gain: float) -> nn.Sequential:
+    if activation not in _ACTIVATIONS:
+        raise ValueError(f"unknown activation {activation!r} (choose from {sorted(_ACTIVATIONS)})")
+    layers: list[nn.Module] = []
+    for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
+        lin = nn.Linear(a, b)
+        last = i == len(sizes) - 2
+        nn.init.orthogonal_(lin.weight, out_gain if last else 2**0.5)
+        nn.init.zeros_(lin.bias)
+        layers.append(lin)
+        if not last:
+            layers.append(_ACTIVATIONS[activation]())
+    return nn.Sequential(*layers)
+
+
+class RunningNorm(nn.Module):
+    """Running mean/variance (Chan et al. parallel update) used to whiten observations."""
+
+    def __init__(self, dim: int, clip: float):
+        super().__init__()
+        self.clip = clip
+        self.register_buffer("mean", torch.zeros(dim))
+        self.register_buffer("var", torch.ones(dim))
+        self.register_buffer("count", torch.tensor(1e-4))
+
+    @torch.no_grad()
+    def update(self, x: torch.Tensor) -> None:
+        x = x.reshape(-1, x.shape[-1]).double()
+        n = x.shape[0]
+        if n == 0:
+            return
+        b_mean, b_var = x.mean(0), x.var(0, unbiased=False)
+        total = self.count.double() + n
+        delta = b_mean - self.mean.double()
+        new_mean = self.mean.double() + delta * n / total
+        m2 = self.var.double() * self.count.double() + b_var * n + delta**2 * self.count.double() * n / total
+        self.mean.copy_(new_mean.float())
+        self.var.copy_((m2 / total).float())
+        self.count.copy_(total.float())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return ((x - self.mean) / torch.sqrt(self.var + 1e-8)).clamp(-self.clip, self.clip)
+
+
+class GaussianMLPPolicy(nn.Module):
+    """pi(a_chunk | s) = N(mu(s), diag(sigma)); the chunk's log-prob sums over its K*D dims."""
+
+    def __init__(self, state_dim: int, action_dim: int, chunk_size: int, cfg: PolicyConfig):
+        super().__init__()
+        self.state_dim, self.action_dim, self.chunk_size = state_dim, action_dim, chunk_size
+        self.cfg = cfg
+        hidden = list(cfg.hidden_sizes)
+        out = action_dim * chunk_size
+        self.obs_norm = RunningNorm(state_dim, cfg.obs_clip) if cfg.obs_norm else None
+        self.actor = _mlp([state_dim, *hidden, out], cfg.activation, out_gain=0.01)
+        self.critic = _mlp([state_dim, *hidden, 1], cfg.activation, out_gain=1.0)
+        self.log_std = nn.Parameter(torch.full((out,), float(cfg.init_log_std)))
+
+    def _features(self, states: torch.Tensor) -> torch.Tensor:
+        return self.obs_norm(states) if self.obs_norm is not None else states
+
+    def distribution(self, states: torch.Tensor) -> Normal:
+        mu = self.actor(self._features(states))
+        log_std = self.log_std.clamp(self.cfg.min_log_std, self.cfg.max_log_std)
+        return Normal(mu, log_std.exp().expand_as(mu))
+
+    def value(self, states: torch.Tensor) -> torch.Tensor:
+        return self.critic(self._features(states)).squeeze(-1)
+
+    @torch.no_grad()
+    def act(self, states: torch.Tensor, deterministic: bool = False) -> dict[str, torch.Tensor]:
+        """Actions [B,K,D] (unclipped samples: the env clips), chunk log-prob [B], value [B]."""
+        dist = self.distribution(states)
+        flat = dist.mean if deterministic else dist.sample()
+        return {
+            "actions": flat.reshape(-1, self.chunk_size, self.action_dim),
+            "logprobs": dist.log_prob(flat).sum(-1),
+            "values": self.value(states),
+        }
+
+    def evaluate(
+        self, states: torch.Tensor, actions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """log pi(a|s) [N], entropy [N] and V(s) [N] for the PPO update."""
+        dist = self.distribution(states)
+        flat = actions.reshape(actions.shape[0], -1)
+        return dist.log_prob(flat).sum(-1), dist.entropy().sum(-1), self.value(states)
+
+    def update_normalization(self, states: torch.Tensor) -> None:
+        if self.obs_norm is not None:
+            self.obs_norm.update(states)

@@ -1,0 +1,223 @@
+"""MetaWorldEnv: shapes, seeding, auto-reset, task spreading, errors, and a scripted-expert success."""
+
+import numpy as np
+import pytest
+from omegaconf import OmegaConf
+
+from rlfleet.envs import ChunkedEnv, EnvConfig, EnvSpec, StepResult, make_env
+from rlfleet.envs.metaworld import DIFFICULTY, TASK_DESCRIPTIONS, TASK_SETS, MetaWorldEnv, resolve_tasks
+from rlfleet.envs.metaworld.env import _quat_from_matrix, _touching_object
+
+S, D = 39, 4
+GOAL = slice(36, 39)  # goal position in the MT observation
+
+
+@pytest.fixture(scope="module")
+def env() -> MetaWorldEnv:
+    """2 reach envs, K=2, 5-step episodes: episodes end mid-chunk on the third chunk."""
+    e = make_env(EnvConfig(task="reach-v3", chunk_size=2, max_episode_steps=5, seed=3), num_envs=2)
+    assert isinstance(e, MetaWorldEnv)
+    yield e
+    e.close()
+
+
+def _random_actions(rng: np.random.Generator, spec: EnvSpec) -> np.ndarray:
+    return rng.uniform(-1, 1, size=(spec.num_envs, spec.chunk_size, spec.action_dim)).astype(np.float32)
+
+
+def test_spec_and_obs_shapes(env: MetaWorldEnv) -> None:
+    assert isinstance(env, ChunkedEnv)
+    spec = env.spec
+    assert (spec.state_dim, spec.action_dim, spec.chunk_size, spec.num_envs, spec.max_episode_steps) == (S, D, 2, 2, 5)
+    assert spec.task_names == ["reach-v3", "reach-v3"]
+    assert (spec.action_low, spec.action_high) == (-1.0, 1.0)
+    obs = env.reset()
+    assert obs["states"].shape == (2, S) and obs["states"].dtype == np.float32
+    assert obs["task_ids"].dtype == np.int64 and obs["task_ids"].tolist() == [0, 0]
+    assert obs["task_descriptions"] == [TASK_DESCRIPTIONS["reach-v3"]] * 2
+    assert np.any(obs["states"][:, GOAL] != 0), "MT observations must include the goal"
+
+
+def test_chunk_step_shapes(env: MetaWorldEnv) -> None:
+    env.reset(np.array([1, 2]))
+    res = env.chunk_step(_random_actions(np.random.default_rng(0), env.spec))
+    assert isinstance(res, StepResult)
+    assert res.obs["states"].shape == (2, S) and res.obs["states"].dtype == np.float32
+    assert res.rewards.shape == (2, 2) and res.rewards.dtype == np.float32
+    for name in ("terminated", "truncated", "success", "episode_done", "episode_success_once"):
+        arr = getattr(res, name)
+        assert arr.shape == (2,) and arr.dtype == bool, name
+    assert res.episode_return.shape == (2,) and res.episode_return.dtype == np.float32
+    assert res.episode_length.shape == (2,) and res.episode_length.dtype == np.int32
+    assert res.final_states.shape == (2, S) and res.final_states.dtype == np.float32
+    assert np.all(res.rewards > 0) and not res.episode_done.any()
+
+
+def test_reset_is_deterministic_in_seeds(env: MetaWorldEnv) -> None:
+    first = env.reset(np.array([7, 8]))["states"]
+    env.chunk_step(_random_actions(np.random.default_rng(1), env.spec))
+    again = env.reset(np.array([7, 8]))["states"]
+    np.testing.assert_array_equal(first, again)
+    other = env.reset(np.array([9, 10]))["states"]
+    assert np.all(np.abs(other[:, GOAL] - first[:, GOAL]).max(axis=1) > 1e-3), "new seeds must move the goals"
+    assert not np.allclose(first[0, GOAL], first[1, GOAL]), "different envs got the same goal"
+
+
+def test_default_seeds_follow_global_env_index() -> None:
+    """reset() without seeds depends only on (cfg.seed, env_offset + i): slices of a batch agree."""
+    cfg = EnvConfig(task="reach-v3", seed=11)
+    whole, tail = MetaWorldEnv(cfg, 2), MetaWorldEnv(cfg, 1, env_offset=1)
+    try:
+        a, b = whole.reset()["states"], tail.reset()["states"]
+        np.testing.assert_array_equal(a[1], b[0])
+        assert not np.allclose(a[0, GOAL], a[1, GOAL])
+        # A second reset() continues each env's generator rather than replaying the same episode.
+        assert not np.allclose(whole.reset()["states"][:, GOAL], a[:, GOAL])
+    finally:
+        whole.close()
+        tail.close()
+
+
+def test_auto_reset_at_time_limit(env: MetaWorldEnv) -> None:
+    obs = env.reset(np.array([4, 5]))
+    goal = obs["states"][:, GOAL].copy()
+    rng = np.random.default_rng(2)
+    rewards = []
+    for _ in range(2):  # 4 of 5 steps
+        res = env.chunk_step(_random_actions(rng, env.spec))
+        assert not res.episode_done.any() and not res.truncated.any()
+        rewards.append(res.rewards)
+    res = env.chunk_step(_random_actions(rng, env.spec))  # step 5 ends the episode at substep 0
+    rewards.append(res.rewards[:, :1])
+
+    assert res.truncated.all() and res.episode_done.all() and not res.terminated.any()
+    assert np.all(res.rewards[:, 1] == 0), "substeps after the episode end must be ignored"
+    assert res.episode_length.tolist() == [5, 5]
+    np.testing.assert_allclose(res.episode_return, np.concatenate(rewards, axis=1).sum(axis=1), rtol=1e-5)
+    # final_states is the old episode's last state; obs is the new episode's first state.
+    np.testing.assert_array_equal(res.final_states[:, GOAL], goal)
+    assert np.all(np.abs(res.obs["states"][:, GOAL] - goal).max(axis=1) > 1e-3)
+    assert not np.allclose(res.final_states, res.obs["states"])
+
+    # The new episode counts from zero: it ends again after 5 more steps (chunks of 2, 2, 1).
+    dones = [env.chunk_step(_random_actions(rng, env.spec)).episode_done.all() for _ in range(3)]
+    assert dones == [False, False, True]
+
+
+def test_actions_are_clipped(env: MetaWorldEnv) -> None:
+    big = np.full((2, 2, D), 5.0, dtype=np.float32)
+    env.reset(np.array([1, 2]))
+    a = env.chunk_step(big)
+    env.reset(np.array([1, 2]))
+    b = env.chunk_step(np.clip(big, -1, 1))
+    np.testing.assert_array_equal(a.obs["states"], b.obs["states"])
+    np.testing.assert_array_equal(a.rewards, b.rewards)
+
+
+def test_bad_actions_raise(env: MetaWorldEnv) -> None:
+    env.reset()
+    with pytest.raises(ValueError, match=r"actions must have shape \(num_envs, chunk_size, action_dim\) = \(2, 2, 4\)"):
+        env.chunk_step(np.zeros((2, 4), dtype=np.float32))
+    with pytest.raises(ValueError, match="shape"):
+        env.chunk_step(np.zeros((2, 1, 4), dtype=np.float32))
+    with pytest.raises(ValueError, match="NaN"):
+        env.chunk_step(np.full((2, 2, 4), np.nan, dtype=np.float32))
+    with pytest.raises(ValueError, match="seeds"):
+        env.reset(np.array([1, 2, 3]))
+
+
+def test_step_before_reset_raises() -> None:
+    e = MetaWorldEnv(EnvConfig(task="reach-v3"), 1)
+    with pytest.raises(RuntimeError, match="reset"):
+        e.chunk_step(np.zeros((1, 1, D), dtype=np.float32))
+    e.close()
+
+
+def test_mt10_task_spreading_with_offset() -> None:
+    mt10 = TASK_SETS["MT10"]
+    e = make_env(EnvConfig(task="MT10"), num_envs=3, env_offset=9)
+    try:
+        expected = [mt10[9], mt10[0], mt10[1]]
+        assert e.spec.task_names == expected
+        obs = e.reset()
+        assert obs["task_ids"].tolist() == [9, 0, 1]
+        assert obs["task_descriptions"] == [TASK_DESCRIPTIONS[t] for t in expected]
+        res = e.chunk_step(np.zeros((3, 1, D), dtype=np.float32))
+        assert res.obs["task_ids"].tolist() == [9, 0, 1]
+    finally:
+        e.close()
+
+
+def test_task_resolution_and_errors() -> None:
+    assert [len(resolve_tasks(n)) for n in ("MT10", "MT25", "MT50")] == [10, 25, 50]
+    assert resolve_tasks("reach-v3, push-v3") == ["reach-v3", "push-v3"]
+    with pytest.raises(ValueError, match="reach-v3"):  # the message lists valid names
+        resolve_tasks("reach-v2")
+    with pytest.raises(ValueError, match="nope-v3"):
+        make_env(EnvConfig(task="reach-v3,nope-v3"), num_envs=1)
+    with pytest.raises(ValueError, match="metaworld"):
+        make_env(EnvConfig(name="isaac"), num_envs=1)
+
+
+def test_task_tables_cover_all_tasks() -> None:
+    all_tasks = set(TASK_SETS["MT50"])
+    assert set(TASK_DESCRIPTIONS) == all_tasks and set(DIFFICULTY) == all_tasks
+    assert set(DIFFICULTY.values()) == {"easy", "medium", "hard", "very_hard"}
+
+
+def test_env_config_is_an_omegaconf_structured_config() -> None:
+    cfg = OmegaConf.merge(OmegaConf.structured(EnvConfig), {"task": "MT10", "chunk_size": 4})
+    assert OmegaConf.to_object(cfg) == EnvConfig(task="MT10", chunk_size=4)
+
+
+@pytest.mark.filterwarnings("ignore:Constant.*may be too high")
+def test_scripted_expert_reaches_success() -> None:
+    from metaworld.policies import ENV_POLICY_MAP
+
+    policy = ENV_POLICY_MAP["reach-v3"]()
+    e = MetaWorldEnv(EnvConfig(task="reach-v3", chunk_size=1, max_episode_steps=100), 1)
+    try:
+        states = e.reset(np.array([0]))["states"]
+        for _ in range(100):
+            action = policy.get_action(states[0].astype(np.float64))
+            res = e.chunk_step(action.reshape(1, 1, D).astype(np.float32))
+            states = res.obs["states"]
+            if res.episode_done[0]:
+                break
+        assert res.episode_done[0] and res.episode_length[0] == 100
+        assert res.episode_success_once[0]
+    finally:
+        e.close()
+
+
+def test_fast_quaternion_matches_scipy_bit_for_bit() -> None:
+    from scipy.spatial.transform import Rotation
+
+    mats = list(Rotation.random(500, random_state=0).as_matrix())
+    mats += [np.eye(3), np.diag([1.0, -1.0, -1.0]), np.diag([-1.0, 1.0, -1.0]), np.diag([-1.0, -1.0, 1.0])]
+    for m in mats:
+        np.testing.assert_array_equal(_quat_from_matrix(m), Rotation.from_matrix(m).as_quat())
+    assert _quat_from_matrix(np.diag([1.0, 1.0, 1.001])) is None  # scipy would orthogonalise: defer to it
+    assert _quat_from_matrix(-np.eye(3)) is None  # scipy would raise: defer to it
+
+
+@pytest.mark.filterwarnings("ignore:Constant.*may be too high")
+def test_fast_contact_check_matches_metaworld() -> None:
+    from metaworld.policies import ENV_POLICY_MAP
+    from metaworld.sawyer_xyz_env import SawyerXYZEnv
+
+    policy = ENV_POLICY_MAP["pick-place-v3"]()
+    e = MetaWorldEnv(EnvConfig(task="pick-place-v3"), 1)
+    try:
+        raw = e._envs[0]
+        obj = raw._get_id_main_object()
+        states, touching = e.reset(np.array([0]))["states"], []
+        for _ in range(60):
+            action = policy.get_action(states[0].astype(np.float64))
+            states = e.chunk_step(action.reshape(1, 1, D).astype(np.float32)).obs["states"]
+            expected = SawyerXYZEnv.touching_object(raw, obj)
+            assert _touching_object(raw, obj) == expected
+            touching.append(expected)
+        assert any(touching) and not all(touching), "rollout should cover both contact states"
+    finally:
+        e.close()
