@@ -64,6 +64,7 @@ class LearnerConfig:
     reward_scale: float = 1.0
     device: str = "cpu"
     weight_chunk_bytes: int = 4 * 1024 * 1024
+    consume_only: bool = False  # benchmarks: take segments but skip the PPO update
 
 
 @dataclass

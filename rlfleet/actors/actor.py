@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from omegaconf import DictConfig
 
 from rlfleet.actors.env_worker import EnvWorkerPool
-from rlfleet.actors.inference_client import connect_inference
+from rlfleet.actors.inference_client import InferenceError, StopWaiting, connect_inference
 from rlfleet.actors.learner_client import LearnerClient
 from rlfleet.actors.rollout import SegmentBuilder
 from rlfleet.config import as_dict
@@ -38,9 +38,13 @@ def run_actor(cfg: DictConfig, actor_index: int, client_id: str, learner_address
                          env_offset=actor_index * E)
     learner = inference = None
     segments, steps, t0 = 0, 0, time.monotonic()
+
+    def stopping() -> bool:
+        return stop_event.is_set() or (learner is not None and (learner.stop_requested.is_set() or learner.failed.is_set()))
+
     try:
-        inference = connect_inference(a.transport, inference_address, pool.slots, actor_id=client_id)
         learner = LearnerClient(learner_address, client_id, a.send_queue_size, cfg.learner.weight_chunk_bytes)
+        inference = connect_inference(a.transport, inference_address, pool.slots, client_id, stopping)
         pool.reset()
         rows = pool.stage_rows
         builders = [SegmentBuilder(T, hi - lo, dims.state_dim, K, dims.action_dim) for lo, hi in rows]
@@ -56,7 +60,7 @@ def run_actor(cfg: DictConfig, actor_index: int, client_id: str, learner_address
         s = 0
         t0 = time.monotonic()
         log.info("actor %s stepping %d envs in %d stages", client_id, E, S)
-        while not (stop_event.is_set() or learner.stop_requested.is_set() or learner.failed.is_set()):
+        while not stopping():
             nxt = (s + 1) % S
             if nxt != s:
                 launch(nxt)  # queued in the workers behind stage s: they never idle
@@ -73,6 +77,9 @@ def run_actor(cfg: DictConfig, actor_index: int, client_id: str, learner_address
             if nxt == s:
                 launch(s)
             s = nxt
+    except (StopWaiting, InferenceError):
+        if not stopping():  # the server went away while the run goes on: a real failure
+            raise
     finally:
         if learner is not None:
             learner.close()

@@ -11,6 +11,7 @@ import itertools
 import json
 import queue
 import struct
+from collections.abc import Callable
 
 import grpc
 import numpy as np
@@ -28,6 +29,10 @@ class InferenceError(RuntimeError):
     """The server rejected a request or could not be reached in time."""
 
 
+class StopWaiting(Exception):
+    """Raised inside a wait when the actor was told to stop (the run is over)."""
+
+
 def server_info(address: str, timeout: float = 30.0) -> inference_pb2.ServerInfo:
     with make_channel(address) as ch:
         stub = inference_pb2_grpc.InferenceServiceStub(ch)
@@ -35,9 +40,11 @@ def server_info(address: str, timeout: float = 30.0) -> inference_pb2.ServerInfo
 
 
 class _ZmqClientBase:
-    def __init__(self, endpoint: str, slots: SharedArrays, timeout_s: float):
+    def __init__(self, endpoint: str, slots: SharedArrays, timeout_s: float = 60.0,
+                 should_stop: Callable[[], bool] = lambda: False):
         self.slots = slots
         self.timeout_ms = int(timeout_s * 1000)
+        self.should_stop = should_stop
         self.ctx = zmq.Context.instance()
         self.sock = self.ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
@@ -49,9 +56,15 @@ class _ZmqClientBase:
     def _recv_for(self, req_id: int) -> list:
         if req_id in self._early:
             return self._early.pop(req_id)
+        waited = 0
         while True:
-            if not self.sock.poll(self.timeout_ms):
-                raise InferenceError(f"no answer from the inference server within {self.timeout_ms} ms")
+            if not self.sock.poll(200):
+                waited += 200
+                if self.should_stop():
+                    raise StopWaiting()
+                if waited >= self.timeout_ms:
+                    raise InferenceError(f"no answer from the inference server within {self.timeout_ms} ms")
+                continue
             frames = self.sock.recv_multipart(copy=False)
             got = struct.unpack("<Q", frames[1].bytes)[0]
             if frames[0].bytes == b"error":
@@ -70,8 +83,9 @@ class _ZmqClientBase:
 
 
 class ShmInferenceClient(_ZmqClientBase):
-    def __init__(self, endpoint: str, slots: SharedArrays, timeout_s: float = 60.0):
-        super().__init__(endpoint, slots, timeout_s)
+    def __init__(self, endpoint: str, slots: SharedArrays, timeout_s: float = 60.0,
+                 should_stop: Callable[[], bool] = lambda: False):
+        super().__init__(endpoint, slots, timeout_s, should_stop)
         req = next(self._ids)
         layout = {k: [list(v.shape), v.dtype] for k, v in slots.layout.items()}
         self.sock.send_multipart([b"attach", struct.pack("<Q", req),
@@ -145,13 +159,14 @@ class GrpcInferenceClient:
         self.channel.close()
 
 
-def connect_inference(transport: str, address: str, slots: SharedArrays, actor_id: str = ""):
+def connect_inference(transport: str, address: str, slots: SharedArrays, actor_id: str = "",
+                      should_stop: Callable[[], bool] = lambda: False):
     """Open the client for `transport`; `address` is always the server's gRPC address."""
     if transport == "grpc":
         return GrpcInferenceClient(address, slots, actor_id=actor_id)
     info = server_info(address)
     if transport == "shm":
-        return ShmInferenceClient(info.zmq_endpoint, slots)
+        return ShmInferenceClient(info.zmq_endpoint, slots, should_stop=should_stop)
     if transport == "zmq":
-        return ZmqInferenceClient(info.zmq_endpoint, slots)
+        return ZmqInferenceClient(info.zmq_endpoint, slots, should_stop=should_stop)
     raise ValueError(f"unknown transport {transport!r} (shm, zmq or grpc)")

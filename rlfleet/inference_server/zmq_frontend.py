@@ -42,6 +42,7 @@ class ZmqFrontend:
         self.outbox = ctx.socket(zmq.PULL)
         self.outbox.bind(self._outbox_addr)
         self._local = threading.local()
+        self._pushers: list[zmq.Socket] = []
         self.blocks: dict[bytes, SharedArrays] = {}
         self.errors = 0
         self._stop = threading.Event()
@@ -52,8 +53,11 @@ class ZmqFrontend:
         return self
 
     def stop(self) -> None:
+        """Call from the batching thread once it has stopped using `_reply`."""
         self._stop.set()
         self._thread.join(timeout=2)
+        for sock in self._pushers:
+            sock.close()
 
     def _reply(self, frames: list) -> None:
         """Called from the batching thread: hand the reply to the socket's own thread."""
@@ -62,6 +66,7 @@ class ZmqFrontend:
             sock = self._local.push = self.ctx.socket(zmq.PUSH)
             sock.setsockopt(zmq.LINGER, 0)
             sock.connect(self._outbox_addr)
+            self._pushers.append(sock)
         sock.send_multipart(frames, copy=False)
 
     def _loop(self) -> None:

@@ -27,6 +27,7 @@ class IngestQueue:
         self.accepted = 0
         self.duplicates = 0
         self.rejected = 0
+        self.by_client: dict[str, int] = {}
 
     def seen(self, client_id: str, segment_id: int) -> bool:
         with self._lock:
@@ -48,6 +49,7 @@ class IngestQueue:
             while len(self._seen) > self._remember:
                 self._seen.popitem(last=False)
             self.accepted += 1
+            self.by_client[item.client_id] = self.by_client.get(item.client_id, 0) + 1
         return True
 
     def get(self, timeout: float) -> IngestedSegment | None:

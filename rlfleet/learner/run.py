@@ -127,6 +127,8 @@ class Learner:
                     if t_first is None:  # throughput counts from the first data, not from start-up
                         t_first, steps_at_start = time.monotonic(), self.counters.env_steps - sum(int(s.env_steps) for s in segments)
                     t0 = time.monotonic()
+                    if cfg.learner.consume_only:
+                        continue
                     stats = self.trainer.update(segments, self.counters.version)
                     self.counters.version += 1
                     self.counters.update += 1
@@ -150,6 +152,7 @@ class Learner:
             self.counters.wall_seconds += time.monotonic() - self._t_start
             self.servicer.stop_event.set()  # actors learn it from their next heartbeat or push
             final = self.save()
+            self.servicer.wait_clients_told(timeout=5.0)
             writer.close()
         steps = self.counters.env_steps - steps_at_start
         summary = {
@@ -160,6 +163,8 @@ class Learner:
             "throughput_env_steps_per_s": round(steps / max(time.monotonic() - (t_first or time.monotonic()), 1e-6), 1),
             "train_success_once": getattr(self, "last_stats", {}).get("env/success_once"),
             "checkpoint": str(final),
+            "segments_by_client": dict(self.ingest.by_client),
+            "rejected_segments": self.ingest.rejected,
         }
         return summary
 

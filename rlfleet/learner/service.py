@@ -27,6 +27,7 @@ class ClientInfo:
     index: int
     last_seen: float
     env_steps: int = 0
+    told_to_stop: bool = False
 
 
 class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
@@ -66,10 +67,24 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
             if info is not None:
                 info.last_seen = time.monotonic()
                 info.env_steps = request.env_steps
+                info.told_to_stop = self.stop_event.is_set()
         current = self.weights.current()
         return learner_pb2.HeartbeatReply(
             stop=self.stop_event.is_set(), policy_version=current.version if current else -1
         )
+
+    def wait_clients_told(self, timeout: float, within_s: float = 10.0) -> bool:
+        """After stop: give live actors a moment to hear it, so none is left waiting on a dead run."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            now = time.monotonic()
+            with self._lock:
+                pending = [c for c in self._clients.values()
+                           if c.role == "actor" and not c.told_to_stop and now - c.last_seen < within_s]
+            if not pending:
+                return True
+            time.sleep(0.05)
+        return False
 
     def alive_clients(self, role: str, within_s: float = 10.0) -> int:
         now = time.monotonic()

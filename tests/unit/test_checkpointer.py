@@ -1,0 +1,178 @@
+import dataclasses
+import json
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from rlfleet.learner.checkpointer import Checkpointer, TrainerCounters
+from rlfleet.policies import GaussianMLPPolicy, PolicyConfig
+from rlfleet.policies.checkpoint_io import load_checkpoint, model_config, save_checkpoint_folder
+
+S, D, K = 6, 3, 2
+POLICY_CFG = PolicyConfig(hidden_sizes=[12, 8], activation="relu", init_log_std=-1.0)
+
+
+def make_policy(seed: int) -> GaussianMLPPolicy:
+    torch.manual_seed(seed)
+    policy = GaussianMLPPolicy(S, D, K, PolicyConfig(**dataclasses.asdict(POLICY_CFG)))
+    policy.update_normalization(torch.randn(32, S) * 2 + 1)  # non-default buffers
+    return policy
+
+
+def trained(seed: int):
+    """A policy and an Adam optimiser that has taken a few steps (so it has state)."""
+    policy = make_policy(seed)
+    opt = torch.optim.Adam(policy.parameters(), lr=1e-3)
+    for _ in range(3):
+        x = torch.randn(16, S)
+        logp, ent, v = policy.evaluate(x, torch.randn(16, K, D))
+        loss = -(logp.mean()) + v.pow(2).mean() - 0.01 * ent.mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return policy, opt
+
+
+def mcfg():
+    return model_config(dataclasses.asdict(POLICY_CFG), S, D, K, env={"name": "metaworld", "task": "reach-v3"})
+
+
+def assert_same_state(a: torch.nn.Module, b: torch.nn.Module) -> None:
+    sa, sb = a.state_dict(), b.state_dict()
+    assert sa.keys() == sb.keys()
+    for k in sa:
+        assert torch.equal(sa[k], sb[k]), k
+
+
+def test_save_then_restore_gives_back_everything(tmp_path):
+    policy, opt = trained(0)
+    counters = TrainerCounters(update=7, version=7, env_steps=12345, samples=6789, wall_seconds=42.5)
+    ck = Checkpointer(tmp_path, keep=3)
+    torch.manual_seed(123)
+    np.random.seed(456)
+    random.seed(789)
+    folder = ck.save(policy, opt, counters, mcfg())
+    assert folder == tmp_path / "checkpoints" / "update_000007"
+    assert sorted(p.name for p in folder.iterdir()) == ["config.json", "model.safetensors", "trainer_state.pt"]
+    expect_torch, expect_np, expect_py = torch.rand(5), np.random.rand(3), random.random()
+
+    # a different policy / optimiser / RNG state, as a fresh process would have
+    other, other_opt = trained(1)
+    torch.manual_seed(0)
+    np.random.seed(0)
+    random.seed(0)
+    restored = ck.restore(folder, other, other_opt)
+
+    assert restored == counters
+    assert_same_state(other, policy)
+    a, b = opt.state_dict(), other_opt.state_dict()
+    assert a["param_groups"] == b["param_groups"]
+    assert a["state"].keys() == b["state"].keys() and len(a["state"]) > 0
+    for idx, st in a["state"].items():
+        for key, val in st.items():
+            assert torch.equal(val, b["state"][idx][key]), (idx, key)
+    assert torch.equal(torch.rand(5), expect_torch)
+    np.testing.assert_array_equal(np.random.rand(3), expect_np)
+    assert random.random() == expect_py
+
+
+def test_latest_names_the_newest_and_only_keep_remain(tmp_path):
+    policy, opt = trained(0)
+    ck = Checkpointer(tmp_path, keep=2)
+    assert ck.latest() is None
+    for update in (1, 2, 3, 10):
+        ck.save(policy, opt, TrainerCounters(update=update, version=update), mcfg())
+        assert ck.latest() == tmp_path / "checkpoints" / f"update_{update:06d}"
+    remaining = sorted(p.name for p in (tmp_path / "checkpoints").glob("update_*"))
+    assert remaining == ["update_000003", "update_000010"]
+    assert (tmp_path / "checkpoints" / "latest").read_text().strip() == "update_000010"
+    assert not list((tmp_path / "checkpoints").glob("*.tmp"))
+
+
+def test_saving_the_same_update_twice_replaces_it(tmp_path):
+    p1, o1 = trained(0)
+    p2, o2 = trained(1)
+    ck = Checkpointer(tmp_path, keep=3)
+    ck.save(p1, o1, TrainerCounters(update=4), mcfg())
+    folder = ck.save(p2, o2, TrainerCounters(update=4, env_steps=9), mcfg())
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["latest", "update_000004"]
+    policy, _ = load_checkpoint(folder)
+    assert_same_state(policy, p2)
+
+
+def test_stray_tmp_folder_from_a_crash_never_becomes_latest(tmp_path):
+    policy, opt = trained(0)
+    ck = Checkpointer(tmp_path, keep=2)
+    ck.save(policy, opt, TrainerCounters(update=5), mcfg())
+    # a crash while writing update 6: its temp folder holds only part of the files
+    stray = tmp_path / "checkpoints" / "update_000006.tmp"
+    stray.mkdir()
+    (stray / "config.json").write_text(json.dumps(mcfg()))
+    assert ck.latest() == tmp_path / "checkpoints" / "update_000005"
+    with pytest.raises(FileNotFoundError):
+        load_checkpoint(stray)
+
+    # later saves neither pick it up nor count it against `keep`
+    ck.save(policy, opt, TrainerCounters(update=7), mcfg())
+    ck.save(policy, opt, TrainerCounters(update=8), mcfg())
+    assert ck.latest() == tmp_path / "checkpoints" / "update_000008"
+    complete = sorted(p.name for p in (tmp_path / "checkpoints").glob("update_*") if not p.name.endswith(".tmp"))
+    assert complete == ["update_000007", "update_000008"]
+
+
+def test_latest_ignores_a_folder_without_trainer_state(tmp_path):
+    policy, opt = trained(0)
+    ck = Checkpointer(tmp_path, keep=3)
+    folder = ck.save(policy, opt, TrainerCounters(update=1), mcfg())
+    (folder / "trainer_state.pt").unlink()
+    assert ck.latest() is None
+
+
+def test_load_checkpoint_rebuilds_the_policy_from_the_folder_alone(tmp_path):
+    policy, opt = trained(0)
+    folder = Checkpointer(tmp_path).save(policy, opt, TrainerCounters(update=2), mcfg())
+    loaded, cfg = load_checkpoint(folder)
+    assert cfg == json.loads(json.dumps(mcfg()))
+    assert isinstance(loaded, GaussianMLPPolicy)
+    assert (loaded.state_dim, loaded.action_dim, loaded.chunk_size) == (S, D, K)
+    assert loaded.cfg.hidden_sizes == [12, 8] and loaded.cfg.activation == "relu"
+    assert_same_state(loaded, policy)
+    x = torch.randn(4, S)
+    a = policy.act(x, deterministic=True)
+    b = loaded.act(x, deterministic=True)
+    for key in ("actions", "logprobs", "values"):
+        assert torch.equal(a[key], b[key]), key
+
+
+def test_load_checkpoint_of_a_plain_policy_folder(tmp_path):
+    policy = make_policy(2)
+    save_checkpoint_folder(tmp_path / "export", policy, mcfg())
+    assert not (tmp_path / "export.tmp").exists()
+    loaded, _ = load_checkpoint(tmp_path / "export")
+    assert_same_state(loaded, policy)
+
+
+def test_load_checkpoint_with_weights_of_another_shape_is_a_clear_error(tmp_path):
+    folder = tmp_path / "ck"
+    save_checkpoint_folder(folder, make_policy(0), mcfg())
+    cfg = mcfg()
+    cfg["policy"]["hidden_sizes"] = [16, 8]
+    (folder / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match=r"shape mismatch .*actor\.0\.weight: \(12, 6\) vs \(16, 6\)"):
+        load_checkpoint(folder)
+
+
+@pytest.mark.parametrize("present", [[], ["config.json"], ["model.safetensors"]])
+def test_missing_files_give_a_clear_file_not_found(tmp_path, present):
+    src = tmp_path / "full"
+    save_checkpoint_folder(src, make_policy(0), mcfg())
+    folder = tmp_path / "partial"
+    folder.mkdir()
+    for name in present:
+        (folder / name).write_bytes((src / name).read_bytes())
+    with pytest.raises(FileNotFoundError, match="not a checkpoint folder .*config.json and model.safetensors"):
+        load_checkpoint(folder)
+    with pytest.raises(FileNotFoundError, match="not a checkpoint folder"):
+        load_checkpoint(tmp_path / "does-not-exist")

@@ -1,0 +1,120 @@
+from importlib import resources
+
+import pytest
+import yaml
+from omegaconf import OmegaConf
+from omegaconf.errors import ConfigKeyError, ValidationError
+
+from rlfleet.config import RunConfig, config_from_yaml, load_config, recipe_names, to_yaml
+
+RECIPES = recipe_names()
+
+
+def leaves(d, prefix=""):
+    for k, v in d.items():
+        if isinstance(v, dict):
+            yield from leaves(v, f"{prefix}{k}.")
+        else:
+            yield f"{prefix}{k}", v
+
+
+def test_recipes_are_found():
+    assert "metaworld_reach_ppo" in RECIPES
+    assert RECIPES == sorted(RECIPES)
+
+
+@pytest.mark.parametrize("name", RECIPES)
+def test_every_recipe_loads_with_its_values(name):
+    cfg = load_config(name)
+    raw = yaml.safe_load((resources.files("rlfleet.recipes") / f"{name}.yaml").read_text())
+    checked = 0
+    for key, value in leaves(raw):
+        got = OmegaConf.select(cfg, key)
+        got = OmegaConf.to_container(got) if OmegaConf.is_config(got) else got
+        assert got == value, key
+        checked += 1
+    assert checked > 0
+    # schema defaults fill what the recipe leaves out, and interpolations resolve
+    assert cfg.inference.host == "127.0.0.1" and cfg.learner.host == "127.0.0.1"
+    assert cfg.runner.logger.log_path == f"runs/{cfg.runner.experiment_name}"
+
+
+def test_no_recipe_gives_schema_defaults():
+    cfg = load_config(None)
+    assert OmegaConf.to_container(cfg, resolve=True) == OmegaConf.to_container(
+        OmegaConf.structured(RunConfig), resolve=True
+    )
+
+
+def test_overrides_apply_with_their_types():
+    cfg = load_config(RECIPES[0], [
+        "actor.num_envs=8",
+        "algorithm.lr=1e-3",
+        "policy.hidden_sizes=[64,32]",
+        "runner.resume=true",
+        "algorithm.dual_clip=3.0",
+        "runner.experiment_name=other",
+    ])
+    assert cfg.actor.num_envs == 8 and isinstance(cfg.actor.num_envs, int)
+    assert cfg.algorithm.lr == pytest.approx(1e-3) and isinstance(cfg.algorithm.lr, float)
+    assert list(cfg.policy.hidden_sizes) == [64, 32]
+    assert cfg.runner.resume is True
+    assert cfg.algorithm.dual_clip == 3.0
+    assert cfg.runner.logger.log_path == "runs/other"  # interpolation follows the override
+    # the rest of the recipe stays
+    plain = load_config(RECIPES[0])
+    assert cfg.env == plain.env and cfg.learner == plain.learner
+
+
+@pytest.mark.parametrize(
+    "override",
+    ["actor.num_envs=abc", "algorithm.lr=fast", "runner.resume=maybe", "policy.hidden_sizes=[a]"],
+)
+def test_override_of_the_wrong_type_raises(override):
+    with pytest.raises(ValidationError):
+        load_config(RECIPES[0], [override])
+
+
+@pytest.mark.parametrize("override", ["actor.nope=1", "nope.x=1", "algorithm.learning_rate=0.1"])
+def test_unknown_key_raises(override):
+    with pytest.raises(ConfigKeyError, match="nope|learning_rate"):
+        load_config(RECIPES[0], [override])
+
+
+def test_override_without_equals_is_a_value_error():
+    with pytest.raises(ValueError, match="key=value") as info:
+        load_config(RECIPES[0], ["actor.num_envs=4", "actor.num_envs"])
+    assert "actor.num_envs" in str(info.value)
+
+
+def test_unknown_recipe_raises():
+    with pytest.raises(FileNotFoundError, match="unknown recipe 'no_such_recipe'"):
+        load_config("no_such_recipe")
+
+
+def test_recipe_from_a_yaml_file(tmp_path):
+    good = tmp_path / "mine.yaml"
+    good.write_text("actor:\n  num_envs: 6\nalgorithm:\n  gamma: 0.9\n")
+    cfg = load_config(str(good))
+    assert cfg.actor.num_envs == 6 and cfg.algorithm.gamma == 0.9
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("actor:\n  num_envz: 6\n")
+    with pytest.raises(ConfigKeyError, match="num_envz"):
+        load_config(str(bad))
+
+
+@pytest.mark.parametrize("name", RECIPES)
+def test_yaml_round_trip(name):
+    cfg = load_config(name, ["actor.num_envs=12", "policy.hidden_sizes=[16]", "algorithm.dual_clip=2.5"])
+    text = to_yaml(cfg)
+    back = config_from_yaml(text)
+    assert OmegaConf.to_container(back, resolve=True) == OmegaConf.to_container(cfg, resolve=True)
+    assert to_yaml(back) == text
+    # the rebuilt config is still typed: a bad value is refused
+    with pytest.raises(ValidationError):
+        back.actor.num_envs = "abc"
+
+
+def test_config_from_yaml_rejects_unknown_keys():
+    with pytest.raises(ConfigKeyError):
+        config_from_yaml("learner:\n  batch_envsteps: 5\n")

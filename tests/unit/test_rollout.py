@@ -1,0 +1,186 @@
+import numpy as np
+import pytest
+
+from rlfleet.actors.env_worker import slot_layout, stage_slices
+from rlfleet.actors.rollout import SegmentBuilder
+from rlfleet.wire import codec
+from rlfleet.wire.gen import tensor_pb2
+from rlfleet.wire.segment import Segment
+from rlfleet.wire.shm import SharedArrays
+
+E, S, D, K, T = 6, 3, 2, 2, 4
+LO, HI = 2, 5  # the builder's stage owns rows 2..4 of the actor's slots
+B = HI - LO
+
+
+@pytest.fixture
+def slots():
+    blk = SharedArrays.create(slot_layout(E, S, D, K))
+    try:
+        yield blk
+    finally:
+        blk.close()
+
+
+def test_slot_layout_shapes():
+    layout = slot_layout(E, S, D, K)
+    assert layout["states"].shape == (E, S) and layout["states"].dtype == "float32"
+    assert layout["actions"].shape == (E, K, D)
+    assert layout["rewards"].shape == (E, K)
+    assert layout["final_states"].shape == (E, S)
+    assert layout["task_ids"].dtype == "int64" and layout["episode_length"].dtype == "int32"
+    assert {k for k, v in layout.items() if v.dtype == "bool"} == {
+        "terminated", "truncated", "success", "episode_done", "episode_success_once"
+    }
+
+
+# episode ends (by step t, row within the stage): (terminated, truncated)
+ENDS = {(1, 0): (True, False), (2, 2): (False, True), (3, 0): (False, True)}
+
+
+def run_rollout(slots, builder, base: float):
+    """Fill the slots by hand as the inference server and env workers would, for T steps.
+
+    Rows outside [LO, HI) get junk that must never reach the segment.
+    """
+    rng = np.random.default_rng(int(base))
+    slots["task_ids"][:] = np.arange(E) + 100
+    slots["states"][:] = rng.normal(size=(E, S))
+    expect = {k: [] for k in ("states", "actions", "logprobs", "values", "rewards", "final_states")}
+    episodes = []
+    for t in range(T):
+        # inference: actions for the current states
+        slots["actions"][:] = rng.normal(size=(E, K, D))
+        slots["logprobs"][:] = rng.normal(size=E)
+        slots["values"][:] = rng.normal(size=E)
+        builder.record_policy(slots, LO, HI, version=10 + t)
+        for k in ("states", "actions", "logprobs", "values"):
+            expect[k].append(np.array(slots[k][LO:HI]))
+
+        # env step
+        slots["rewards"][:] = rng.normal(size=(E, K))
+        done = np.zeros(E, bool)
+        slots["terminated"][:] = False
+        slots["truncated"][:] = False
+        slots["final_states"][:] = rng.normal(size=(E, S))  # junk wherever no episode ended
+        slots["episode_return"][:] = -999.0
+        slots["episode_length"][:] = -1
+        slots["episode_success_once"][:] = True
+        for (tt, row), (term, trunc) in ENDS.items():
+            if tt == t:
+                i = LO + row
+                done[i] = True
+                slots["terminated"][i], slots["truncated"][i] = term, trunc
+                slots["episode_return"][i] = base + 10 * t + row
+                slots["episode_length"][i] = 20 + t
+                slots["episode_success_once"][i] = term
+                episodes.append((base + 10 * t + row, 20 + t, term, 100 + i))
+        done[0] = done[E - 1] = True  # other stages' rows: ignored
+        slots["episode_done"][:] = done
+        expect["rewards"].append(slots["rewards"][LO:HI].sum(axis=1))
+        expect["final_states"].append(np.where(done[LO:HI, None], slots["final_states"][LO:HI], 0.0))
+        slots["states"][:] = rng.normal(size=(E, S))  # next observation (auto-reset included)
+        builder.record_step(slots, LO, HI)
+        assert builder.full == (t == T - 1)
+    return {k: np.stack(v) for k, v in expect.items()}, episodes
+
+
+def test_segment_from_hand_filled_slots(slots):
+    builder = SegmentBuilder(T, B, S, K, D)
+    expect, episodes = run_rollout(slots, builder, base=1.0)
+    seg = builder.finish(slots, LO, HI)
+
+    assert (seg.num_steps, seg.num_envs) == (T, B)
+    for key in ("states", "actions", "logprobs", "values"):
+        np.testing.assert_array_equal(getattr(seg, key), expect[key], err_msg=key)
+    np.testing.assert_allclose(seg.rewards, expect["rewards"], rtol=1e-6)  # summed over the chunk
+    assert seg.rewards.shape == (T, B)
+    np.testing.assert_array_equal(seg.final_states, expect["final_states"].astype(np.float32))
+    assert np.count_nonzero(np.abs(seg.final_states).sum(-1)) == len(ENDS)  # only where an episode ended
+
+    want_term = np.zeros((T, B), bool)
+    want_trunc = np.zeros((T, B), bool)
+    for (t, row), (term, trunc) in ENDS.items():
+        want_term[t, row], want_trunc[t, row] = term, trunc
+    np.testing.assert_array_equal(seg.terminated, want_term)
+    np.testing.assert_array_equal(seg.truncated, want_trunc)
+
+    np.testing.assert_array_equal(seg.next_states, slots["states"][LO:HI])  # the current obs
+    assert not np.shares_memory(seg.next_states, slots["states"])
+    np.testing.assert_array_equal(seg.versions, [10, 11, 12, 13])
+    np.testing.assert_array_equal(seg.task_ids, [102, 103, 104])
+    assert seg.env_steps.shape == () and int(seg.env_steps) == T * B * K
+
+    np.testing.assert_allclose(seg.ep_returns, [e[0] for e in episodes])
+    np.testing.assert_array_equal(seg.ep_lengths, [e[1] for e in episodes])
+    np.testing.assert_array_equal(seg.ep_success, [e[2] for e in episodes])
+    np.testing.assert_array_equal(seg.ep_task_ids, [e[3] for e in episodes])
+    assert seg.ep_returns.dtype == np.float32 and seg.ep_lengths.dtype == np.int32
+
+    # the segment passes the learner's schema check, also after a trip through the codec
+    back = Segment.from_tensors(seg.to_tensors())
+    wire = tensor_pb2.TensorMap.FromString(codec.encode_map(seg.to_tensors()).SerializeToString())
+    decoded = Segment.from_tensors(codec.decode_map(wire))
+    for name, arr in seg.to_tensors().items():
+        np.testing.assert_array_equal(back.to_tensors()[name], arr, err_msg=name)
+        np.testing.assert_array_equal(decoded.to_tensors()[name], arr, err_msg=name)
+
+
+def test_segment_does_not_alias_builder_or_slots(slots):
+    builder = SegmentBuilder(T, B, S, K, D)
+    run_rollout(slots, builder, base=1.0)
+    seg = builder.finish(slots, LO, HI)
+    saved = {k: np.array(v) for k, v in seg.to_tensors().items()}
+    # the next rollout overwrites the builder's buffers and the slots
+    expect2, episodes2 = run_rollout(slots, builder, base=2.0)
+    seg2 = builder.finish(slots, LO, HI)
+    for name, arr in saved.items():
+        np.testing.assert_array_equal(seg.to_tensors()[name], arr, err_msg=name)
+    # and the second segment holds only its own episodes and steps
+    np.testing.assert_allclose(seg2.ep_returns, [e[0] for e in episodes2])
+    np.testing.assert_array_equal(seg2.states, expect2["states"])
+    assert builder.t == 0 and not builder.full
+
+
+def test_segment_without_finished_episodes(slots):
+    builder = SegmentBuilder(1, B, S, K, D)
+    slots["states"][:] = 1.0
+    builder.record_policy(slots, LO, HI, version=3)
+    slots["rewards"][:] = 0.5
+    slots["episode_done"][:] = False
+    builder.record_step(slots, LO, HI)
+    seg = builder.finish(slots, LO, HI)
+    assert seg.ep_returns.shape == (0,) and seg.ep_lengths.shape == (0,)
+    np.testing.assert_array_equal(seg.rewards, np.full((1, B), 0.5 * K, np.float32))
+    assert not seg.final_states.any()
+    Segment.from_tensors(seg.to_tensors())
+
+
+@pytest.mark.parametrize(
+    "num_envs, stages, workers",
+    [(16, 2, 2), (12, 3, 2), (8, 1, 4), (6, 2, 3), (4, 4, 1), (1, 1, 1)],
+)
+def test_stage_slices_cover_every_row_once(num_envs, stages, workers):
+    offset = 1000
+    slices = stage_slices(num_envs, stages, workers, actor_offset=offset)
+    assert len(slices) == workers
+    seen = np.zeros(num_envs, int)
+    per_worker = num_envs // (stages * workers)
+    for worker in slices:
+        assert sorted(sl.stage for sl in worker) == list(range(stages))  # one slice per stage
+        for sl in worker:
+            assert sl.hi - sl.lo == per_worker
+            assert sl.global_offset == offset + sl.lo
+            seen[sl.lo : sl.hi] += 1
+    assert seen.tolist() == [1] * num_envs
+    # each stage's slices tile exactly the stage's rows (the pool's stage_rows)
+    for s in range(stages):
+        rows = sorted((sl.lo, sl.hi) for w in slices for sl in w if sl.stage == s)
+        assert rows[0][0] == s * num_envs // stages and rows[-1][1] == (s + 1) * num_envs // stages
+        assert all(a[1] == b[0] for a, b in zip(rows, rows[1:]))
+
+
+@pytest.mark.parametrize("num_envs, stages, workers", [(10, 2, 3), (7, 2, 1), (6, 4, 1), (2, 1, 4)])
+def test_stage_slices_reject_non_divisible(num_envs, stages, workers):
+    with pytest.raises(ValueError, match=rf"num_envs \({num_envs}\) must be divisible"):
+        stage_slices(num_envs, stages, workers, actor_offset=0)

@@ -1,0 +1,254 @@
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from rlfleet.algorithms import PPOConfig
+from rlfleet.learner.trainer import PPOTrainer
+from rlfleet.policies import GaussianMLPPolicy, PolicyConfig
+from rlfleet.wire.segment import Segment
+
+S, D, K = 5, 2, 1
+
+EXPECTED_KEYS = {
+    "train/actor/policy_loss",
+    "train/actor/approx_kl",
+    "train/actor/clip_fraction",
+    "train/actor/grad_norm",
+    "train/actor/entropy",
+    "train/critic/value_loss",
+    "train/critic/value_clip_ratio",
+    "train/critic/explained_variance",
+    "throughput/policy_lag",
+}
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    # tiny matrices: extra intra-op threads only add contention on a busy 2-core machine
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def make_policy(seed: int = 0, hidden=(32, 32)) -> GaussianMLPPolicy:
+    torch.manual_seed(seed)
+    return GaussianMLPPolicy(S, D, K, PolicyConfig(hidden_sizes=list(hidden)))
+
+
+def make_segment(policy, T: int, B: int, versions, seed: int = 0, logp_shift: float = 0.0,
+                 terminated=None, truncated=None) -> Segment:
+    """A segment whose actions / log-probs / values come from `policy` (plus an optional shift)."""
+    rng = np.random.default_rng(seed)
+    states = rng.normal(size=(T, B, S)).astype(np.float32)
+    with torch.no_grad():
+        out = policy.act(torch.from_numpy(states.reshape(T * B, S)))
+    terminated = np.zeros((T, B), bool) if terminated is None else terminated
+    truncated = np.zeros((T, B), bool) if truncated is None else truncated
+    done = terminated | truncated
+    final_states = np.where(done[..., None], rng.normal(size=(T, B, S)), 0.0).astype(np.float32)
+    return Segment(
+        states=states,
+        actions=out["actions"].numpy().reshape(T, B, K, D),
+        logprobs=(out["logprobs"].numpy() + logp_shift).reshape(T, B).astype(np.float32),
+        values=out["values"].numpy().reshape(T, B),
+        rewards=rng.normal(size=(T, B)).astype(np.float32),
+        terminated=terminated,
+        truncated=truncated,
+        final_states=final_states,
+        next_states=rng.normal(size=(B, S)).astype(np.float32),
+        versions=np.asarray(versions, np.int64),
+        task_ids=np.zeros(B, np.int64),
+        env_steps=np.array(T * B * K, np.int64),
+        ep_returns=np.zeros(0, np.float32),
+        ep_lengths=np.zeros(0, np.int32),
+        ep_success=np.zeros(0, bool),
+        ep_task_ids=np.zeros(0, np.int64),
+    )
+
+
+def params_of(policy):
+    return {k: v.detach().clone() for k, v in policy.named_parameters()}
+
+
+def test_update_returns_finite_metrics_and_changes_parameters():
+    policy = make_policy(0)
+    trainer = PPOTrainer(policy, PPOConfig(update_epochs=2, num_minibatches=2, lr=1e-3))
+    term = np.zeros((8, 4), bool)
+    term[3, 1] = True
+    trunc = np.zeros((8, 4), bool)
+    trunc[5, 2] = True
+    segs = [make_segment(policy, 8, 4, [3] * 8, seed=i, terminated=term, truncated=trunc) for i in range(2)]
+    before = params_of(policy)
+
+    metrics = trainer.update(segs, version=3)
+
+    assert EXPECTED_KEYS <= set(metrics)
+    for key in EXPECTED_KEYS:
+        assert math.isfinite(metrics[key]), (key, metrics[key])
+    assert metrics["train/actor/grad_norm"] > 0
+    assert metrics["train/critic/value_loss"] > 0
+    assert 0.0 <= metrics["train/actor/clip_fraction"] <= 1.0
+    assert metrics["throughput/policy_lag"] == 0.0
+    assert metrics["train/samples"] == 64.0 and metrics["train/dropped_samples"] == 0.0
+    assert metrics["rollout/is_weight_mean"] == 1.0  # all on-policy
+    after = params_of(policy)
+    for name in ("actor.0.weight", "critic.0.weight", "critic.2.weight", "log_std"):
+        assert not torch.equal(before[name], after[name]), name
+
+
+def test_samples_older_than_max_policy_lag_are_dropped():
+    policy = make_policy(0)
+    trainer = PPOTrainer(policy, PPOConfig(max_policy_lag=4, update_epochs=1, num_minibatches=1))
+    T, B = 8, 4
+    seg = make_segment(policy, T, B, versions=np.arange(2, 10))  # lags 8..1 at learner version 10
+
+    batch = trainer.prepare([seg], version=10)
+    assert len(batch) == 4 * B
+    assert batch.lags.tolist() == [4] * B + [3] * B + [2] * B + [1] * B
+    torch.testing.assert_close(batch.states, torch.from_numpy(seg.states[4:].reshape(-1, S)))
+
+    metrics = trainer.update([seg], version=10)
+    assert metrics["train/dropped_samples"] == 16.0
+    assert metrics["train/samples"] == 16.0
+    assert metrics["throughput/policy_lag"] == pytest.approx(2.5)
+    assert metrics["throughput/policy_lag_max"] == 4.0
+
+
+def test_all_samples_too_old_means_no_update():
+    policy = make_policy(0)
+    trainer = PPOTrainer(policy, PPOConfig(max_policy_lag=1))
+    seg = make_segment(policy, 4, 3, versions=[0, 0, 1, 1])
+    before = params_of(policy)
+    assert trainer.update([seg], version=5) == {"train/dropped_samples": 12.0}
+    for name, value in params_of(policy).items():
+        assert torch.equal(before[name], value), name
+
+
+def test_newer_than_learner_samples_raise():
+    policy = make_policy(0)
+    trainer = PPOTrainer(policy, PPOConfig())
+    with pytest.raises(ValueError, match="newer than learner_version"):
+        trainer.prepare([make_segment(policy, 2, 2, versions=[3, 4])], version=3)
+
+
+def test_lag_zero_samples_have_importance_weight_exactly_one():
+    policy = make_policy(0)
+    trainer = PPOTrainer(policy, PPOConfig(max_policy_lag=4, rho_bar=1.2))
+    T, B = 4, 3
+    # versions 9, 9, 8, 7 at learner version 9: lags 0, 0, 1, 2
+    versions = [9, 9, 8, 7]
+    up = make_segment(policy, T, B, versions, seed=1, logp_shift=-0.3)  # mu below pi_old
+    down = make_segment(policy, T, B, versions, seed=2, logp_shift=+0.3)  # mu above pi_old
+
+    batch = trainer.prepare([up, down], version=9)
+    assert len(batch) == 2 * T * B
+    lag0 = batch.lags == 0
+    assert int(lag0.sum()) == 2 * 2 * B
+    # lag 0: the behaviour log-prob *is* pi_old, whatever the learner would compute: weight 1 exactly
+    assert torch.equal(batch.is_weights[lag0], torch.ones(int(lag0.sum())))
+    behaviour = torch.cat([torch.from_numpy(up.logprobs.reshape(-1)), torch.from_numpy(down.logprobs.reshape(-1))])
+    assert torch.equal(batch.logp_old[lag0], behaviour[lag0])
+    # lagged: min(pi_old / mu, rho_bar) with pi_old = the learner's log-prob
+    lagged_up = (batch.lags > 0) & (torch.arange(len(batch)) < T * B)
+    lagged_down = (batch.lags > 0) & (torch.arange(len(batch)) >= T * B)
+    torch.testing.assert_close(batch.is_weights[lagged_up], torch.full((2 * B,), 1.2))  # exp(0.3) capped
+    torch.testing.assert_close(batch.is_weights[lagged_down], torch.full((2 * B,), math.exp(-0.3)),
+                               rtol=1e-5, atol=1e-5)
+
+
+def _tiny_truncation_case():
+    """T=3, B=2: env 0 is truncated after step 1, env 1 terminates after step 1."""
+    policy = make_policy(3, hidden=(8,))
+    terminated = np.array([[False, False], [False, True], [False, False]])
+    truncated = np.array([[False, False], [True, False], [False, False]])
+    seg = make_segment(policy, 3, 2, [0, 0, 0], seed=5, terminated=terminated, truncated=truncated)
+    seg.rewards = np.array([[1.0, 2.0], [-1.0, 0.5], [0.25, 3.0]], np.float32)
+    return policy, seg
+
+
+def test_truncated_step_bootstraps_from_final_state_value():
+    policy, seg = _tiny_truncation_case()
+    gamma, scale = 0.9, 0.5
+    trainer = PPOTrainer(policy, PPOConfig(gamma=gamma, gae_lambda=1.0), reward_scale=scale)
+    batch = trainer.prepare([seg], version=0)
+
+    with torch.no_grad():
+        V = policy.value(torch.from_numpy(seg.states)).double().numpy()  # [T, B]
+        v_final_trunc = float(policy.value(torch.from_numpy(seg.final_states[1, 0])))
+        v_next = policy.value(torch.from_numpy(seg.next_states)).double().numpy()  # [B]
+    r = seg.rewards.astype(np.float64) * scale
+    ret = np.zeros((3, 2))
+    # env 0: truncated after t=1 -> bootstrap from V(final state); t=2 starts a new episode
+    ret[2, 0] = r[2, 0] + gamma * v_next[0]
+    ret[1, 0] = r[1, 0] + gamma * v_final_trunc
+    ret[0, 0] = r[0, 0] + gamma * ret[1, 0]
+    # env 1: terminated after t=1 -> no bootstrap at all
+    ret[2, 1] = r[2, 1] + gamma * v_next[1]
+    ret[1, 1] = r[1, 1]
+    ret[0, 1] = r[0, 1] + gamma * r[1, 1]
+
+    np.testing.assert_allclose(batch.returns.numpy(), ret.reshape(-1), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(batch.advantages.numpy(), (ret - V).reshape(-1), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(batch.values_old.numpy(), V.reshape(-1), rtol=1e-6, atol=1e-6)
+
+
+def test_final_states_matter_only_for_truncated_steps():
+    policy, seg = _tiny_truncation_case()
+    trainer = PPOTrainer(policy, PPOConfig(gamma=0.9, gae_lambda=0.95))
+    base = trainer.prepare([seg], version=0).advantages.reshape(3, 2)
+
+    seg.final_states[1, 1] += 5.0  # the terminated step's final state: must be ignored
+    same = trainer.prepare([seg], version=0).advantages.reshape(3, 2)
+    assert torch.equal(same, base)
+
+    seg.final_states[1, 0] += 5.0  # the truncated step's final state: bootstraps steps 0 and 1 of env 0
+    changed = trainer.prepare([seg], version=0).advantages.reshape(3, 2)
+    assert (changed[:2, 0] - base[:2, 0]).abs().min() > 1e-4
+    assert torch.equal(changed[2, 0], base[2, 0])
+    assert torch.equal(changed[:, 1], base[:, 1])
+
+
+def test_ppo_learns_a_contextual_bandit():
+    """1-step episodes, reward = -|a - target(s)|^2: the deterministic action must move to the target."""
+    torch.manual_seed(0)
+    rng = np.random.default_rng(0)
+    W = (rng.normal(size=(D, S)) * 0.5).astype(np.float32)
+
+    def target(states):
+        return np.tanh(states @ W.T)
+
+    policy = make_policy(0)
+    trainer = PPOTrainer(policy, PPOConfig(lr=3e-3, update_epochs=4, num_minibatches=4, max_policy_lag=0))
+    eval_states = rng.normal(size=(512, S)).astype(np.float32)
+
+    def deterministic_reward() -> float:
+        with torch.no_grad():
+            a = policy.act(torch.from_numpy(eval_states), deterministic=True)["actions"].numpy()[:, 0]
+        return float(-((a - target(eval_states)) ** 2).sum(-1).mean())
+
+    start = deterministic_reward()
+    N = 256
+    for version in range(15):
+        s = rng.normal(size=(N, S)).astype(np.float32)
+        with torch.no_grad():
+            out = policy.act(torch.from_numpy(s))
+        a = out["actions"].numpy()
+        r = -((a[:, 0] - target(s)) ** 2).sum(-1)
+        seg = Segment(
+            states=s[None], actions=a[None], logprobs=out["logprobs"].numpy()[None],
+            values=out["values"].numpy()[None], rewards=r[None].astype(np.float32),
+            terminated=np.ones((1, N), bool), truncated=np.zeros((1, N), bool),
+            final_states=s[None].copy(), next_states=rng.normal(size=(N, S)).astype(np.float32),
+            versions=np.array([version], np.int64), task_ids=np.zeros(N, np.int64),
+            env_steps=np.array(N, np.int64), ep_returns=r.astype(np.float32), ep_lengths=np.ones(N, np.int32),
+            ep_success=np.zeros(N, bool), ep_task_ids=np.zeros(N, np.int64),
+        )
+        metrics = trainer.update([seg], version)
+        assert metrics["train/dropped_samples"] == 0.0
+    end = deterministic_reward()
+
+    assert start < -0.2  # the untrained policy outputs ~0, far from the target
+    assert end > 0.25 * start  # squared error cut by more than 4x (in practice ~50x)
