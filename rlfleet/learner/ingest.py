@@ -22,6 +22,7 @@ class IngestQueue:
     def __init__(self, maxsize: int, remember: int = 4096):
         self._q: queue.Queue[IngestedSegment] = queue.Queue(maxsize=maxsize)
         self._seen: OrderedDict[tuple[str, int], None] = OrderedDict()
+        self._inflight: dict[tuple[str, int], threading.Event] = {}
         self._remember = remember
         self._lock = threading.Lock()
         self.accepted = 0
@@ -34,23 +35,38 @@ class IngestQueue:
             return (client_id, segment_id) in self._seen
 
     def put(self, item: IngestedSegment, timeout: float) -> bool:
-        """Enqueue unless already seen; False if the queue stayed full for `timeout` seconds."""
+        """Enqueue unless already seen; False if the queue stayed full for `timeout` seconds.
+
+        A retried push of a segment whose first push is still waiting for room waits for that
+        first push's outcome instead of racing it into the queue a second time.
+        """
         key = (item.client_id, item.segment_id)
-        with self._lock:
-            if key in self._seen:
-                self.duplicates += 1
-                return True
+        while True:
+            with self._lock:
+                if key in self._seen:
+                    self.duplicates += 1
+                    return True
+                other = self._inflight.get(key)
+                if other is None:
+                    mine = self._inflight[key] = threading.Event()
+                    break
+            if not other.wait(timeout):
+                return False
         try:
             self._q.put(item, timeout=timeout)
+            ok = True
         except queue.Full:
-            return False
+            ok = False
         with self._lock:
-            self._seen[key] = None
-            while len(self._seen) > self._remember:
-                self._seen.popitem(last=False)
-            self.accepted += 1
-            self.by_client[item.client_id] = self.by_client.get(item.client_id, 0) + 1
-        return True
+            del self._inflight[key]
+            if ok:
+                self._seen[key] = None
+                while len(self._seen) > self._remember:
+                    self._seen.popitem(last=False)
+                self.accepted += 1
+                self.by_client[item.client_id] = self.by_client.get(item.client_id, 0) + 1
+        mine.set()
+        return ok
 
     def get(self, timeout: float) -> IngestedSegment | None:
         try:

@@ -94,9 +94,6 @@ class PPOTrainer:
 
     def update(self, segments: list[Segment], version: int) -> dict[str, float]:
         """One PPO update (epochs x minibatches) on the given segments; returns metrics."""
-        self.policy.update_normalization(
-            torch.cat([self._t(s.states).reshape(-1, s.states.shape[-1]) for s in segments])
-        )
         total = sum(s.num_steps * s.num_envs for s in segments)
         batch = self.prepare(segments, version)
         stats: dict[str, list[float]] = {}
@@ -130,6 +127,9 @@ class PPOTrainer:
                 }.items():
                     stats.setdefault(key, []).append(val)
                 self.optimizer.step()
+        # Whitening stats move after the update, so the log-probs above were computed with the
+        # same normalisation the behaviour policy used (lag-0 ratios start at exactly 1).
+        self.policy.update_normalization(batch.states)
         out = {k: float(np.mean(v)) for k, v in stats.items()}
         out["train/critic/explained_variance"] = explained_variance(batch.values_old, batch.returns)
         out["rollout/returns_mean"] = batch.returns.mean().item()

@@ -346,3 +346,24 @@ def test_watch_weights_skips_versions_already_known(fleet):
         assert nxt.version == 5 and not nxt.final
     finally:
         stream.cancel()
+
+
+def test_retried_push_waiting_on_a_full_queue_is_queued_once():
+    import threading
+
+    from rlfleet.learner.ingest import IngestedSegment, IngestQueue
+
+    q = IngestQueue(maxsize=1)
+    assert q.put(IngestedSegment("other", 0, None), 1)
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(q.put(IngestedSegment("a", 7, None), 5)))
+               for _ in range(2)]
+    for t in threads:
+        t.start()
+    assert q.get(1).client_id == "other"  # room for exactly one of the two racing pushes
+    for t in threads:
+        t.join(10)
+    assert results == [True, True]
+    got = [q.get(0.2) for _ in range(2)]
+    assert [g.segment_id for g in got if g is not None] == [7]
+    assert q.duplicates == 1 and q.accepted == 2
