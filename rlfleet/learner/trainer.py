@@ -56,7 +56,8 @@ class PPOTrainer:
         self.optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.lr, eps=1e-5)
 
     def _t(self, arr: np.ndarray) -> torch.Tensor:
-        return torch.as_tensor(np.asarray(arr), device=self.device)
+        """Copy: decoded segments are read-only views of the received bytes."""
+        return torch.tensor(np.asarray(arr), device=self.device)
 
     @torch.no_grad()
     def _prepare_segment(self, seg: Segment, version: int) -> Batch:

@@ -5,6 +5,7 @@ to the inference servers and into checkpoints (one source of truth for both side
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -24,6 +25,7 @@ class PolicyConfig:
     obs_clip: float = 10.0
 
 
+_HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
 _ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU, "silu": nn.SiLU}
 
 
@@ -88,23 +90,33 @@ class GaussianMLPPolicy(nn.Module):
     def _features(self, states: torch.Tensor) -> torch.Tensor:
         return self.obs_norm(states) if self.obs_norm is not None else states
 
+    def _log_std(self) -> torch.Tensor:
+        return self.log_std.clamp(self.cfg.min_log_std, self.cfg.max_log_std)
+
     def distribution(self, states: torch.Tensor) -> Normal:
         mu = self.actor(self._features(states))
-        log_std = self.log_std.clamp(self.cfg.min_log_std, self.cfg.max_log_std)
-        return Normal(mu, log_std.exp().expand_as(mu))
+        return Normal(mu, self._log_std().exp().expand_as(mu), validate_args=False)
 
     def value(self, states: torch.Tensor) -> torch.Tensor:
         return self.critic(self._features(states)).squeeze(-1)
 
     @torch.no_grad()
     def act(self, states: torch.Tensor, deterministic: bool = False) -> dict[str, torch.Tensor]:
-        """Actions [B,K,D] (unclipped samples: the env clips), chunk log-prob [B], value [B]."""
-        dist = self.distribution(states)
-        flat = dist.mean if deterministic else dist.sample()
+        """Actions [B,K,D] (unclipped samples: the env clips), chunk log-prob [B], value [B].
+
+        Written out instead of going through torch.distributions: this is the inference hot
+        path, and at small batches the distribution objects cost more than the MLP.
+        log N(a; mu, sigma) = -eps^2/2 - log sigma - log(2 pi)/2 with a = mu + sigma * eps.
+        """
+        x = self._features(states)
+        mu, log_std = self.actor(x), self._log_std()
+        eps = torch.zeros_like(mu) if deterministic else torch.randn_like(mu)
+        flat = mu + log_std.exp() * eps
+        logp = (-0.5 * eps.square() - log_std - _HALF_LOG_2PI).sum(-1)
         return {
             "actions": flat.reshape(-1, self.chunk_size, self.action_dim),
-            "logprobs": dist.log_prob(flat).sum(-1),
-            "values": self.value(states),
+            "logprobs": logp,
+            "values": self.critic(x).squeeze(-1),
         }
 
     def evaluate(

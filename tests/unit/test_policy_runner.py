@@ -182,3 +182,17 @@ def test_runner_puts_policy_in_eval_mode():
     policy.train()
     runner = PolicyRunner(policy, version=0)
     assert isinstance(runner.policy, nn.Module) and not runner.policy.training
+
+
+def test_fast_act_log_prob_matches_torch_distribution():
+    import torch
+
+    from rlfleet.policies.gaussian_mlp import GaussianMLPPolicy, PolicyConfig
+
+    torch.manual_seed(0)
+    policy = GaussianMLPPolicy(6, 3, 2, PolicyConfig(hidden_sizes=[16]))
+    states = torch.randn(5, 6)
+    out = policy.act(states)
+    logp, _, value = policy.evaluate(states, out["actions"])
+    torch.testing.assert_close(out["logprobs"], logp)
+    torch.testing.assert_close(out["values"], value)

@@ -1,0 +1,57 @@
+"""`rlfleet train` end to end in local mode, Ctrl-C, and `rlfleet eval` on the checkpoint it wrote."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from conftest import TINY
+
+
+def _cli(*args, **kw):
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    return subprocess.run([sys.executable, "-m", "rlfleet.cli", *args], capture_output=True, text=True, env=env, **kw)
+
+
+def test_train_local_then_eval(tmp_path):
+    run = tmp_path / "run"
+    res = _cli("train", "metaworld_reach_ppo", *TINY, "runner.total_env_steps=640", f"runner.logger.log_path={run}",
+               timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["updates"] >= 9 and 0.0 <= summary["eval_success"]["reach-v3"] <= 1.0
+    assert "reach-v3" in res.stdout and "mean" in res.stdout  # the success table is printed
+    ckpt = run / "checkpoints" / (run / "checkpoints" / "latest").read_text().strip()
+    assert {"config.json", "model.safetensors", "trainer_state.pt"} <= {p.name for p in ckpt.iterdir()}
+    assert (run / "logs" / "actor0.log").exists() and (run / "logs" / "inference.log").exists()
+    ev = _cli("eval", str(ckpt), "--episodes", "2", "--json", timeout=120)
+    assert ev.returncode == 0, ev.stderr[-3000:]
+    result = json.loads(ev.stdout.strip().splitlines()[-1])
+    assert set(result["eval_success"]) == {"reach-v3"}
+
+
+def test_ctrl_c_stops_every_role_and_checkpoints(tmp_path):
+    run = tmp_path / "run"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.Popen([sys.executable, "-m", "rlfleet.cli", "train", "metaworld_reach_ppo", *TINY,
+                             "runner.total_env_steps=100000000", f"runner.logger.log_path={run}"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 180
+        while not (run / "checkpoints" / "update_000002").exists():  # training is under way
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.2)
+        os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole group
+        out, _ = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, out[-3000:]
+    latest = (run / "checkpoints" / "latest").read_text().strip()
+    assert int(latest.split("_")[1]) >= 2
+    assert (run / "summary.json").exists()
+    leftovers = subprocess.run(["pgrep", "-f", f"runner.logger.log_path={run}"], capture_output=True, text=True)
+    assert leftovers.stdout.strip() == ""
