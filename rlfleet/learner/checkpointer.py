@@ -64,6 +64,15 @@ class Checkpointer:
         for old in folders[: -self.keep]:
             shutil.rmtree(old, ignore_errors=True)
 
+    def record_published(self, version: int) -> None:
+        """Remember the newest version ever published, so a resumed run never reuses a number."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        _write_atomic(self.root / "published_version", str(version))
+
+    def published_high_water(self) -> int:
+        marker = self.root / "published_version"
+        return int(marker.read_text()) if marker.exists() else -1
+
     def latest(self) -> Path | None:
         marker = self.root / "latest"
         if not marker.exists():

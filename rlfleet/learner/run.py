@@ -69,10 +69,13 @@ class Learner:
                 log.warning("--resume: no checkpoint under %s; starting fresh", self.checkpointer.root)
             else:
                 self.counters = self.checkpointer.restore(latest, self.policy, self.trainer.optimizer)
+                published = self.checkpointer.published_high_water()
+                if published > self.counters.version:  # the crashed run got further than its checkpoint
+                    self.counters.version = published + 1
                 log.info("resumed from %s at version %d", latest, self.counters.version)
         (run_dir / "config.yaml").write_text(to_yaml(cfg))
         self.publisher = WeightPublisher()
-        self.publisher.publish(self.counters.version, state_dict_bytes(self.policy))
+        self._publish()
         self.ingest = IngestQueue(cfg.learner.ingest_queue_size)
         self.servicer = LearnerServicer(to_yaml(cfg), uuid.uuid4().hex[:12], self.ingest, self.publisher,
                                         cfg.learner.weight_chunk_bytes)
@@ -108,6 +111,10 @@ class Learner:
             return True
         return bool(r.max_wall_seconds) and (time.monotonic() - self._t_start) >= r.max_wall_seconds
 
+    def _publish(self) -> None:
+        self.publisher.publish(self.counters.version, state_dict_bytes(self.policy))
+        self.checkpointer.record_published(self.counters.version)
+
     def save(self) -> Path:
         return self.checkpointer.save(self.policy, self.trainer.optimizer, self.counters, self.model_config)
 
@@ -132,7 +139,7 @@ class Learner:
                     stats = self.trainer.update(segments, self.counters.version)
                     self.counters.version += 1
                     self.counters.update += 1
-                    self.publisher.publish(self.counters.version, state_dict_bytes(self.policy))
+                    self._publish()
                     elapsed = time.monotonic() - t_first
                     stats.update(self.episodes.scalars())
                     stats["time/update_s"] = time.monotonic() - t0

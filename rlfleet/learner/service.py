@@ -45,15 +45,19 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
         self._lock = threading.Lock()
 
     # ---- membership -------------------------------------------------------------------------
+    def _client(self, client_id: str, role: str) -> ClientInfo:
+        """The client's record (created with the next index of its role); marks it seen. Hold _lock."""
+        info = self._clients.get(client_id)
+        if info is None:
+            idx = self._next_index.get(role, 0)
+            self._next_index[role] = idx + 1
+            info = self._clients[client_id] = ClientInfo(client_id, role, idx, time.monotonic())
+        info.last_seen = time.monotonic()
+        return info
+
     def Register(self, request, context):
         with self._lock:
-            info = self._clients.get(request.client_id)
-            if info is None:
-                idx = self._next_index.get(request.role, 0)
-                self._next_index[request.role] = idx + 1
-                info = ClientInfo(request.client_id, request.role, idx, time.monotonic())
-                self._clients[request.client_id] = info
-            info.last_seen = time.monotonic()
+            info = self._client(request.client_id, request.role)
         log.info("registered %s %s (index %d) from %s", request.role, request.client_id, info.index, request.host)
         current = self.weights.current()
         return learner_pb2.RegisterReply(
@@ -63,11 +67,10 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
 
     def Heartbeat(self, request, context):
         with self._lock:
-            info = self._clients.get(request.client_id)
-            if info is not None:
-                info.last_seen = time.monotonic()
-                info.env_steps = request.env_steps
-                info.told_to_stop = self.stop_event.is_set()
+            # An unknown id registered with a learner that has since restarted: adopt it.
+            info = self._client(request.client_id, "actor")
+            info.env_steps = request.env_steps
+            info.told_to_stop = self.stop_event.is_set()
         current = self.weights.current()
         return learner_pb2.HeartbeatReply(
             stop=self.stop_event.is_set(), policy_version=current.version if current else -1

@@ -60,3 +60,33 @@ def test_killed_actor_does_not_stop_the_others_and_resume_continues(roles, tmp_p
     resumed = json.loads((run / "summary.json").read_text())
     assert resumed["version"] > first_version  # the version counter goes on, never back
     assert resumed["env_steps"] >= 3000 and resumed["env_steps"] > summary["env_steps"]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_learner_crash_and_resume_the_same_actor_reconnects(roles, tmp_path):
+    run, port = tmp_path / "run", _free_port()
+    learner, laddr = roles.learner(run, f"learner.port={port}", "runner.total_env_steps=100000000", "eval.at_end=false")
+    _, iaddr = roles.inference(laddr)
+    actor = roles.actor("actor-steady", laddr, iaddr, "zmq")
+    deadline = time.monotonic() + 180
+    while _learner_version(laddr) < 4:
+        assert time.monotonic() < deadline, roles.log("learner")[-3000:]
+        time.sleep(0.2)
+    roles.kill_group(learner)  # a crash: no final checkpoint, versions past the last one were published
+    learner.wait(10)
+    published = int((run / "checkpoints" / "published_version").read_text())
+    learner2, laddr2 = roles.learner(run, f"learner.port={port}", "runner.total_env_steps=2000", "eval.at_end=false",
+                                     resume=True)
+    assert laddr2 == laddr
+    assert roles.wait(learner2, "learner", 240) == 0, roles.log("learner")[-3000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["version"] > published  # never goes back, even past the crash's unsaved versions
+    assert summary["segments_by_client"].get("actor-steady", 0) > 0  # the same actor came back
+    assert roles.wait(actor, "actor-steady", 60) == 0
