@@ -29,7 +29,7 @@ class ActorStats:
 
 
 def run_actor(cfg: DictConfig, actor_index: int, client_id: str, learner_address: str, inference_address: str,
-              stop_event: threading.Event | None = None, max_segments: int | None = None) -> ActorStats:
+              stop_event: threading.Event | None = None) -> ActorStats:
     a = cfg.actor
     E, S, T, K = a.num_envs, a.pipeline_stage_num, a.rollout_len, cfg.env.chunk_size
     dims = cfg.model_dims
@@ -71,8 +71,6 @@ def run_actor(cfg: DictConfig, actor_index: int, client_id: str, learner_address
             if builders[s].full:
                 learner.push(builders[s].finish(pool.slots, *rows[s]))
                 segments += 1
-                if max_segments is not None and segments >= max_segments:
-                    break
             inference.submit(s, *rows[s])
             if nxt == s:
                 launch(s)

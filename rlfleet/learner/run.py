@@ -87,6 +87,7 @@ class Learner:
         self.address = f"{cfg.learner.host}:{self.port}"
         self.stop_event = threading.Event()
         self.episodes = EpisodeWindow(make_env_task_names(self.env_cfg))
+        self.last_stats: dict[str, float] = {}
 
     def _gather(self, progress, task) -> list[Segment] | None:
         """Segments until one update's worth of samples; None when asked to stop first."""
@@ -156,7 +157,8 @@ class Learner:
                     if self.counters.update % cfg.runner.checkpoint_every == 0:
                         self.save()
         finally:
-            self.counters.wall_seconds += time.monotonic() - self._t_start
+            t_end = time.monotonic()
+            self.counters.wall_seconds += t_end - self._t_start
             self.servicer.stop_event.set()  # actors learn it from their next heartbeat or push
             final = self.save()
             self.servicer.wait_clients_told(timeout=5.0)
@@ -166,9 +168,9 @@ class Learner:
             "version": self.counters.version,
             "updates": self.counters.update,
             "env_steps": self.counters.env_steps,
-            "train_seconds": round(time.monotonic() - self._t_start, 1),
-            "throughput_env_steps_per_s": round(steps / max(time.monotonic() - (t_first or time.monotonic()), 1e-6), 1),
-            "train_success_once": getattr(self, "last_stats", {}).get("env/success_once"),
+            "train_seconds": round(t_end - self._t_start, 1),
+            "throughput_env_steps_per_s": round(steps / max(t_end - (t_first or t_end), 1e-6), 1),
+            "train_success_once": self.last_stats.get("env/success_once"),
             "checkpoint": str(final),
             "segments_by_client": dict(self.ingest.by_client),
             "rejected_segments": self.ingest.rejected,
