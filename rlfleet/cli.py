@@ -133,6 +133,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_recipes(args: argparse.Namespace) -> int:
+    from rlfleet.config import recipe_names
+
+    print("\n".join(recipe_names()))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rlfleet", description="RL fine-tuning of robot policies, at fleet scale")
     p.add_argument("--log-level", default=os.environ.get("RLFLEET_LOG_LEVEL", "INFO"))
@@ -176,7 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.set_defaults(func=cmd_eval)
 
     rc = sub.add_parser("recipes", help="list the built-in recipes")
-    rc.set_defaults(func=lambda a: print("\n".join(__import__("rlfleet.config", fromlist=["x"]).recipe_names())) or 0)
+    rc.set_defaults(func=cmd_recipes)
     return p
 
 

@@ -7,6 +7,7 @@ while stage s waits for inference the worker is already stepping stage s+1.
 """
 from __future__ import annotations
 
+import json
 import multiprocessing as mp
 import os
 import traceback
@@ -63,6 +64,16 @@ def stage_slices(num_envs: int, num_stages: int, num_workers: int, actor_offset:
     return out
 
 
+def _send(conn: Connection, kind: str, arg: str = "") -> None:
+    """Worker pipe messages are short text lines ("step 1", "stepped 1"): cheaper than pickling."""
+    conn.send_bytes(f"{kind} {arg}".encode())
+
+
+def _recv(conn: Connection) -> tuple[str, str]:
+    kind, _, arg = conn.recv_bytes().decode().partition(" ")
+    return kind, arg
+
+
 def _write_step(slots: SharedArrays, sl: EnvSlice, res) -> None:
     rows = slice(sl.lo, sl.hi)
     slots["states"][rows] = res.obs["states"]
@@ -88,20 +99,22 @@ def worker_main(env_cfg: dict, slices: list[EnvSlice], shm_name: str, layout_jso
         cfg = EnvConfig(**env_cfg)
         envs = {sl.stage: make_env(cfg, sl.hi - sl.lo, env_offset=sl.global_offset) for sl in slices}
         by_stage = {sl.stage: sl for sl in slices}
-        conn.send(("ready", None))
+        _send(conn, "ready")
         while True:
-            cmd, arg = conn.recv()
+            cmd, arg = _recv(conn)
             if cmd == "step":
-                sl = by_stage[arg]
-                _write_step(slots, sl, envs[arg].chunk_step(slots["actions"][sl.lo : sl.hi]))
-                conn.send(("stepped", arg))
+                stage = int(arg)
+                sl = by_stage[stage]
+                _write_step(slots, sl, envs[stage].chunk_step(slots["actions"][sl.lo : sl.hi]))
+                _send(conn, "stepped", arg)
             elif cmd == "reset":
+                arg = json.loads(arg)
                 for sl in slices:
                     seeds = None if arg is None else np.asarray(arg)[sl.lo : sl.hi]
                     obs = envs[sl.stage].reset(seeds)
                     slots["states"][sl.lo : sl.hi] = obs["states"]
                     slots["task_ids"][sl.lo : sl.hi] = obs["task_ids"]
-                conn.send(("reset", None))
+                _send(conn, "reset")
             elif cmd == "close":
                 break
             else:
@@ -110,7 +123,7 @@ def worker_main(env_cfg: dict, slices: list[EnvSlice], shm_name: str, layout_jso
         pass
     except Exception:
         try:
-            conn.send(("error", traceback.format_exc()))
+            _send(conn, "error", traceback.format_exc())
         except (BrokenPipeError, OSError):
             pass
     finally:
@@ -152,7 +165,7 @@ class EnvWorkerPool:
     def _gather(self, expect: str) -> None:
         for i, conn in enumerate(self.conns):
             try:
-                kind, payload = conn.recv()
+                kind, payload = _recv(conn)
             except EOFError as exc:
                 raise WorkerCrashed(f"env worker {i} died (exit code {self.procs[i].exitcode})") from exc
             if kind == "error":
@@ -162,12 +175,12 @@ class EnvWorkerPool:
 
     def reset(self, seeds: np.ndarray | None = None) -> None:
         for conn in self.conns:
-            conn.send(("reset", None if seeds is None else np.asarray(seeds).tolist()))
+            _send(conn, "reset", json.dumps(None if seeds is None else np.asarray(seeds).tolist()))
         self._gather("reset")
 
     def step_async(self, stage: int) -> None:
         for conn in self.conns:
-            conn.send(("step", stage))
+            _send(conn, "step", str(stage))
 
     def step_wait(self, stage: int) -> None:
         self._gather("stepped")
@@ -175,7 +188,7 @@ class EnvWorkerPool:
     def close(self) -> None:
         for conn in self.conns:
             try:
-                conn.send(("close", None))
+                _send(conn, "close")
             except (BrokenPipeError, OSError):
                 pass
         for proc in self.procs:

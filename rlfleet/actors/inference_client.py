@@ -14,7 +14,6 @@ import struct
 from collections.abc import Callable
 
 import grpc
-import numpy as np
 import zmq
 
 from rlfleet.wire import codec

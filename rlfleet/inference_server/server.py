@@ -4,7 +4,6 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass
-from pathlib import Path
 
 import zmq
 from omegaconf import DictConfig
@@ -14,9 +13,10 @@ from rlfleet.inference_server.grpc_frontend import InferenceServicer
 from rlfleet.inference_server.policy_runner import PolicyRunner
 from rlfleet.inference_server.weight_subscriber import WeightSubscriber, pull_weights
 from rlfleet.inference_server.zmq_frontend import ZmqFrontend
-from rlfleet.policies.checkpoint_io import load_checkpoint, load_state_dict_bytes
+from rlfleet.policies.checkpoint_io import load_state_dict_bytes
 from rlfleet.policies.registry import make_policy
-from rlfleet.wire.gen import inference_pb2_grpc
+from rlfleet.wire.gen import inference_pb2_grpc, learner_pb2_grpc
+from rlfleet.wire.grpc_server import start_grpc_server
 
 log = logging.getLogger(__name__)
 
@@ -34,8 +34,6 @@ class InferenceServer:
 
     def __init__(self, runner: PolicyRunner, host: str, grpc_port: int, zmq_port: int,
                  max_batch: int, max_wait_ms: float, subscriber: WeightSubscriber | None = None):
-        from rlfleet.wire.grpc_server import start_grpc_server
-
         self.runner = runner
         self.batcher = DynamicBatcher(max_batch, max_wait_ms)
         self.ctx = zmq.Context()
@@ -49,7 +47,6 @@ class InferenceServer:
         self.address = f"{host}:{self.grpc_port}"
         self.subscriber = subscriber
         self._stop = threading.Event()
-        self.batch_sizes: list[int] = []
 
     def stop(self) -> None:
         self._stop.set()
@@ -83,8 +80,7 @@ class InferenceServer:
 
 
 def build_runner_from_learner(channel, cfg: DictConfig, subscriber_id: str) -> tuple[PolicyRunner, WeightSubscriber]:
-    from rlfleet.wire.gen import learner_pb2_grpc
-
+    """The run's policy with the learner's current weights, plus a subscriber for newer ones."""
     dims = cfg.model_dims
     policy = make_policy(cfg.policy, dims.state_dim, dims.action_dim, cfg.env.chunk_size)
     stub = learner_pb2_grpc.LearnerServiceStub(channel)
@@ -92,9 +88,4 @@ def build_runner_from_learner(channel, cfg: DictConfig, subscriber_id: str) -> t
     load_state_dict_bytes(policy, data)
     runner = PolicyRunner(policy, version, cfg.inference.device)
     return runner, WeightSubscriber(channel, version, subscriber_id).start()
-
-
-def build_runner_from_checkpoint(path: str | Path, device: str = "cpu") -> PolicyRunner:
-    policy, _ = load_checkpoint(path)
-    return PolicyRunner(policy, 0, device)
 

@@ -79,6 +79,7 @@ class WeightSubscriber:
             except (grpc.RpcError, ValueError) as exc:
                 if self._stop.is_set():
                     break
-                log.warning("weight watch interrupted (%s); retrying in %.1fs", getattr(exc, "code", lambda: exc)(), backoff)
+                reason = exc.code() if isinstance(exc, grpc.RpcError) else exc
+                log.warning("weight watch interrupted (%s); retrying in %.1fs", reason, backoff)
                 time.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)

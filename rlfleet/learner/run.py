@@ -48,11 +48,26 @@ def write_address(path: str | None, **addresses: str) -> None:
         tmp.replace(path)
 
 
+def archive_previous_run(run_dir: Path) -> Path | None:
+    """A fresh run in a used folder: move the old run's outputs aside instead of mixing them."""
+    old = [run_dir / n for n in ("checkpoints", "tensorboard", "summary.json") if (run_dir / n).exists()]
+    if not old:
+        return None
+    dest = run_dir / "previous" / time.strftime("%Y%m%d-%H%M%S")
+    dest.mkdir(parents=True, exist_ok=True)
+    for path in old:
+        path.rename(dest / path.name)
+    log.warning("%s held an earlier run; moved its outputs to %s (use --resume to continue it)", run_dir, dest)
+    return dest
+
+
 class Learner:
     def __init__(self, cfg: DictConfig, run_dir: Path):
         self.cfg = cfg
         self.run_dir = run_dir
         run_dir.mkdir(parents=True, exist_ok=True)
+        if not cfg.runner.resume:
+            archive_previous_run(run_dir)
         torch.manual_seed(cfg.runner.seed)
         self.env_cfg = fill_model_dims(cfg)
         dims = cfg.model_dims

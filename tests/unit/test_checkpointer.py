@@ -176,3 +176,15 @@ def test_missing_files_give_a_clear_file_not_found(tmp_path, present):
         load_checkpoint(folder)
     with pytest.raises(FileNotFoundError, match="not a checkpoint folder"):
         load_checkpoint(tmp_path / "does-not-exist")
+
+
+def test_a_fresh_run_in_a_used_folder_moves_the_old_outputs_aside(tmp_path):
+    from rlfleet.learner.run import archive_previous_run
+
+    assert archive_previous_run(tmp_path) is None
+    (tmp_path / "checkpoints" / "update_000105").mkdir(parents=True)
+    (tmp_path / "summary.json").write_text("{}")
+    (tmp_path / "logs").mkdir()
+    dest = archive_previous_run(tmp_path)
+    assert (dest / "checkpoints" / "update_000105").is_dir() and (dest / "summary.json").exists()
+    assert not (tmp_path / "checkpoints").exists() and (tmp_path / "logs").exists()
