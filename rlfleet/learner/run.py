@@ -186,6 +186,7 @@ class Learner:
             "train_seconds": round(t_end - self._t_start, 1),
             "throughput_env_steps_per_s": round(steps / max(t_end - (t_first or t_end), 1e-6), 1),
             "train_success_once": self.last_stats.get("env/success_once"),
+            "policy_lag_last_update": self.last_stats.get("throughput/policy_lag"),
             "checkpoint": str(final),
             "segments_by_client": dict(self.ingest.by_client),
             "rejected_segments": self.ingest.rejected,

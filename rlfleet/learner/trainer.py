@@ -96,10 +96,12 @@ class PPOTrainer:
     def update(self, segments: list[Segment], version: int) -> dict[str, float]:
         """One PPO update (epochs x minibatches) on the given segments; returns metrics."""
         total = sum(s.num_steps * s.num_envs for s in segments)
+        lags = torch.cat([version - self._t(s.versions).repeat_interleave(s.num_envs) for s in segments]).float()
+        lag_stats = {"throughput/policy_lag": lags.mean().item(), "throughput/policy_lag_max": lags.max().item()}
         batch = self.prepare(segments, version)
         stats: dict[str, list[float]] = {}
         if len(batch) == 0:
-            return {"train/dropped_samples": float(total)}
+            return {"train/dropped_samples": float(total), **lag_stats}
         mb_size = max(1, len(batch) // self.cfg.num_minibatches)
         for _ in range(self.cfg.update_epochs):
             perm = torch.randperm(len(batch), device=self.device)
@@ -136,8 +138,7 @@ class PPOTrainer:
         out["rollout/returns_mean"] = batch.returns.mean().item()
         out["rollout/advantages_mean"] = batch.advantages.mean().item()
         out["rollout/is_weight_mean"] = batch.is_weights.mean().item()
-        out["throughput/policy_lag"] = batch.lags.float().mean().item()
-        out["throughput/policy_lag_max"] = float(batch.lags.max().item())
+        out.update(lag_stats)  # over every received sample, the dropped ones included
         out["train/dropped_samples"] = float(total - len(batch))
         out["train/samples"] = float(len(batch))
         return out

@@ -14,7 +14,7 @@ import pytest
 TINY = [
     "env.task=reach-v3", "env.max_episode_steps=20",
     "actor.num_envs=4", "actor.num_workers=1", "actor.pipeline_stage_num=2", "actor.rollout_len=8",
-    "learner.batch_env_steps=64", "runner.checkpoint_every=2", "runner.max_wall_seconds=0",
+    "learner.batch_env_steps=64", "learner.ingest_queue_size=4", "runner.checkpoint_every=2", "runner.max_wall_seconds=0",
     "eval.episodes_per_task=2", "policy.hidden_sizes=[32,32]",
 ]
 

@@ -24,6 +24,9 @@ def test_roles_one_by_one_over_shm_zmq_and_grpc(roles, tmp_path):
     summary = json.loads((run / "summary.json").read_text())
     assert summary["env_steps"] >= 1200
     assert summary["version"] == summary["updates"] >= 1200 // 64 - 1
+    # the inference server followed the weights: samples stay within a few versions of the
+    # learner (queues hold ~4 updates' worth here); a server stuck on old weights would lag ~18
+    assert summary["policy_lag_last_update"] <= 8, summary
     for t in actors:  # every transport delivered data that the learner trained on
         assert summary["segments_by_client"].get(f"actor-{t}", 0) > 0, summary
     assert set(summary["eval_success"]) == {"reach-v3"}

@@ -113,8 +113,9 @@ def test_samples_older_than_max_policy_lag_are_dropped():
     metrics = trainer.update([seg], version=10)
     assert metrics["train/dropped_samples"] == 16.0
     assert metrics["train/samples"] == 16.0
-    assert metrics["throughput/policy_lag"] == pytest.approx(2.5)
-    assert metrics["throughput/policy_lag_max"] == 4.0
+    # lag is reported over everything received, the dropped samples included
+    assert metrics["throughput/policy_lag"] == pytest.approx(4.5)
+    assert metrics["throughput/policy_lag_max"] == 8.0
 
 
 def test_all_samples_too_old_means_no_update():
@@ -122,7 +123,8 @@ def test_all_samples_too_old_means_no_update():
     trainer = PPOTrainer(policy, PPOConfig(max_policy_lag=1))
     seg = make_segment(policy, 4, 3, versions=[0, 0, 1, 1])
     before = params_of(policy)
-    assert trainer.update([seg], version=5) == {"train/dropped_samples": 12.0}
+    assert trainer.update([seg], version=5) == {
+        "train/dropped_samples": 12.0, "throughput/policy_lag": 4.5, "throughput/policy_lag_max": 5.0}
     for name, value in params_of(policy).items():
         assert torch.equal(before[name], value), name
 
