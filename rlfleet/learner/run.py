@@ -15,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 from rlfleet.config import as_dict, to_yaml
 from rlfleet.envs.api import EnvConfig
 from rlfleet.envs.registry import make_env
-from rlfleet.evaluation import evaluate_policy
+from rlfleet.evaluation import evaluate_policy, task_list
 from rlfleet.learner.checkpointer import Checkpointer, TrainerCounters
 from rlfleet.learner.ingest import IngestQueue
 from rlfleet.learner.metrics import EpisodeWindow, MetricsWriter, make_progress
@@ -101,7 +101,7 @@ class Learner:
         )
         self.address = f"{cfg.learner.host}:{self.port}"
         self.stop_event = threading.Event()
-        self.episodes = EpisodeWindow(make_env_task_names(self.env_cfg))
+        self.episodes = EpisodeWindow(task_list(self.env_cfg))
         self.last_stats: dict[str, float] = {}
 
     def _gather(self, progress, task) -> list[Segment] | None:
@@ -199,12 +199,6 @@ class Learner:
     def close(self) -> None:
         self.publisher.finish()
         self.server.stop(grace=1.0)
-
-
-def make_env_task_names(env_cfg: EnvConfig) -> list[str]:
-    from rlfleet.evaluation import task_list
-
-    return task_list(env_cfg)
 
 
 def run_learner(cfg: DictConfig, address_file: str | None = None) -> dict:
