@@ -47,16 +47,17 @@ def limit(task: str, num_envs: int, workers: int, seconds: float) -> float:
     return float(sum(rates))
 
 
-def synchronous(task: str, num_envs: int, seconds: float) -> float:
+def synchronous(task: str, num_envs: int, policy_cfg, seconds: float) -> float:
+    """One process, the recipe's own policy: step all envs, infer, step."""
     import torch
 
     from rlfleet.envs.api import EnvConfig
     from rlfleet.envs.registry import make_env
-    from rlfleet.policies.gaussian_mlp import GaussianMLPPolicy, PolicyConfig
+    from rlfleet.policies.registry import make_policy
 
     torch.set_num_threads(1)
     env = make_env(EnvConfig(task=task), num_envs)
-    policy = GaussianMLPPolicy(env.spec.state_dim, env.spec.action_dim, 1, PolicyConfig())
+    policy = make_policy(policy_cfg, env.spec.state_dim, env.spec.action_dim, 1)
     obs = env.reset()
     steps, t0 = 0, time.monotonic()
     while time.monotonic() - t0 < seconds:
@@ -97,7 +98,7 @@ def main() -> int:
     results = {}
     results["a_limit"] = limit(task, E, W, args.seconds)
     print(f"(a) bare env loop          {results['a_limit']:8.0f} env steps/s", flush=True)
-    results["c_synchronous"] = synchronous(task, E, args.seconds)
+    results["c_synchronous"] = synchronous(task, E, cfg.policy, args.seconds)
     print(f"(c) synchronous baseline   {results['c_synchronous']:8.0f} env steps/s", flush=True)
     results["b_fleet_sampling"] = fleet(args.recipe, args.overrides, args.fleet_seconds, consume_only=True)
     print(f"(b) fleet sampling         {results['b_fleet_sampling']:8.0f} env steps/s", flush=True)

@@ -74,6 +74,10 @@ class IngestQueue:
         except queue.Empty:
             return None
 
+    def count_duplicate(self) -> None:
+        with self._lock:
+            self.duplicates += 1
+
     def count_rejected(self) -> None:
         with self._lock:
             self.rejected += 1

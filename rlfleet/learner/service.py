@@ -119,7 +119,7 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
             if len(parts) != first.num_chunks:
                 raise codec.WireFormatError(f"got {len(parts)} of {first.num_chunks} chunks")
             if self.ingest.seen(first.client_id, first.segment_id):
-                self.ingest.duplicates += 1
+                self.ingest.count_duplicate()
                 return learner_pb2.PushAck(segment_id=first.segment_id, accepted=True, duplicate=True,
                                            learner_version=version, stop=self.stop_event.is_set())
             msg = tensor_pb2.TensorMap()

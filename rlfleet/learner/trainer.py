@@ -96,7 +96,7 @@ class PPOTrainer:
     def update(self, segments: list[Segment], version: int) -> dict[str, float]:
         """One PPO update (epochs x minibatches) on the given segments; returns metrics."""
         total = sum(s.num_steps * s.num_envs for s in segments)
-        lags = torch.cat([version - self._t(s.versions).repeat_interleave(s.num_envs) for s in segments]).float()
+        lags = torch.cat([policy_lag(version, self._t(s.versions)).repeat_interleave(s.num_envs) for s in segments]).float()
         lag_stats = {"throughput/policy_lag": lags.mean().item(), "throughput/policy_lag_max": lags.max().item()}
         batch = self.prepare(segments, version)
         stats: dict[str, list[float]] = {}
