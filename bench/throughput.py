@@ -61,7 +61,7 @@ def synchronous(task: str, num_envs: int, policy_cfg, seconds: float) -> float:
     obs = env.reset()
     steps, t0 = 0, time.monotonic()
     while time.monotonic() - t0 < seconds:
-        out = policy.act(torch.from_numpy(obs["states"]))
+        out = policy.act({"states": torch.from_numpy(obs["states"])})
         obs = env.chunk_step(out["actions"].numpy()).obs
         steps += num_envs
     env.close()

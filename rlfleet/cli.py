@@ -49,6 +49,15 @@ def cmd_train(args: argparse.Namespace) -> int:
     cfg = load_config(args.recipe, args.overrides + (["runner.resume=true"] if args.resume else []))
     summary = train_local(cfg)
     _print_summary(summary)
+    if summary.get("eval_before") and summary.get("eval_success"):
+        from pathlib import Path
+
+        from rlfleet.eval_report import compare_markdown, compare_rich
+
+        before, after = summary["eval_before"], summary["eval_success"]
+        Console().print(compare_rich(before, after, title="success before / after RL fine-tuning"))
+        title = f"{cfg.runner.experiment_name}: success before / after RL ({summary.get('train_seconds')} s of training)"
+        (Path(cfg.runner.logger.log_path) / "before_after.md").write_text(compare_markdown(before, after, title))
     print(f"run folder: {cfg.runner.logger.log_path}")
     return 0
 
@@ -115,7 +124,12 @@ def cmd_actor(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
+    """Success per task, by MetaWorld difficulty and on the ML45 held-out tasks, as JSON and Markdown."""
+    from pathlib import Path
+
     from rlfleet.envs.api import EnvConfig
+    from rlfleet.eval_report import rich_table, success_table, write_report
+    from rlfleet.eval_video import VideoConfig
     from rlfleet.evaluation import evaluate_policy
     from rlfleet.policies.checkpoint_io import load_checkpoint
 
@@ -125,11 +139,68 @@ def cmd_eval(args: argparse.Namespace) -> int:
         env["task"] = args.task
     if not env:
         raise SystemExit("the checkpoint does not name its env: pass --task")
-    success = evaluate_policy(policy, EnvConfig(**env), args.episodes)
-    summary = {"eval_success": success, "eval_success_mean": sum(success.values()) / len(success)}
-    _print_summary(summary)
+    out = Path(args.out or Path(args.checkpoint) / "eval")
+    video = VideoConfig(save_video=args.video, video_base_dir=str(out / "videos"))
+    success = evaluate_policy(policy, EnvConfig(**env), args.episodes, seed=args.seed, video_cfg=video, out_dir=out)
+    table = success_table(success, {t: args.episodes for t in success})
+    Console().print(rich_table(table, title=f"evaluation of {args.checkpoint} ({args.episodes} episodes per task)"))
+    json_path, md_path = write_report(table, out, name="eval", title=f"Evaluation of {args.checkpoint}")
+    print(f"report: {json_path} {md_path}")
     if args.json:
-        print(json.dumps(summary))
+        print(json.dumps(table))
+    return 0
+
+
+def cmd_collect(args: argparse.Namespace) -> int:
+    """Record scripted-expert demonstrations (the SFT data)."""
+    from pathlib import Path
+
+    from rlfleet.data.demos import collect_demos
+    from rlfleet.envs.metaworld.env import resolve_tasks
+
+    tasks = resolve_tasks(args.tasks)
+    try:
+        summary = collect_demos(Path(args.out), tasks, args.episodes_per_task, image_size=args.image_size,
+                                camera=args.camera, max_episode_steps=args.max_episode_steps,
+                                num_workers=args.workers, seed=args.seed, keep_failed=args.keep_failed,
+                                overwrite=args.overwrite)
+    except FileExistsError as exc:  # main() only maps FileNotFoundError / ValueError to exit code 2
+        logging.getLogger("rlfleet").error("%s", exc)
+        return 2
+    table = Table(title=f"scripted-expert demos in {args.out}")
+    table.add_column("task")
+    table.add_column("episodes", justify="right")
+    table.add_column("expert success", justify="right")
+    table.add_column("failed attempts", justify="right")
+    for task, s in summary.items():
+        table.add_row(task, str(s["episodes"]), f"{s['attempts'] - s['failed']}/{s['attempts']}", str(s["failed"]))
+    Console().print(table)
+    short = [t for t, s in summary.items() if s["attempts"] - s["failed"] < args.episodes_per_task]
+    if short:
+        logging.getLogger("rlfleet").warning("fewer than %d successful episodes for: %s", args.episodes_per_task,
+                                             ", ".join(short))
+    return 0
+
+
+def cmd_sft(args: argparse.Namespace) -> int:
+    """Behaviour-clone the recipe's policy on a demo dataset and write a checkpoint folder."""
+    from rlfleet.config import SFTConfig, as_dict, load_config
+    from rlfleet.data.sft import run_sft
+    from rlfleet.envs.api import EnvConfig
+
+    cfg = load_config(args.recipe, args.overrides)
+    policy_cfg = {k: v for k, v in as_dict(cfg.policy).items() if k != "model_path"}
+    summary = run_sft(args.demos, args.out, policy_cfg, EnvConfig(**as_dict(cfg.env)), SFTConfig(**as_dict(cfg.sft)))
+    if args.eval_episodes:
+        from rlfleet.evaluation import evaluate_policy
+        from rlfleet.policies.checkpoint_io import load_checkpoint
+
+        policy, _ = load_checkpoint(args.out)
+        success = evaluate_policy(policy, EnvConfig(**as_dict(cfg.env)), args.eval_episodes, seed=cfg.eval.seed)
+        summary.update(eval_success=success, eval_success_mean=sum(success.values()) / len(success))
+        _print_summary(summary)
+    Console().print({k: summary[k] for k in ("samples", "episodes", "steps", "final_loss", "train_seconds")})
+    print(f"checkpoint: {args.out}")
     return 0
 
 
@@ -175,12 +246,36 @@ def build_parser() -> argparse.ArgumentParser:
     ac.add_argument("--transport", choices=["shm", "zmq", "grpc"], help="override actor.transport")
     ac.set_defaults(func=cmd_actor)
 
-    ev = sub.add_parser("eval", help="evaluate a checkpoint folder")
+    ev = sub.add_parser("eval", help="evaluate a checkpoint folder: success by task, difficulty and ML45 split")
     ev.add_argument("checkpoint")
-    ev.add_argument("--task", help="task or task set (default: the one it was trained on)")
+    ev.add_argument("--task", help="task or task set, e.g. MT50 (default: the one it was trained on)")
     ev.add_argument("--episodes", type=int, default=10, help="episodes per task")
-    ev.add_argument("--json", action="store_true")
+    ev.add_argument("--seed", type=int, default=10_000, help="first episode seed")
+    ev.add_argument("--out", help="report folder (default: CHECKPOINT/eval)")
+    ev.add_argument("--video", action="store_true", help="write MP4s of the first episode of each task")
+    ev.add_argument("--json", action="store_true", help="also print the report as JSON")
     ev.set_defaults(func=cmd_eval)
+
+    co = sub.add_parser("collect", help="record scripted-expert demonstrations (MetaWorld) to a dataset folder")
+    co.add_argument("--tasks", required=True, help="a task, MT10/MT25/MT50, or a comma-separated list")
+    co.add_argument("--episodes-per-task", type=int, default=20, help="successful episodes wanted per task")
+    co.add_argument("--out", required=True, help="dataset folder to create (see docs/datasets.md)")
+    co.add_argument("--image-size", type=int, default=64, help="camera frame side in pixels; 0: states only")
+    co.add_argument("--camera", default="corner", help="MetaWorld camera for main_images")
+    co.add_argument("--max-episode-steps", type=int, default=150)
+    co.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1), help="worker processes")
+    co.add_argument("--seed", type=int, default=0, help="seed block (demo seeds never overlap eval seeds)")
+    co.add_argument("--keep-failed", action="store_true", help="also write failed expert episodes, flagged")
+    co.add_argument("--overwrite", action="store_true", help="replace an existing --out folder")
+    co.set_defaults(func=cmd_collect)
+
+    sf = sub.add_parser("sft", help="behaviour cloning of the recipe's policy on demos (see `rlfleet collect`)")
+    sf.add_argument("recipe", help="recipe whose policy/env/sft settings to use")
+    sf.add_argument("overrides", nargs="*", help="key=value overrides, e.g. sft.steps=500")
+    sf.add_argument("--demos", required=True, help="demo dataset folder")
+    sf.add_argument("--out", required=True, help="checkpoint folder to write")
+    sf.add_argument("--eval-episodes", type=int, default=0, help="evaluate the result (episodes per task)")
+    sf.set_defaults(func=cmd_sft)
 
     rc = sub.add_parser("recipes", help="list the built-in recipes")
     rc.set_defaults(func=cmd_recipes)

@@ -13,8 +13,8 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from rlfleet.algorithms.ppo import PPOConfig
-from rlfleet.envs.api import EnvConfig
-from rlfleet.policies.gaussian_mlp import PolicyConfig
+from rlfleet.envs.api import EnvConfig, observation_spec
+from rlfleet.eval_video import VideoConfig
 
 
 @dataclass
@@ -72,26 +72,64 @@ class EvalConfig:
     episodes_per_task: int = 10
     num_workers: int = 2
     at_end: bool = True
+    before: bool = False  # also evaluate the starting policy, for a before/after table
+    seed: int = 10_000  # episode seeds start here (demos and training use other seeds)
+    video_cfg: VideoConfig = field(default_factory=VideoConfig)  # MP4s of eval episodes (RLinf's names)
+
+
+@dataclass
+class DemosConfig:
+    """Expert demonstrations for SFT (`rlfleet collect`), and whether a run without a
+    `policy.model_path` first builds its own SFT checkpoint from them (cached)."""
+
+    bootstrap: bool = False
+    path: str = ""  # an existing demo dataset; empty: collect one into cache_dir
+    episodes_per_task: int = 10
+    num_workers: int = 2
+    seed: int = 0
+    cache_dir: str = "cache"
+
+
+@dataclass
+class SFTConfig:
+    """Behaviour cloning (`rlfleet sft`)."""
+
+    steps: int = 2000  # optimiser steps
+    batch_size: int = 64
+    lr: float = 3e-4
+    weight_decay: float = 1e-4
+    max_grad_norm: float = 1.0
+    shift_augment: int = 2  # random image shift in pixels (0: off); helps a small CNN generalise
+    eval_every: int = 0  # steps between evaluations in the simulator (0: none during training)
+    eval_episodes_per_task: int = 5
+    seed: int = 0
+    threads: int = 2
 
 
 @dataclass
 class ModelDims:
-    """Filled in by the learner from the env spec, so remote roles can build the same policy."""
+    """Filled in by the learner from the env spec and its policy, so remote roles size the same slots."""
 
     state_dim: int = 0
     action_dim: int = 0
+    logprob_shape: list[int] = field(default_factory=list)  # [] per chunk, [K] per action, [K*D] per token
+    extra_outputs: dict[str, list[int]] = field(default_factory=dict)  # float32 outputs the learner needs
 
 
 @dataclass
 class RunConfig:
     runner: RunnerConfig = field(default_factory=RunnerConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
-    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    # Free-form: each policy validates its own keys (see rlfleet.policies.registry); `model_path`
+    # starts from a checkpoint folder (e.g. an SFT checkpoint) instead of fresh weights.
+    policy: dict[str, Any] = field(default_factory=lambda: {"name": "gaussian_mlp"})
     algorithm: PPOConfig = field(default_factory=PPOConfig)
     actor: ActorConfig = field(default_factory=ActorConfig)
     inference: InferenceConfig = field(default_factory=InferenceConfig)
     learner: LearnerConfig = field(default_factory=LearnerConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    demos: DemosConfig = field(default_factory=DemosConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
     model_dims: ModelDims = field(default_factory=ModelDims)
 
 
@@ -119,12 +157,30 @@ def load_config(recipe: str | None, overrides: list[str] | None = None) -> DictC
         if bad:
             raise ValueError(f"overrides must look like key=value, got {bad}")
         cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(overrides))
+    from rlfleet.policies.registry import check_policy_config
+
+    check_policy_config(as_dict(cfg.policy))
     return cfg
 
 
 def config_from_yaml(text: str) -> DictConfig:
     """Rebuild a run config sent by the learner (the source of truth for remote roles)."""
     return OmegaConf.merge(OmegaConf.structured(RunConfig), OmegaConf.create(text))
+
+
+def run_observation_spec(cfg: DictConfig) -> dict[str, tuple[tuple[int, ...], str]]:
+    """The observation tensors of this run's env (needs `model_dims` filled in by the learner)."""
+    return observation_spec(EnvConfig(**as_dict(cfg.env)), cfg.model_dims.state_dim)
+
+
+def run_slot_layout(cfg: DictConfig, num_envs: int):
+    """An actor's shared-memory slots for this run's env and policy."""
+    from rlfleet.wire.slots import slot_layout
+
+    dims = cfg.model_dims
+    extras = {name: (tuple(shape), "float32") for name, shape in dims.extra_outputs.items()}
+    return slot_layout(num_envs, run_observation_spec(cfg), dims.action_dim, cfg.env.chunk_size,
+                       tuple(dims.logprob_shape), extras)
 
 
 def to_yaml(cfg: DictConfig) -> str:

@@ -49,8 +49,43 @@ def _stop_all(procs: list[subprocess.Popen], grace: float) -> None:
             p.wait()
 
 
+def evaluate_start(cfg: DictConfig) -> dict[str, float]:
+    """Success of the policy the run starts from (fresh or `policy.model_path`), for before/after."""
+    import torch
+
+    from rlfleet.config import as_dict
+    from rlfleet.envs.api import EnvConfig
+    from rlfleet.evaluation import evaluate_policy
+    from rlfleet.learner.run import fill_model_dims
+    from rlfleet.policies.checkpoint_io import policy_from_config
+
+    torch.manual_seed(cfg.runner.seed)
+    fill_model_dims(cfg)
+    d = cfg.model_dims
+    policy = policy_from_config(as_dict(cfg.policy), d.state_dim, d.action_dim, cfg.env.chunk_size, cfg.env.image_size)
+    return evaluate_policy(policy, EnvConfig(**as_dict(cfg.env)), cfg.eval.episodes_per_task, seed=cfg.eval.seed)
+
+
 def train_local(cfg: DictConfig) -> dict:
+    """Bootstrap an SFT checkpoint if the recipe asks for one, then run the fleet on this host."""
+    from rlfleet.data.bootstrap import ensure_sft_checkpoint, needs_bootstrap
+
     run_dir = Path(cfg.runner.logger.log_path)
+    if needs_bootstrap(cfg):
+        cfg.policy.model_path = str(ensure_sft_checkpoint(cfg))
+    before = None
+    if cfg.eval.before:
+        print("evaluating the starting policy ...", file=sys.stderr, flush=True)
+        before = evaluate_start(cfg)
+    summary = _run_fleet(cfg, run_dir)
+    if before is not None and summary:
+        summary["eval_before"] = before
+        summary["eval_before_mean"] = sum(before.values()) / len(before)
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def _run_fleet(cfg: DictConfig, run_dir: Path) -> dict:
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     cfg_file = run_dir / "launch_config.yaml"
     cfg_file.write_text(to_yaml(cfg))

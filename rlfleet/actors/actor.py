@@ -16,7 +16,7 @@ from rlfleet.actors.env_worker import EnvWorkerPool
 from rlfleet.actors.inference_client import InferenceError, StopWaiting, connect_inference
 from rlfleet.actors.learner_client import LearnerClient
 from rlfleet.actors.rollout import SegmentBuilder
-from rlfleet.config import as_dict
+from rlfleet.config import as_dict, run_slot_layout
 
 log = logging.getLogger(__name__)
 
@@ -32,10 +32,8 @@ def run_actor(cfg: DictConfig, actor_index: int, client_id: str, learner_address
               stop_event: threading.Event | None = None) -> ActorStats:
     a = cfg.actor
     E, S, T, K = a.num_envs, a.pipeline_stage_num, a.rollout_len, cfg.env.chunk_size
-    dims = cfg.model_dims
     stop_event = stop_event or threading.Event()
-    pool = EnvWorkerPool(as_dict(cfg.env), E, a.num_workers, S, dims.state_dim, dims.action_dim, K,
-                         env_offset=actor_index * E)
+    pool = EnvWorkerPool(as_dict(cfg.env), E, a.num_workers, S, run_slot_layout(cfg, E), env_offset=actor_index * E)
     learner = inference = None
     segments, steps, t0 = 0, 0, time.monotonic()
 
@@ -47,11 +45,11 @@ def run_actor(cfg: DictConfig, actor_index: int, client_id: str, learner_address
         inference = connect_inference(a.transport, inference_address, pool.slots, client_id, stopping)
         pool.reset()
         rows = pool.stage_rows
-        builders = [SegmentBuilder(T, hi - lo, dims.state_dim, K, dims.action_dim) for lo, hi in rows]
+        builders = [SegmentBuilder(T, lo, hi, pool.layout) for lo, hi in rows]
 
         def launch(s: int) -> None:
             version = inference.wait(s)
-            builders[s].record_policy(pool.slots, *rows[s], version)
+            builders[s].record_policy(pool.slots, version)
             pool.step_async(s)
 
         for s in range(S):
@@ -65,11 +63,11 @@ def run_actor(cfg: DictConfig, actor_index: int, client_id: str, learner_address
             if nxt != s:
                 launch(nxt)  # queued in the workers behind stage s: they never idle
             pool.step_wait(s)
-            builders[s].record_step(pool.slots, *rows[s])
+            builders[s].record_step(pool.slots)
             steps += (rows[s][1] - rows[s][0]) * K
             learner.env_steps = steps
             if builders[s].full:
-                learner.push(builders[s].finish(pool.slots, *rows[s]))
+                learner.push(builders[s].finish(pool.slots))
                 segments += 1
             inference.submit(s, *rows[s])
             if nxt == s:

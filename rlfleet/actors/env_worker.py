@@ -16,28 +16,8 @@ from multiprocessing.connection import Connection
 
 import numpy as np
 
-from rlfleet.wire.shm import ArraySpec, Layout, SharedArrays, layout_from_json, layout_to_json
-
-
-def slot_layout(num_envs: int, state_dim: int, action_dim: int, chunk_size: int) -> Layout:
-    """The shared-memory slots of one actor's E envs (also read by a same-host inference server)."""
-    E, S, K, D = num_envs, state_dim, chunk_size, action_dim
-    return {
-        "states": ArraySpec((E, S), "float32"),
-        "task_ids": ArraySpec((E,), "int64"),
-        "actions": ArraySpec((E, K, D), "float32"),
-        "logprobs": ArraySpec((E,), "float32"),
-        "values": ArraySpec((E,), "float32"),
-        "rewards": ArraySpec((E, K), "float32"),
-        "terminated": ArraySpec((E,), "bool"),
-        "truncated": ArraySpec((E,), "bool"),
-        "success": ArraySpec((E,), "bool"),
-        "episode_done": ArraySpec((E,), "bool"),
-        "episode_return": ArraySpec((E,), "float32"),
-        "episode_length": ArraySpec((E,), "int32"),
-        "episode_success_once": ArraySpec((E,), "bool"),
-        "final_states": ArraySpec((E, S), "float32"),
-    }
+from rlfleet.wire.shm import Layout, SharedArrays, layout_from_json, layout_to_json
+from rlfleet.wire.slots import obs_keys
 
 
 @dataclass(frozen=True)
@@ -74,9 +54,15 @@ def _recv(conn: Connection) -> tuple[str, str]:
     return kind, arg
 
 
-def _write_step(slots: SharedArrays, sl: EnvSlice, res) -> None:
+def _write_obs(slots: SharedArrays, rows: slice, obs: dict, keys: list[str], prefix: str = "") -> None:
+    for key in keys:
+        slots[prefix + key][rows] = obs[key]
+
+
+def _write_step(slots: SharedArrays, sl: EnvSlice, res, keys: list[str]) -> None:
     rows = slice(sl.lo, sl.hi)
-    slots["states"][rows] = res.obs["states"]
+    _write_obs(slots, rows, res.obs, keys)
+    _write_obs(slots, rows, res.final_obs, keys, prefix="final_")
     slots["rewards"][rows] = res.rewards
     slots["terminated"][rows] = res.terminated
     slots["truncated"][rows] = res.truncated
@@ -85,7 +71,6 @@ def _write_step(slots: SharedArrays, sl: EnvSlice, res) -> None:
     slots["episode_return"][rows] = res.episode_return
     slots["episode_length"][rows] = res.episode_length
     slots["episode_success_once"][rows] = res.episode_success_once
-    slots["final_states"][rows] = res.final_states
 
 
 def worker_main(env_cfg: dict, slices: list[EnvSlice], shm_name: str, layout_json: str, conn: Connection) -> None:
@@ -99,20 +84,21 @@ def worker_main(env_cfg: dict, slices: list[EnvSlice], shm_name: str, layout_jso
         cfg = EnvConfig(**env_cfg)
         envs = {sl.stage: make_env(cfg, sl.hi - sl.lo, env_offset=sl.global_offset) for sl in slices}
         by_stage = {sl.stage: sl for sl in slices}
+        keys = obs_keys(slots.layout)
         _send(conn, "ready")
         while True:
             cmd, arg = _recv(conn)
             if cmd == "step":
                 stage = int(arg)
                 sl = by_stage[stage]
-                _write_step(slots, sl, envs[stage].chunk_step(slots["actions"][sl.lo : sl.hi]))
+                _write_step(slots, sl, envs[stage].chunk_step(slots["actions"][sl.lo : sl.hi]), keys)
                 _send(conn, "stepped", arg)
             elif cmd == "reset":
                 arg = json.loads(arg)
                 for sl in slices:
                     seeds = None if arg is None else np.asarray(arg)[sl.lo : sl.hi]
                     obs = envs[sl.stage].reset(seeds)
-                    slots["states"][sl.lo : sl.hi] = obs["states"]
+                    _write_obs(slots, slice(sl.lo, sl.hi), obs, keys)
                     slots["task_ids"][sl.lo : sl.hi] = obs["task_ids"]
                 _send(conn, "reset")
             elif cmd == "close":
@@ -139,11 +125,11 @@ class WorkerCrashed(RuntimeError):
 class EnvWorkerPool:
     """E envs in W worker processes, pipelined in S stages, results in one shared block."""
 
-    def __init__(self, env_cfg: dict, num_envs: int, num_workers: int, num_stages: int,
-                 state_dim: int, action_dim: int, chunk_size: int, env_offset: int = 0):
+    def __init__(self, env_cfg: dict, num_envs: int, num_workers: int, num_stages: int, layout: Layout,
+                 env_offset: int = 0):
         self.num_envs, self.num_stages = num_envs, num_stages
         self.stage_rows = [(s * num_envs // num_stages, (s + 1) * num_envs // num_stages) for s in range(num_stages)]
-        self.layout = slot_layout(num_envs, state_dim, action_dim, chunk_size)
+        self.layout = layout
         self.slots = SharedArrays.create(self.layout)
         ctx = mp.get_context("spawn")  # never fork a process that may hold gRPC threads
         self.conns: list[Connection] = []

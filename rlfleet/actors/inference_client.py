@@ -20,8 +20,20 @@ from rlfleet.wire import codec
 from rlfleet.wire.gen import inference_pb2, inference_pb2_grpc
 from rlfleet.wire.grpc_server import make_channel
 from rlfleet.wire.shm import SharedArrays
+from rlfleet.wire.slots import obs_keys, output_slot
 
-OUTPUTS = ("actions", "logprobs", "values")
+
+def _observation(slots: SharedArrays, lo: int, hi: int) -> dict:
+    return {k: slots[k][lo:hi] for k in obs_keys(slots.layout)}
+
+
+def _store_outputs(slots: SharedArrays, lo: int, hi: int, out: dict) -> None:
+    for key, value in out.items():
+        slot = output_slot(key)
+        if slot not in slots.layout:
+            raise InferenceError(f"the server returned {key!r}, which this actor has no slot for "
+                                 "(actor and server were configured for different policies)")
+        slots[slot][lo:hi] = value
 
 
 class InferenceError(RuntimeError):
@@ -103,14 +115,12 @@ class ShmInferenceClient(_ZmqClientBase):
 class ZmqInferenceClient(_ZmqClientBase):
     def submit(self, stage: int, lo: int, hi: int, deterministic: bool = False) -> None:
         req = next(self._ids)
-        obs = codec.encode_frames({"states": self.slots["states"][lo:hi]})
+        obs = codec.encode_frames(_observation(self.slots, lo, hi))
         self.sock.send_multipart([b"act", struct.pack("<Q", req), b"\1" if deterministic else b"\0", *obs], copy=False)
         self._pending[stage] = (req, lo, hi)
 
     def _finish(self, frames: list, lo: int, hi: int) -> int:
-        out = codec.decode_frames([f.buffer for f in frames[3:]])
-        for key in OUTPUTS:
-            self.slots[key][lo:hi] = out[key]
+        _store_outputs(self.slots, lo, hi, codec.decode_frames([f.buffer for f in frames[3:]]))
         return struct.unpack("<q", frames[2].bytes)[0]
 
 
@@ -129,7 +139,7 @@ class GrpcInferenceClient:
 
     def submit(self, stage: int, lo: int, hi: int, deterministic: bool = False) -> None:
         req = next(self._ids)
-        obs = codec.encode_map({"states": self.slots["states"][lo:hi]})
+        obs = codec.encode_map(_observation(self.slots, lo, hi))
         self._requests.put(inference_pb2.ActRequest(request_id=req, actor_id=self.actor_id, obs=obs,
                                                     deterministic=deterministic))
         self._pending[stage] = (req, lo, hi)
@@ -148,9 +158,7 @@ class GrpcInferenceClient:
             raise InferenceError(f"inference stream broke: {exc}") from exc
         if resp.error:
             raise InferenceError("inference server rejected a request: " + resp.error)
-        out = codec.decode_map(resp.outputs)
-        for key in OUTPUTS:
-            self.slots[key][lo:hi] = out[key]
+        _store_outputs(self.slots, lo, hi, codec.decode_map(resp.outputs))
         return resp.policy_version
 
     def close(self) -> None:

@@ -3,43 +3,61 @@ from __future__ import annotations
 
 import numpy as np
 
+from rlfleet.wire.shm import Layout
+from rlfleet.wire.slots import obs_keys
 from rlfleet.wire.segment import Segment
 
 
 class SegmentBuilder:
-    def __init__(self, T: int, B: int, S: int, K: int, D: int):
-        self.T, self.B, self.K = T, B, K
-        self.states = np.zeros((T, B, S), np.float32)
-        self.actions = np.zeros((T, B, K, D), np.float32)
-        self.logprobs = np.zeros((T, B), np.float32)
-        self.values = np.zeros((T, B), np.float32)
+    """Rows lo:hi of an actor's slots (one pipeline stage), T steps at a time."""
+
+    def __init__(self, T: int, lo: int, hi: int, layout: Layout):
+        self.T, self.lo, self.hi = T, lo, hi
+        B = hi - lo
+
+        def rows(name: str) -> np.ndarray:
+            spec = layout[name]
+            return np.zeros((T, B, *spec.shape[1:]), spec.dtype)
+
+        self.obs_keys = obs_keys(layout)
+        self.extra_slots = [k for k in layout if k.startswith("extra.")]
+        self.obs = {k: rows(k) for k in self.obs_keys}
+        self.final_obs = {k: rows(k) for k in self.obs_keys}
+        self.extras = {k: rows(k) for k in self.extra_slots}
+        self.actions = rows("actions")
+        self.logprobs = rows("logprobs")
+        self.values = rows("values")
         self.rewards = np.zeros((T, B), np.float32)
         self.terminated = np.zeros((T, B), bool)
         self.truncated = np.zeros((T, B), bool)
-        self.final_states = np.zeros((T, B, S), np.float32)
         self.versions = np.zeros((T,), np.int64)
         self.t = 0
         self._episodes: list[tuple[float, int, bool, int]] = []
 
-    def record_policy(self, slots, lo: int, hi: int, version: int) -> None:
-        t = self.t
-        self.states[t] = slots["states"][lo:hi]
-        self.actions[t] = slots["actions"][lo:hi]
-        self.logprobs[t] = slots["logprobs"][lo:hi]
-        self.values[t] = slots["values"][lo:hi]
+    def record_policy(self, slots, version: int) -> None:
+        t, r = self.t, slice(self.lo, self.hi)
+        for k in self.obs_keys:
+            self.obs[k][t] = slots[k][r]
+        for k in self.extra_slots:
+            self.extras[k][t] = slots[k][r]
+        self.actions[t] = slots["actions"][r]
+        self.logprobs[t] = slots["logprobs"][r]
+        self.values[t] = slots["values"][r]
         self.versions[t] = version
 
-    def record_step(self, slots, lo: int, hi: int) -> None:
-        t = self.t
-        self.rewards[t] = slots["rewards"][lo:hi].sum(axis=1)
-        self.terminated[t] = slots["terminated"][lo:hi]
-        self.truncated[t] = slots["truncated"][lo:hi]
-        done = slots["episode_done"][lo:hi]
-        self.final_states[t] = 0.0
+    def record_step(self, slots) -> None:
+        t, lo, r = self.t, self.lo, slice(self.lo, self.hi)
+        self.rewards[t] = slots["rewards"][r].sum(axis=1)
+        self.terminated[t] = slots["terminated"][r]
+        self.truncated[t] = slots["truncated"][r]
+        done = slots["episode_done"][r]
+        for k in self.obs_keys:
+            self.final_obs[k][t] = 0
         if done.any():
             idx = np.flatnonzero(done)
-            self.final_states[t, idx] = slots["final_states"][lo:hi][idx]
-            task_ids = slots["task_ids"][lo:hi]
+            for k in self.obs_keys:
+                self.final_obs[k][t, idx] = slots[f"final_{k}"][r][idx]
+            task_ids = slots["task_ids"][r]
             for i in idx:
                 self._episodes.append((float(slots["episode_return"][lo + i]), int(slots["episode_length"][lo + i]),
                                        bool(slots["episode_success_once"][lo + i]), int(task_ids[i])))
@@ -49,17 +67,20 @@ class SegmentBuilder:
     def full(self) -> bool:
         return self.t == self.T
 
-    def finish(self, slots, lo: int, hi: int) -> Segment:
-        """Package the T recorded steps; the current states become the bootstrap observation."""
-        eps = self._episodes
+    def finish(self, slots) -> Segment:
+        """Package the T recorded steps; the current observation becomes the bootstrap one."""
+        eps, r = self._episodes, slice(self.lo, self.hi)
+        K = self.actions.shape[2]
         seg = Segment(
-            states=self.states.copy(), actions=self.actions.copy(), logprobs=self.logprobs.copy(),
-            values=self.values.copy(), rewards=self.rewards.copy(), terminated=self.terminated.copy(),
-            truncated=self.truncated.copy(), final_states=self.final_states.copy(),
-            next_states=np.array(slots["states"][lo:hi]), versions=self.versions.copy(),
-            task_ids=np.array(slots["task_ids"][lo:hi]), env_steps=np.array(self.T * self.B * self.K, np.int64),
+            obs={k: v.copy() for k, v in self.obs.items()}, actions=self.actions.copy(),
+            logprobs=self.logprobs.copy(), values=self.values.copy(), rewards=self.rewards.copy(),
+            terminated=self.terminated.copy(), truncated=self.truncated.copy(),
+            final_obs={k: v.copy() for k, v in self.final_obs.items()},
+            next_obs={k: np.array(slots[k][r]) for k in self.obs_keys}, versions=self.versions.copy(),
+            task_ids=np.array(slots["task_ids"][r]), env_steps=np.array(self.T * (self.hi - self.lo) * K, np.int64),
             ep_returns=np.array([e[0] for e in eps], np.float32), ep_lengths=np.array([e[1] for e in eps], np.int32),
             ep_success=np.array([e[2] for e in eps], bool), ep_task_ids=np.array([e[3] for e in eps], np.int64),
+            extras={k[len("extra."):]: v.copy() for k, v in self.extras.items()},
         )
         self.t, self._episodes = 0, []
         return seg

@@ -43,6 +43,7 @@ class PPOConfig:
     lr: float = 3e-4
     max_policy_lag: int = 4  # drop samples older than this many learner updates
     rho_bar: float = 1.0  # truncated importance-weight cap
+    critic_warmup_updates: int = 0  # first updates train only the critic (a fresh value head on an SFT policy)
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.clip_ratio_low < 1.0:
@@ -57,6 +58,8 @@ class PPOConfig:
             raise ValueError(f"rho_bar must be > 0, got {self.rho_bar}")
         if self.max_policy_lag < 0:
             raise ValueError(f"max_policy_lag must be >= 0, got {self.max_policy_lag}")
+        if self.critic_warmup_updates < 0:
+            raise ValueError(f"critic_warmup_updates must be >= 0, got {self.critic_warmup_updates}")
         if self.update_epochs < 1 or self.num_minibatches < 1:
             raise ValueError("update_epochs and num_minibatches must be >= 1")
 

@@ -8,7 +8,7 @@ Semantics shared by all adapters:
 
 * Auto-reset: an env whose episode ends at substep k of a chunk records its episode stats,
   resets at once and ignores the rest of the chunk (reward 0 for those substeps); the obs
-  returned for it is the new episode's first obs, and `final_states` keeps the state the old
+  returned for it is the new episode's first obs, and `final_obs` keeps the observation the old
   episode ended in (needed to bootstrap the value of a truncated episode).
 * Actions are clipped to [action_low, action_high].
 """
@@ -29,6 +29,37 @@ class EnvConfig:
     max_episode_steps: int = 150  # env steps (not chunks) before an episode is truncated
     chunk_size: int = 1  # K: actions executed per policy query
     seed: int = 0
+    image_size: int = 0  # side of the square `main_images` camera frame; 0: state-only (no renderer)
+    camera: str = "corner"  # simulator camera for `main_images`
+
+
+INSTRUCTION_BYTES = 128  # fixed width of the `instructions` observation (UTF-8, zero padded)
+
+
+def encode_instructions(texts: list[str], width: int = INSTRUCTION_BYTES) -> np.ndarray:
+    """Instructions as uint8 [B, width]: raw text travels as a tensor, each policy tokenises it itself."""
+    out = np.zeros((len(texts), width), np.uint8)
+    for i, text in enumerate(texts):
+        raw = text.encode("utf-8")
+        if len(raw) > width:
+            raise ValueError(f"instruction longer than {width} bytes: {text!r}")
+        out[i, : len(raw)] = np.frombuffer(raw, np.uint8)
+    return out
+
+
+def decode_instructions(arr: np.ndarray) -> list[str]:
+    return [bytes(row).rstrip(b"\0").decode("utf-8", errors="replace") for row in np.asarray(arr, np.uint8)]
+
+
+def observation_spec(cfg: "EnvConfig", state_dim: int) -> dict[str, tuple[tuple[int, ...], str]]:
+    """Per-env shape and dtype of every tensor observation key (what slots and segments carry)."""
+    spec: dict[str, tuple[tuple[int, ...], str]] = {
+        "states": ((state_dim,), "float32"),
+        "instructions": ((INSTRUCTION_BYTES,), "uint8"),
+    }
+    if cfg.image_size > 0:
+        spec["main_images"] = ((cfg.image_size, cfg.image_size, 3), "uint8")
+    return spec
 
 
 @dataclass
@@ -49,11 +80,12 @@ class EnvSpec:
 class StepResult:
     """What one `chunk_step` returns for a batch of B envs, chunk size K and state dim S.
 
-    `episode_return`, `episode_length`, `episode_success_once` and `final_states` are only
+    `episode_return`, `episode_length`, `episode_success_once` and `final_obs` are only
     meaningful where `episode_done` is True (zero elsewhere).
     """
 
-    obs: dict  # states [B,S] float32, task_ids [B] int64, task_descriptions list[str] (len B)
+    obs: dict  # states [B,S] float32, instructions [B,L] uint8, main_images [B,H,W,3] uint8 (when
+    # rendering), task_ids [B] int64, task_descriptions list[str] (len B)
     rewards: np.ndarray  # [B,K] float32; 0 for substeps skipped after an episode ended
     terminated: np.ndarray  # [B] bool: episode ended by the task itself during this chunk
     truncated: np.ndarray  # [B] bool: episode hit max_episode_steps during this chunk
@@ -62,7 +94,7 @@ class StepResult:
     episode_return: np.ndarray  # [B] float32: sum of raw rewards of the finished episode
     episode_length: np.ndarray  # [B] int32: env steps of the finished episode
     episode_success_once: np.ndarray  # [B] bool: success at any step of the finished episode
-    final_states: np.ndarray  # [B,S] float32: last state of the finished episode, before auto-reset
+    final_obs: dict  # the tensor keys of `obs` ([B,...] each): last observation of the finished episode
 
 
 class ChunkedEnv(abc.ABC):

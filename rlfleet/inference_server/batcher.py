@@ -14,7 +14,7 @@ import numpy as np
 
 @dataclass
 class InferenceRequest:
-    states: np.ndarray  # [n, S] float32
+    obs: dict[str, np.ndarray]  # the keys the policy reads, [n, ...] each (validated copies)
     deterministic: bool
     respond: Callable[[dict[str, np.ndarray], int], None]  # (outputs rows, policy version)
     fail: Callable[[str], None]
@@ -22,7 +22,7 @@ class InferenceRequest:
 
     @property
     def rows(self) -> int:
-        return int(self.states.shape[0])
+        return int(next(iter(self.obs.values())).shape[0])
 
 
 class DynamicBatcher:

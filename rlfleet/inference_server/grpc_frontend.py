@@ -40,14 +40,12 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
             replies.put(inference_pb2.ActResponse(request_id=msg.request_id, error=err))
 
         try:
-            obs = codec.decode_map(msg.obs)
-            states = codec.require(obs, "states")
-            self.runner.validate(states)
+            obs = self.runner.validate(codec.decode_map(msg.obs))
         except codec.WireFormatError as exc:
             log.warning("rejected an inference request: %s", exc)
             fail(str(exc))
             return
-        self.batcher.submit(InferenceRequest(np.array(states), msg.deterministic, respond, fail))
+        self.batcher.submit(InferenceRequest(obs, msg.deterministic, respond, fail))
 
     def Act(self, request_iterator, context):
         replies: queue.Queue = queue.Queue()

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 
 import numpy as np
 import torch
@@ -10,26 +11,50 @@ from torch import nn
 from rlfleet.inference_server.batcher import InferenceRequest
 from rlfleet.policies.checkpoint_io import load_state_dict_bytes
 from rlfleet.wire.codec import WireFormatError
+from rlfleet.wire.slots import ObsSpec
 
 log = logging.getLogger(__name__)
 
 
 class PolicyRunner:
-    def __init__(self, policy: nn.Module, version: int, device: str = "cpu"):
+    def __init__(self, policy: nn.Module, version: int, device: str = "cpu", obs_spec: ObsSpec | None = None):
         self.policy = policy.to(device).eval()
         self.version = version
         self.device = device
+        self.obs_spec = obs_spec or {"states": ((policy.state_dim,), "float32")}
+        self.keys = tuple(policy.obs_keys)
+        missing = [k for k in self.keys if k not in self.obs_spec]
+        if missing:
+            raise ValueError(f"the policy reads {missing}, which the env does not provide "
+                             f"(it provides {sorted(self.obs_spec)}; images need env.image_size > 0)")
         self.batches = 0
         self.rows = 0
         self.errors = 0
 
-    def validate(self, states: np.ndarray) -> None:
-        """Reject what the policy cannot take before it reaches a batch shared with others."""
-        dim = self.policy.state_dim
-        if states.dtype != np.float32 or states.ndim != 2 or states.shape[1] != dim:
-            raise WireFormatError(f"states must be float32 [B, {dim}], got {states.dtype} {list(states.shape)}")
-        if not np.isfinite(states).all():
-            raise WireFormatError("states contain NaN or inf")
+    def validate(self, obs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Check the keys the policy reads and return private copies of them.
+
+        Rejects what the policy cannot take before it reaches a batch shared with others.
+        """
+        out: dict[str, np.ndarray] = {}
+        rows = None
+        for key in self.keys:
+            if key not in obs:
+                raise WireFormatError(f"observation lacks {key!r} (the policy reads {list(self.keys)})")
+            arr = np.asarray(obs[key])
+            shape, dtype = self.obs_spec[key]
+            if arr.dtype != np.dtype(dtype) or arr.shape[1:] != tuple(shape) or arr.ndim != len(shape) + 1:
+                raise WireFormatError(f"{key} must be {dtype} [B, {', '.join(map(str, shape))}], "
+                                      f"got {arr.dtype} {list(arr.shape)}")
+            if rows is not None and arr.shape[0] != rows:
+                raise WireFormatError(f"{key} has {arr.shape[0]} rows, other keys {rows}")
+            rows = arr.shape[0]
+            if arr.dtype.kind == "f" and not np.isfinite(arr).all():
+                raise WireFormatError(f"{key} contains NaN or inf")
+            out[key] = np.array(arr)
+        if not rows:
+            raise WireFormatError("empty observation batch")
+        return out
 
     def load_weights(self, version: int, data: bytes) -> None:
         load_state_dict_bytes(self.policy, data)
@@ -41,17 +66,18 @@ class PolicyRunner:
             group = [r for r in batch if r.deterministic == deterministic]
             if not group:
                 continue
-            states = torch.from_numpy(np.concatenate([r.states for r in group]))
+            obs = {k: torch.from_numpy(np.concatenate([r.obs[k] for r in group])).to(self.device) for k in self.keys}
             try:
-                out = self.policy.act(states.to(self.device), deterministic=deterministic)
+                out = self.policy.act(obs, deterministic=deterministic)
             except Exception as exc:  # a bug must answer the callers, not hang them
                 log.exception("policy failed on a batch")
                 for r in group:
                     r.fail(f"policy failed: {exc}")
                 continue
             arrays = {k: v.cpu().numpy() for k, v in out.items()}
+            n = sum(r.rows for r in group)
             self.batches += 1
-            self.rows += states.shape[0]
+            self.rows += n
             start = 0
             for r in group:
                 r.respond({k: v[start : start + r.rows] for k, v in arrays.items()}, self.version)

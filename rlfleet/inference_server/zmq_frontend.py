@@ -2,8 +2,8 @@
 
 Protocol (DEALER -> ROUTER), every message [kind, request_id(8 bytes little endian), ...]:
 - b"attach" + JSON {shm_name, layout}: map the actor's shared-memory block (same host only);
-- b"act_shm" + int64[3] (lo, hi, deterministic): read states[lo:hi] from the block, write
-  actions/logprobs/values into the same rows, answer b"done" + int64 policy version;
+- b"act_shm" + int64[3] (lo, hi, deterministic): read the observation rows lo:hi from the block,
+  write the outputs into the same rows (`rlfleet.wire.slots`), answer b"done" + int64 policy version;
 - b"act" + flag byte + codec frames: answer b"result" + int64 version + codec frames;
 - anything wrong: b"error" + UTF-8 message; the socket keeps serving.
 """
@@ -20,6 +20,7 @@ import zmq
 from rlfleet.inference_server.batcher import DynamicBatcher, InferenceRequest
 from rlfleet.wire import codec
 from rlfleet.wire.shm import SharedArrays, layout_from_json
+from rlfleet.wire.slots import BASE_OUTPUTS, output_slot
 
 log = logging.getLogger(__name__)
 _I64 = struct.Struct("<q")
@@ -123,7 +124,7 @@ class ZmqFrontend:
             name, layout = info["shm_name"], layout_from_json(json.dumps(info["layout"]))
         except (json.JSONDecodeError, KeyError, TypeError) as exc:
             raise codec.WireFormatError(f"bad attach message: {exc}") from exc
-        for key in ("states", "actions", "logprobs", "values"):
+        for key in BASE_OUTPUTS:
             if key not in layout:
                 raise codec.WireFormatError(f"shared block layout lacks {key!r}")
         old = self.blocks.pop(ident, None)
@@ -138,31 +139,34 @@ class ZmqFrontend:
         if len(rest) != 1 or len(rest[0].bytes) != 24:
             raise codec.WireFormatError("act_shm needs one 24-byte frame (lo, hi, deterministic)")
         lo, hi, det = struct.unpack("<qqq", rest[0].bytes)
-        n = blk["states"].shape[0]
+        n = blk["actions"].shape[0]
         if not 0 <= lo < hi <= n:
             raise codec.WireFormatError(f"rows {lo}:{hi} outside the block's {n} envs")
-        states = np.array(blk["states"][lo:hi])
-        self.validate(states)
+        obs = self.validate({k: blk[k][lo:hi] for k in blk.layout if not k.startswith("final_")})
+
+        fail = self._fail(ident, req_id)
 
         def respond(out: dict[str, np.ndarray], version: int) -> None:
-            for key in ("actions", "logprobs", "values"):
-                blk[key][lo:hi] = out[key]
+            missing = [output_slot(k) for k in out if output_slot(k) not in blk.layout]
+            if missing:
+                fail(f"the actor's shared block has no slots {missing} for the policy's outputs")
+                return
+            for key, value in out.items():
+                blk[output_slot(key)][lo:hi] = value
             self._reply([ident, b"done", req_id, _I64.pack(version)])
 
-        self.batcher.submit(InferenceRequest(states, bool(det), respond, self._fail(ident, req_id)))
+        self.batcher.submit(InferenceRequest(obs, bool(det), respond, fail))
 
     def _act_frames(self, ident, req_id: bytes, rest: list) -> None:
         if not rest or len(rest[0].bytes) != 1:
             raise codec.WireFormatError("act needs a 1-byte deterministic flag frame before the tensors")
         det = rest[0].bytes == b"\1"
-        obs = codec.decode_frames([f.buffer for f in rest[1:]])
-        states = codec.require(obs, "states")
-        self.validate(states)
+        obs = self.validate(codec.decode_frames([f.buffer for f in rest[1:]]))
 
         def respond(out: dict[str, np.ndarray], version: int) -> None:
             self._reply([ident, b"result", req_id, _I64.pack(version), *codec.encode_frames(out)])
 
-        self.batcher.submit(InferenceRequest(np.array(states), det, respond, self._fail(ident, req_id)))
+        self.batcher.submit(InferenceRequest(obs, det, respond, self._fail(ident, req_id)))
 
     def _fail(self, ident, req_id: bytes):
         def fail(msg: str) -> None:

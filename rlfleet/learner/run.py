@@ -1,6 +1,7 @@
 """The learner process: serve LearnerService, train on what arrives, publish, checkpoint, evaluate."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import signal
@@ -12,7 +13,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from rlfleet.config import as_dict, to_yaml
+from rlfleet.config import as_dict, run_observation_spec, to_yaml
 from rlfleet.envs.api import EnvConfig
 from rlfleet.envs.registry import make_env
 from rlfleet.evaluation import evaluate_policy, task_list
@@ -22,8 +23,7 @@ from rlfleet.learner.metrics import EpisodeWindow, MetricsWriter, make_progress
 from rlfleet.learner.service import LearnerServicer
 from rlfleet.learner.trainer import PPOTrainer
 from rlfleet.learner.weight_publisher import WeightPublisher
-from rlfleet.policies.checkpoint_io import model_config, state_dict_bytes
-from rlfleet.policies.registry import make_policy
+from rlfleet.policies.checkpoint_io import model_config, policy_from_config, state_dict_bytes
 from rlfleet.wire.gen import learner_pb2_grpc
 from rlfleet.wire.grpc_server import start_grpc_server
 from rlfleet.wire.segment import Segment
@@ -34,11 +34,17 @@ log = logging.getLogger(__name__)
 def fill_model_dims(cfg: DictConfig) -> EnvConfig:
     """Probe one env for its dimensions and record them in the config the learner hands out."""
     env_cfg = EnvConfig(**as_dict(cfg.env))
-    probe = make_env(env_cfg, 1)
+    probe = make_env(dataclasses.replace(env_cfg, image_size=0), 1)  # shapes only: no renderer needed
     cfg.model_dims.state_dim = probe.spec.state_dim
     cfg.model_dims.action_dim = probe.spec.action_dim
     probe.close()
     return env_cfg
+
+
+def record_policy_outputs(cfg: DictConfig, policy: torch.nn.Module) -> None:
+    """Log-prob shape and extra outputs size the actors' slots and the segments they push."""
+    cfg.model_dims.logprob_shape = list(policy.logprob_shape)
+    cfg.model_dims.extra_outputs = {name: list(shape) for name, (shape, _) in policy.extra_outputs.items()}
 
 
 def write_address(path: str | None, **addresses: str) -> None:
@@ -71,9 +77,11 @@ class Learner:
         torch.manual_seed(cfg.runner.seed)
         self.env_cfg = fill_model_dims(cfg)
         dims = cfg.model_dims
-        self.policy = make_policy(cfg.policy, dims.state_dim, dims.action_dim, cfg.env.chunk_size)
+        self.policy = policy_from_config(as_dict(cfg.policy), dims.state_dim, dims.action_dim, cfg.env.chunk_size,
+                                         cfg.env.image_size)
+        record_policy_outputs(cfg, self.policy)
         self.model_config = model_config(as_dict(cfg.policy), dims.state_dim, dims.action_dim, cfg.env.chunk_size,
-                                         as_dict(cfg.env))
+                                         as_dict(cfg.env), cfg.env.image_size)
         self.trainer = PPOTrainer(self.policy, OmegaConf.to_object(cfg.algorithm), cfg.learner.reward_scale,
                                   cfg.learner.device)
         self.checkpointer = Checkpointer(run_dir)
@@ -92,8 +100,12 @@ class Learner:
         self.publisher = WeightPublisher()
         self._publish()
         self.ingest = IngestQueue(cfg.learner.ingest_queue_size)
-        self.servicer = LearnerServicer(to_yaml(cfg), uuid.uuid4().hex[:12], self.ingest, self.publisher,
-                                        cfg.learner.weight_chunk_bytes)
+        obs_spec = run_observation_spec(cfg)
+        lp_shape, extras = tuple(dims.logprob_shape), {k: tuple(v) for k, v in dims.extra_outputs.items()}
+        self.servicer = LearnerServicer(
+            to_yaml(cfg), uuid.uuid4().hex[:12], self.ingest, self.publisher, cfg.learner.weight_chunk_bytes,
+            check_segment=lambda seg: seg.check_schema(obs_spec, dims.action_dim, cfg.env.chunk_size, lp_shape, extras),
+        )
         self.server, self.port = start_grpc_server(
             cfg.learner.host, cfg.learner.port,
             [lambda s: learner_pb2_grpc.add_LearnerServiceServicer_to_server(self.servicer, s)],
@@ -194,7 +206,9 @@ class Learner:
         return summary
 
     def evaluate(self) -> dict[str, float]:
-        return evaluate_policy(self.policy, self.env_cfg, self.cfg.eval.episodes_per_task)
+        video = OmegaConf.to_object(self.cfg.eval.video_cfg)
+        return evaluate_policy(self.policy, self.env_cfg, self.cfg.eval.episodes_per_task, seed=self.cfg.eval.seed,
+                               video_cfg=video, out_dir=self.run_dir)
 
     def close(self) -> None:
         self.publisher.finish()

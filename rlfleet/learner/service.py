@@ -4,7 +4,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import grpc
@@ -32,13 +32,15 @@ class ClientInfo:
 
 class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
     def __init__(self, config_yaml: str, run_id: str, ingest: IngestQueue, weights: WeightPublisher,
-                 chunk_bytes: int = 4 * 1024 * 1024, heartbeat_ms: int = 1000):
+                 chunk_bytes: int = 4 * 1024 * 1024, heartbeat_ms: int = 1000,
+                 check_segment: Callable[[Segment], None] | None = None):
         self.config_yaml = config_yaml
         self.run_id = run_id
         self.ingest = ingest
         self.weights = weights
         self.chunk_bytes = chunk_bytes
         self.heartbeat_ms = heartbeat_ms
+        self.check_segment = check_segment or (lambda seg: None)
         self.stop_event = threading.Event()
         self._clients: dict[str, ClientInfo] = {}
         self._next_index: dict[str, int] = {}
@@ -128,6 +130,7 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
             except Exception as exc:
                 raise codec.WireFormatError(f"unreadable segment: {exc}") from exc
             segment = Segment.from_tensors(codec.decode_map(msg))
+            self.check_segment(segment)
         except codec.WireFormatError as exc:
             self.ingest.count_rejected()
             log.warning("rejected a trajectory push: %s", exc)

@@ -27,12 +27,16 @@ from rlfleet.algorithms import (
 from rlfleet.wire.segment import Segment
 
 
+Obs = dict[str, torch.Tensor]
+
+
 @dataclass
 class Batch:
-    """Flattened [N] samples ready for minibatching."""
+    """Flattened [N] samples ready for minibatching (log-probs [N, *logprob_shape])."""
 
-    states: torch.Tensor
+    obs: Obs
     actions: torch.Tensor
+    extras: dict[str, torch.Tensor]
     logp_old: torch.Tensor
     is_weights: torch.Tensor
     values_old: torch.Tensor
@@ -41,55 +45,106 @@ class Batch:
     lags: torch.Tensor
 
     def __len__(self) -> int:
-        return int(self.states.shape[0])
+        return int(self.actions.shape[0])
 
     def select(self, idx: torch.Tensor) -> "Batch":
-        return Batch(*(getattr(self, f)[idx] for f in self.__dataclass_fields__))
+        return Batch(**{f: _index(getattr(self, f), idx) for f in self.__dataclass_fields__})
+
+    @staticmethod
+    def cat(parts: list["Batch"]) -> "Batch":
+        return Batch(**{f: _cat([getattr(p, f) for p in parts]) for f in Batch.__dataclass_fields__})
+
+
+def _index(x, idx: torch.Tensor):
+    return {k: v[idx] for k, v in x.items()} if isinstance(x, dict) else x[idx]
+
+
+def _cat(xs: list):
+    return {k: torch.cat([x[k] for x in xs]) for k in xs[0]} if isinstance(xs[0], dict) else torch.cat(xs)
+
+
+def _flat(x: torch.Tensor) -> torch.Tensor:
+    """[T, B, ...] -> [T*B, ...]"""
+    return x.reshape(x.shape[0] * x.shape[1], *x.shape[2:])
+
+
+def _broadcast(adv: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """A chunk's advantage applies to each of its per-action or per-token log-probs."""
+    return adv.reshape(adv.shape[0], *([1] * (like.dim() - 1)))
 
 
 class PPOTrainer:
+    # Forward passes over a whole update's samples run in pieces of this many rows, so pixel
+    # policies do not hold activations for thousands of images at once.
+    EVAL_ROWS = 512
+
     def __init__(self, policy: nn.Module, cfg: PPOConfig, reward_scale: float = 1.0, device: str = "cpu"):
         self.policy = policy.to(device)
         self.cfg = cfg
         self.reward_scale = reward_scale
         self.device = device
-        self.optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.lr, eps=1e-5)
+        params = [p for p in policy.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.Adam(params, lr=cfg.lr, eps=1e-5)
+        self.updates = 0  # this process's updates, for the critic warm-up
 
     def _t(self, arr: np.ndarray) -> torch.Tensor:
         """Copy: decoded segments are read-only views of the received bytes."""
         return torch.tensor(np.asarray(arr), device=self.device)
 
+    def _obs(self, obs: dict[str, np.ndarray], flat: bool = True) -> Obs:
+        return {k: _flat(self._t(v)) if flat else self._t(v) for k, v in obs.items()}
+
+    def _evaluate(self, obs: Obs, actions: torch.Tensor, extras: dict[str, torch.Tensor]):
+        """policy.evaluate over many rows, in pieces of EVAL_ROWS."""
+        n, outs = actions.shape[0], []
+        for i in range(0, n, self.EVAL_ROWS):
+            sl = slice(i, i + self.EVAL_ROWS)
+            outs.append(self.policy.evaluate({k: v[sl] for k, v in obs.items()}, actions[sl],
+                                             {k: v[sl] for k, v in extras.items()}))
+        return tuple(torch.cat(parts) for parts in zip(*outs))
+
+    def _value(self, obs: Obs) -> torch.Tensor:
+        n = next(iter(obs.values())).shape[0]
+        parts = [self.policy.value({k: v[i : i + self.EVAL_ROWS] for k, v in obs.items()})
+                 for i in range(0, n, self.EVAL_ROWS)]
+        return torch.cat(parts) if parts else torch.zeros(0, device=self.device)
+
     @torch.no_grad()
     def _prepare_segment(self, seg: Segment, version: int) -> Batch:
         T, B = seg.num_steps, seg.num_envs
-        states = self._t(seg.states)
-        flat_states = states.reshape(T * B, -1)
-        actions = self._t(seg.actions).reshape(T * B, -1)
-        behaviour_logp = self._t(seg.logprobs).reshape(T * B)
+        obs = self._obs(seg.obs)
+        actions = _flat(self._t(seg.actions))
+        extras = self._obs(seg.extras)
+        behaviour_logp = _flat(self._t(seg.logprobs))
 
-        logp_old, _, values = self.policy.evaluate(flat_states, actions)
+        logp_old, _, values = self._evaluate(obs, actions, extras)
         values = values.reshape(T, B)
-        last_value = self.policy.value(self._t(seg.next_states))
-        final_values = self.policy.value(self._t(seg.final_states).reshape(T * B, -1)).reshape(T, B)
+        last_value = self._value(self._obs(seg.next_obs, flat=False))
+        terminated, truncated = self._t(seg.terminated), self._t(seg.truncated)
+        # The value of an episode's last observation only matters where it was truncated.
+        final_values = torch.zeros(T * B, device=self.device)
+        ended = truncated.reshape(-1).nonzero().squeeze(-1)
+        if len(ended):
+            final_values[ended] = self._value({k: _flat(self._t(v))[ended] for k, v in seg.final_obs.items()})
+        final_values = final_values.reshape(T, B)
 
         # Off-policy correction: lag-0 samples use the behaviour log-prob itself, so their
         # importance weight is exactly 1; lagged ones get min(pi_old / mu, rho_bar).
         lags = policy_lag(version, self._t(seg.versions)).repeat_interleave(B)
-        logp_old = torch.where(lags == 0, behaviour_logp, logp_old)
+        lag0 = _broadcast(lags == 0, logp_old)
+        logp_old = torch.where(lag0, behaviour_logp, logp_old)
         is_weights = truncated_importance_weights(logp_old, behaviour_logp, self.cfg.rho_bar)
 
-        terminated, truncated = self._t(seg.terminated), self._t(seg.truncated)
         next_values = bootstrap_next_values(values, last_value, terminated, truncated, final_values)
         rewards = self._t(seg.rewards) * self.reward_scale
         advantages, returns = compute_gae(
             rewards, values, next_values, terminated | truncated, self.cfg.gamma, self.cfg.gae_lambda
         )
-        return Batch(flat_states, actions, logp_old, is_weights, values.reshape(-1),
+        return Batch(obs, actions, extras, logp_old, is_weights, values.reshape(-1),
                      advantages.reshape(-1), returns.reshape(-1), lags)
 
     def prepare(self, segments: list[Segment], version: int) -> Batch:
-        parts = [self._prepare_segment(s, version) for s in segments]
-        batch = Batch(*(torch.cat([getattr(p, f) for p in parts]) for f in Batch.__dataclass_fields__))
+        batch = Batch.cat([self._prepare_segment(s, version) for s in segments])
         keep = lag_mask(batch.lags, self.cfg.max_policy_lag)
         return batch.select(keep.nonzero().squeeze(-1))
 
@@ -103,21 +158,26 @@ class PPOTrainer:
         if len(batch) == 0:
             return {"train/dropped_samples": float(total), **lag_stats}
         mb_size = max(1, len(batch) // self.cfg.num_minibatches)
+        warmup = self.updates < self.cfg.critic_warmup_updates
+        self.updates += 1
         for _ in range(self.cfg.update_epochs):
             perm = torch.randperm(len(batch), device=self.device)
             for start in range(0, len(batch) - mb_size + 1, mb_size):
                 mb = batch.select(perm[start : start + mb_size])
                 adv = normalize_advantages(mb.advantages) if self.cfg.norm_adv else mb.advantages
-                logp, entropy, values = self.policy.evaluate(mb.states, mb.actions)
+                logp, entropy, values = self.policy.evaluate(mb.obs, mb.actions, mb.extras)
                 pg_loss, pg_stats = policy_loss(
-                    logp, mb.logp_old, adv, self.cfg.clip_ratio_low, self.cfg.clip_ratio_high,
+                    logp, mb.logp_old, _broadcast(adv, logp), self.cfg.clip_ratio_low, self.cfg.clip_ratio_high,
                     self.cfg.dual_clip, weights=mb.is_weights,
                 )
                 v_loss, v_stats = value_loss(values, mb.values_old, mb.returns, self.cfg.value_clip)
-                loss = ppo_total_loss(pg_loss, v_loss, entropy, self.cfg)
+                if warmup:  # the policy keeps its (SFT) weights until the critic has caught up
+                    loss = self.cfg.vf_coef * v_loss
+                else:
+                    loss = ppo_total_loss(pg_loss, v_loss, entropy, self.cfg)
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
-                grad_norm = nn.utils.clip_grad_norm_(self.policy.parameters(), self.cfg.max_grad_norm)
+                grad_norm = nn.utils.clip_grad_norm_(self.optimizer.param_groups[0]["params"], self.cfg.max_grad_norm)
                 for key, val in {
                     "train/actor/policy_loss": pg_loss.item(),
                     "train/actor/approx_kl": pg_stats["approx_kl"],
@@ -132,7 +192,7 @@ class PPOTrainer:
                 self.optimizer.step()
         # Whitening stats move after the update, so the log-probs above were computed with the
         # same normalisation the behaviour policy used (lag-0 ratios start at exactly 1).
-        self.policy.update_normalization(batch.states)
+        self.policy.update_normalization(batch.obs)
         out = {k: float(np.mean(v)) for k, v in stats.items()}
         out["train/critic/explained_variance"] = explained_variance(batch.values_old, batch.returns)
         out["rollout/returns_mean"] = batch.returns.mean().item()
@@ -140,5 +200,6 @@ class PPOTrainer:
         out["rollout/is_weight_mean"] = batch.is_weights.mean().item()
         out.update(lag_stats)  # over every received sample, the dropped ones included
         out["train/dropped_samples"] = float(total - len(batch))
+        out["train/critic_warmup"] = float(warmup)
         out["train/samples"] = float(len(batch))
         return out

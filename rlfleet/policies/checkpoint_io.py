@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,8 @@ from safetensors.torch import load_file, save, save_file
 from torch import nn
 
 from rlfleet.policies.registry import make_policy
+
+log = logging.getLogger(__name__)
 
 
 def state_dict_bytes(policy: nn.Module) -> bytes:
@@ -74,20 +78,55 @@ def save_checkpoint_folder(folder: Path, policy: nn.Module, model_config: dict[s
 
 
 def model_config(policy_cfg: dict[str, Any], state_dim: int, action_dim: int, chunk_size: int,
-                 env: dict[str, Any] | None = None) -> dict[str, Any]:
+                 env: dict[str, Any] | None = None, image_size: int = 0) -> dict[str, Any]:
     """config.json: enough to rebuild the policy (and to know which env it was trained on)."""
+    policy_cfg = {k: v for k, v in policy_cfg.items() if k != "model_path"}
     return {"policy": policy_cfg, "state_dim": state_dim, "action_dim": action_dim, "chunk_size": chunk_size,
-            "env": env or {}}
+            "image_size": image_size, "env": env or {}}
 
 
-def load_checkpoint(folder: str | Path) -> tuple[nn.Module, dict[str, Any]]:
+def read_model_config(folder: str | Path) -> dict[str, Any]:
     folder = Path(folder)
     cfg_path, weights = folder / "config.json", folder / "model.safetensors"
     if not cfg_path.exists() or not weights.exists():
         raise FileNotFoundError(f"{folder} is not a checkpoint folder (needs config.json and model.safetensors)")
-    cfg = json.loads(cfg_path.read_text())
-    policy = make_policy(cfg["policy"], cfg["state_dim"], cfg["action_dim"], cfg["chunk_size"])
-    incoming = load_file(weights)
-    _check_compatible(policy, incoming)
+    return json.loads(cfg_path.read_text())
+
+
+def load_checkpoint(folder: str | Path, overrides: Mapping[str, Any] | None = None) -> tuple[nn.Module, dict[str, Any]]:
+    """Rebuild the policy saved in `folder`; `overrides` change policy settings that keep the weights'
+    shapes (sampling temperature, freezing), a shape-changing one is a clear error."""
+    cfg = read_model_config(folder)
+    policy_cfg = {**cfg["policy"], **dict(overrides or {})}
+    policy = make_policy(policy_cfg, cfg["state_dim"], cfg["action_dim"], cfg["chunk_size"],
+                         image_size=cfg.get("image_size", 0))
+    incoming = load_file(Path(folder) / "model.safetensors")
+    try:
+        _check_compatible(policy, incoming)
+    except ValueError as exc:
+        raise ValueError(f"checkpoint {folder}: {exc}") from exc
     policy.load_state_dict(incoming)
+    cfg["policy"] = policy_cfg
     return policy, cfg
+
+
+def policy_from_config(policy_cfg: Mapping[str, Any], state_dim: int, action_dim: int, chunk_size: int,
+                       image_size: int = 0) -> nn.Module:
+    """A fresh policy, or with `model_path` set the checkpoint's, checked against the run's env."""
+    policy_cfg = dict(policy_cfg)
+    model_path = policy_cfg.pop("model_path", None)
+    if not model_path:
+        return make_policy(policy_cfg, state_dim, action_dim, chunk_size, image_size=image_size)
+    saved = read_model_config(model_path)
+    want = {"state_dim": state_dim, "action_dim": action_dim, "chunk_size": chunk_size, "image_size": image_size}
+    got = {k: saved.get(k, 0) for k in want}
+    if got != want:
+        diff = ", ".join(f"{k} {got[k]} (run needs {want[k]})" for k in want if got[k] != want[k])
+        raise ValueError(f"checkpoint {model_path} does not fit this run: {diff}")
+    name = policy_cfg.pop("name", None)
+    if name and name != saved["policy"].get("name"):
+        raise ValueError(f"checkpoint {model_path} holds a {saved['policy'].get('name')!r} policy, "
+                         f"the run config asks for {name!r}")
+    policy, _ = load_checkpoint(model_path, overrides=policy_cfg)
+    log.info("loaded policy weights from %s", model_path)
+    return policy

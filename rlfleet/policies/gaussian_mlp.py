@@ -74,9 +74,16 @@ class RunningNorm(nn.Module):
 
 
 class GaussianMLPPolicy(nn.Module):
-    """pi(a_chunk | s) = N(mu(s), diag(sigma)); the chunk's log-prob sums over its K*D dims."""
+    """pi(a_chunk | s) = N(mu(s), diag(sigma)); the chunk's log-prob sums over its K*D dims.
 
-    def __init__(self, state_dim: int, action_dim: int, chunk_size: int, cfg: PolicyConfig):
+    Implements `rlfleet.policies.base.Policy` on `states` alone.
+    """
+
+    obs_keys = ("states",)
+    logprob_shape: tuple[int, ...] = ()
+    extra_outputs: dict = {}
+
+    def __init__(self, state_dim: int, action_dim: int, chunk_size: int, cfg: PolicyConfig, image_size: int = 0):
         super().__init__()
         self.state_dim, self.action_dim, self.chunk_size = state_dim, action_dim, chunk_size
         self.cfg = cfg
@@ -97,18 +104,18 @@ class GaussianMLPPolicy(nn.Module):
         mu = self.actor(self._features(states))
         return Normal(mu, self._log_std().exp().expand_as(mu), validate_args=False)
 
-    def value(self, states: torch.Tensor) -> torch.Tensor:
-        return self.critic(self._features(states)).squeeze(-1)
+    def value(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
+        return self.critic(self._features(obs["states"])).squeeze(-1)
 
     @torch.no_grad()
-    def act(self, states: torch.Tensor, deterministic: bool = False) -> dict[str, torch.Tensor]:
+    def act(self, obs: dict[str, torch.Tensor], deterministic: bool = False) -> dict[str, torch.Tensor]:
         """Actions [B,K,D] (unclipped samples: the env clips), chunk log-prob [B], value [B].
 
         Written out instead of going through torch.distributions: this is the inference hot
         path, and at small batches the distribution objects cost more than the MLP.
         log N(a; mu, sigma) = -eps^2/2 - log sigma - log(2 pi)/2 with a = mu + sigma * eps.
         """
-        x = self._features(states)
+        x = self._features(obs["states"])
         mu, log_std = self.actor(x), self._log_std()
         eps = torch.zeros_like(mu) if deterministic else torch.randn_like(mu)
         flat = mu + log_std.exp() * eps
@@ -120,13 +127,19 @@ class GaussianMLPPolicy(nn.Module):
         }
 
     def evaluate(
-        self, states: torch.Tensor, actions: torch.Tensor
+        self, obs: dict[str, torch.Tensor], actions: torch.Tensor, extras: dict[str, torch.Tensor] | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """log pi(a|s) [N], entropy [N] and V(s) [N] for the PPO update."""
+        states = obs["states"]
         dist = self.distribution(states)
         flat = actions.reshape(actions.shape[0], -1)
-        return dist.log_prob(flat).sum(-1), dist.entropy().sum(-1), self.value(states)
+        return dist.log_prob(flat).sum(-1), dist.entropy().sum(-1), self.value(obs)
 
-    def update_normalization(self, states: torch.Tensor) -> None:
+    def sft_loss(self, obs: dict[str, torch.Tensor], actions: torch.Tensor) -> torch.Tensor:
+        """Behaviour cloning by maximum likelihood: mean -log pi(a_demo | s) per action dim."""
+        dist = self.distribution(obs["states"])
+        return -dist.log_prob(actions.reshape(actions.shape[0], -1)).mean()
+
+    def update_normalization(self, obs: dict[str, torch.Tensor]) -> None:
         if self.obs_norm is not None:
-            self.obs_norm.update(states)
+            self.obs_norm.update(obs["states"])

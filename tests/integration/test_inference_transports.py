@@ -11,7 +11,6 @@ import pytest
 import torch
 import zmq
 
-from rlfleet.actors.env_worker import slot_layout
 from rlfleet.actors.inference_client import InferenceError, connect_inference, server_info
 from rlfleet.inference_server.policy_runner import PolicyRunner
 from rlfleet.inference_server.server import InferenceServer
@@ -19,8 +18,13 @@ from rlfleet.policies.gaussian_mlp import GaussianMLPPolicy, PolicyConfig
 from rlfleet.wire import codec
 from rlfleet.wire.gen import inference_pb2, inference_pb2_grpc, tensor_pb2
 from rlfleet.wire.shm import SharedArrays
+from rlfleet.wire.slots import slot_layout
 
 S, D, K = 7, 3, 2
+
+
+def layout(n: int):
+    return slot_layout(n, {"states": ((S,), "float32")}, D, K)
 
 
 @pytest.fixture
@@ -37,14 +41,14 @@ def server():
 
 @pytest.fixture
 def slots():
-    blk = SharedArrays.create(slot_layout(8, S, D, K))
+    blk = SharedArrays.create(layout(8))
     blk["states"][:] = np.random.default_rng(0).normal(size=(8, S)).astype(np.float32)
     yield blk
     blk.close()
 
 
 def _expected(srv, states):
-    out = srv.runner.policy.act(torch.from_numpy(states), deterministic=True)
+    out = srv.runner.policy.act({"states": torch.from_numpy(states)}, deterministic=True)
     return out["actions"].numpy(), out["values"].numpy()
 
 
@@ -75,7 +79,7 @@ def test_server_info_and_health(server):
 
 
 def test_many_actors_at_once_are_batched_together(server):
-    blocks = [SharedArrays.create(slot_layout(8, S, D, K)) for _ in range(6)]
+    blocks = [SharedArrays.create(layout(8)) for _ in range(6)]
     clients = [connect_inference(t, server.address, b) for t, b in zip(["shm", "zmq", "grpc"] * 2, blocks)]
     errors = []
 
@@ -166,7 +170,7 @@ def test_a_dead_actor_does_not_stall_the_others(server, slots):
 
 
 def test_rejected_request_surfaces_as_inference_error(server):
-    blk = SharedArrays.create(slot_layout(2, S, D, K))
+    blk = SharedArrays.create(layout(2))
     blk["states"][0, 0] = np.nan
     client = connect_inference("shm", server.address, blk)
     try:

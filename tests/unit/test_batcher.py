@@ -24,11 +24,11 @@ class Recorder:
 def make_req(rows: int, tag: float = 0.0, rec: Recorder | None = None) -> InferenceRequest:
     rec = rec or Recorder()
     states = np.full((rows, 3), tag, np.float32)
-    return InferenceRequest(states=states, deterministic=False, respond=rec.respond, fail=rec.fail)
+    return InferenceRequest(obs={"states": states}, deterministic=False, respond=rec.respond, fail=rec.fail)
 
 
 def tags(batch):
-    return [float(r.states[0, 0]) for r in batch]
+    return [float(r.obs["states"][0, 0]) for r in batch]
 
 
 def test_rejects_max_batch_below_one():

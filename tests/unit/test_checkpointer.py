@@ -17,7 +17,7 @@ POLICY_CFG = PolicyConfig(hidden_sizes=[12, 8], activation="relu", init_log_std=
 def make_policy(seed: int) -> GaussianMLPPolicy:
     torch.manual_seed(seed)
     policy = GaussianMLPPolicy(S, D, K, PolicyConfig(**dataclasses.asdict(POLICY_CFG)))
-    policy.update_normalization(torch.randn(32, S) * 2 + 1)  # non-default buffers
+    policy.update_normalization({"states": torch.randn(32, S) * 2 + 1})  # non-default buffers
     return policy
 
 
@@ -27,7 +27,7 @@ def trained(seed: int):
     opt = torch.optim.Adam(policy.parameters(), lr=1e-3)
     for _ in range(3):
         x = torch.randn(16, S)
-        logp, ent, v = policy.evaluate(x, torch.randn(16, K, D))
+        logp, ent, v = policy.evaluate({"states": x}, torch.randn(16, K, D))
         loss = -(logp.mean()) + v.pow(2).mean() - 0.01 * ent.mean()
         opt.zero_grad()
         loss.backward()
@@ -139,7 +139,7 @@ def test_load_checkpoint_rebuilds_the_policy_from_the_folder_alone(tmp_path):
     assert (loaded.state_dim, loaded.action_dim, loaded.chunk_size) == (S, D, K)
     assert loaded.cfg.hidden_sizes == [12, 8] and loaded.cfg.activation == "relu"
     assert_same_state(loaded, policy)
-    x = torch.randn(4, S)
+    x = {"states": torch.randn(4, S)}
     a = policy.act(x, deterministic=True)
     b = loaded.act(x, deterministic=True)
     for key in ("actions", "logprobs", "values"):

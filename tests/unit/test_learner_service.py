@@ -26,15 +26,15 @@ RPC_TIMEOUT = 10.0
 def make_segment(seed: int = 0, **override) -> Segment:
     rng = np.random.default_rng(seed)
     fields = dict(
-        states=rng.normal(size=(T, B, S)).astype(np.float32),
+        obs={"states": rng.normal(size=(T, B, S)).astype(np.float32)},
         actions=rng.normal(size=(T, B, K, D)).astype(np.float32),
         logprobs=rng.normal(size=(T, B)).astype(np.float32),
         values=rng.normal(size=(T, B)).astype(np.float32),
         rewards=rng.normal(size=(T, B)).astype(np.float32),
         terminated=np.array([[False, False], [True, False], [False, False]]),
         truncated=np.array([[False, False], [False, False], [False, True]]),
-        final_states=np.zeros((T, B, S), np.float32),
-        next_states=rng.normal(size=(B, S)).astype(np.float32),
+        final_obs={"states": np.zeros((T, B, S), np.float32)},
+        next_obs={"states": rng.normal(size=(B, S)).astype(np.float32)},
         versions=np.array([4, 4, 5], np.int64),
         task_ids=np.array([0, 1], np.int64),
         env_steps=np.array(T * B * K, np.int64),
@@ -42,9 +42,10 @@ def make_segment(seed: int = 0, **override) -> Segment:
         ep_lengths=np.array([2, 3], np.int32),
         ep_success=np.array([True, False]),
         ep_task_ids=np.array([0, 1], np.int64),
+        extras={},
     )
-    fields["final_states"][1, 0] = 1.0
-    fields["final_states"][2, 1] = 2.0
+    fields["final_obs"]["states"][1, 0] = 1.0
+    fields["final_obs"]["states"][2, 1] = 2.0
     fields.update(override)
     return Segment(**fields)
 
@@ -204,7 +205,7 @@ def _wrong_bytes(seg_id):
 
 def _nan_states(seg_id):
     seg = make_segment(0)
-    seg.states[1, 1, 2] = np.nan
+    seg.obs["states"][1, 1, 2] = np.nan
     return chunks_of(segment_bytes(seg.to_tensors()), "bad", seg_id)
 
 
@@ -234,7 +235,7 @@ MALFORMED = {
     "chunk_gap": (_gap, "chunk 2 arrived where 1 was expected"),
     "missing_tail": (_missing_tail, r"got \d+ of \d+ chunks"),
     "wrong_byte_count": (_wrong_bytes, r"tensor 'rewards': 20 bytes of data .* \(expected 24\)"),
-    "nan_states": (_nan_states, "tensor 'states' contains NaN or inf"),
+    "nan_states": (_nan_states, "obs.states contains NaN or inf"),
     "mismatched_shapes": (_mismatched_shapes, r"tensor 'rewards': shape \[3, 3\], expected \[3, 2\]"),
     "missing_field": (_missing_field, "missing tensor 'values'"),
     "mixed_segment_ids": (_mixed_ids, "must share segment_id"),

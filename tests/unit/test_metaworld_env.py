@@ -49,7 +49,9 @@ def test_chunk_step_shapes(env: MetaWorldEnv) -> None:
         assert arr.shape == (2,) and arr.dtype == bool, name
     assert res.episode_return.shape == (2,) and res.episode_return.dtype == np.float32
     assert res.episode_length.shape == (2,) and res.episode_length.dtype == np.int32
-    assert res.final_states.shape == (2, S) and res.final_states.dtype == np.float32
+    assert res.final_obs["states"].shape == (2, S) and res.final_obs["states"].dtype == np.float32
+    assert res.obs["instructions"].shape == (2, 128) and res.obs["instructions"].dtype == np.uint8
+    assert "main_images" not in res.obs  # state-only unless image_size > 0
     assert np.all(res.rewards > 0) and not res.episode_done.any()
 
 
@@ -95,9 +97,9 @@ def test_auto_reset_at_time_limit(env: MetaWorldEnv) -> None:
     assert res.episode_length.tolist() == [5, 5]
     np.testing.assert_allclose(res.episode_return, np.concatenate(rewards, axis=1).sum(axis=1), rtol=1e-5)
     # final_states is the old episode's last state; obs is the new episode's first state.
-    np.testing.assert_array_equal(res.final_states[:, GOAL], goal)
+    np.testing.assert_array_equal(res.final_obs["states"][:, GOAL], goal)
     assert np.all(np.abs(res.obs["states"][:, GOAL] - goal).max(axis=1) > 1e-3)
-    assert not np.allclose(res.final_states, res.obs["states"])
+    assert not np.allclose(res.final_obs["states"], res.obs["states"])
 
     # The new episode counts from zero: it ends again after 5 more steps (chunks of 2, 2, 1).
     dones = [env.chunk_step(_random_actions(rng, env.spec)).episode_done.all() for _ in range(3)]
@@ -221,3 +223,24 @@ def test_fast_contact_check_matches_metaworld() -> None:
         assert any(touching) and not all(touching), "rollout should cover both contact states"
     finally:
         e.close()
+
+
+def test_pixel_observations_and_instructions() -> None:
+    """main_images come from the corner camera, upright, and the final frame is the old episode's."""
+    from rlfleet.envs.api import decode_instructions
+
+    cfg = EnvConfig(task="reach-v3,drawer-close-v3", max_episode_steps=3, chunk_size=2, image_size=32)
+    with MetaWorldEnv(cfg, 2) as env:
+        obs = env.reset(np.array([1, 2]))
+        assert obs["main_images"].shape == (2, 32, 32, 3) and obs["main_images"].dtype == np.uint8
+        assert obs["main_images"].std() > 5, "a blank frame: the renderer did not draw the scene"
+        assert decode_instructions(obs["instructions"]) == obs["task_descriptions"]
+        assert obs["task_descriptions"] == ["reach the goal position", "push the drawer closed"]
+        first = obs["main_images"].copy()
+        res = env.chunk_step(np.ones((2, 2, 4), np.float32))
+        assert not np.array_equal(res.obs["main_images"], first)  # the arm moved
+        assert not res.final_obs["main_images"].any()  # no episode ended yet
+        res = env.chunk_step(np.ones((2, 2, 4), np.float32))  # step 3 ends both episodes
+        assert res.episode_done.all()
+        assert res.final_obs["main_images"].std() > 5
+        assert not np.array_equal(res.final_obs["main_images"], res.obs["main_images"])

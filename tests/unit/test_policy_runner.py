@@ -28,7 +28,7 @@ class Caller:
         self.states = states
         self.responses: list[tuple[dict, int]] = []
         self.failures: list[str] = []
-        self.req = InferenceRequest(states=states, deterministic=deterministic,
+        self.req = InferenceRequest(obs={"states": states}, deterministic=deterministic,
                                     respond=lambda out, v: self.responses.append((out, v)),
                                     fail=self.failures.append)
 
@@ -68,7 +68,7 @@ def test_mixed_batch_returns_each_caller_its_rows():
         x = torch.from_numpy(c.states)
         with torch.no_grad():
             dist = policy.distribution(x)
-            values = policy.value(x).numpy()
+            values = policy.value({"states": x}).numpy()
             logp = dist.log_prob(torch.from_numpy(out["actions"]).reshape(n, -1)).sum(-1).numpy()
             mean = dist.mean.reshape(n, K, D).numpy()
         # values and log-probs computed from *this caller's* states: the rows were not mixed up
@@ -97,10 +97,27 @@ def test_policy_error_fails_every_caller_of_the_group():
         assert len(c.failures) == 1 and "policy failed" in c.failures[0] and "boom" in c.failures[0]
 
 
-def test_validate_accepts_good_states():
+def test_validate_accepts_good_states_and_copies_what_the_policy_reads():
     runner = PolicyRunner(make_policy(0), version=0)
-    runner.validate(states_of(5, 0))
-    runner.validate(np.zeros((0, S), np.float32))
+    x = states_of(5, 0)
+    out = runner.validate({"states": x, "instructions": np.zeros((5, 8), np.uint8)})
+    assert list(out) == ["states"]  # only the keys the policy reads
+    np.testing.assert_array_equal(out["states"], x)
+    assert not np.shares_memory(out["states"], x)
+
+
+def test_validate_rejects_empty_and_missing():
+    runner = PolicyRunner(make_policy(0), version=0)
+    with pytest.raises(WireFormatError, match="empty"):
+        runner.validate({"states": np.zeros((0, S), np.float32)})
+    with pytest.raises(WireFormatError, match="lacks 'states'"):
+        runner.validate({"main_images": np.zeros((1, 4, 4, 3), np.uint8)})
+
+
+def test_runner_refuses_a_policy_the_env_cannot_feed():
+    policy = make_policy(0)
+    with pytest.raises(ValueError, match="image_size"):
+        PolicyRunner(policy, version=0, obs_spec={"main_images": ((8, 8, 3), "uint8")})
 
 
 @pytest.mark.parametrize(
@@ -119,7 +136,7 @@ def test_validate_accepts_good_states():
 def test_validate_rejects_bad_states(states, match):
     runner = PolicyRunner(make_policy(0), version=0)
     with pytest.raises(WireFormatError, match=match):
-        runner.validate(states)
+        runner.validate({"states": states})
 
 
 def test_load_weights_changes_outputs_and_version():
@@ -135,7 +152,7 @@ def test_load_weights_changes_outputs_and_version():
     assert not np.allclose(before["actions"], after["actions"], atol=1e-3)
     assert not np.allclose(before["values"], after["values"], atol=1e-3)
     with torch.no_grad():
-        want = other.act(torch.from_numpy(x), deterministic=True)
+        want = other.act({"states": torch.from_numpy(x)}, deterministic=True)
     for key in ("actions", "logprobs", "values"):
         np.testing.assert_allclose(after[key], want[key].numpy(), rtol=1e-5, atol=1e-5)
 
@@ -143,7 +160,7 @@ def test_load_weights_changes_outputs_and_version():
 def test_load_weights_carries_normalisation_buffers():
     runner = PolicyRunner(make_policy(0), version=0)
     other = make_policy(0)
-    other.update_normalization(torch.randn(64, S) * 3 + 2)
+    other.update_normalization({"states": torch.randn(64, S) * 3 + 2})
     runner.load_weights(1, state_dict_bytes(other))
     torch.testing.assert_close(runner.policy.obs_norm.mean, other.obs_norm.mean)
     torch.testing.assert_close(runner.policy.obs_norm.var, other.obs_norm.var)
@@ -191,8 +208,8 @@ def test_fast_act_log_prob_matches_torch_distribution():
 
     torch.manual_seed(0)
     policy = GaussianMLPPolicy(6, 3, 2, PolicyConfig(hidden_sizes=[16]))
-    states = torch.randn(5, 6)
-    out = policy.act(states)
-    logp, _, value = policy.evaluate(states, out["actions"])
+    obs = {"states": torch.randn(5, 6)}
+    out = policy.act(obs)
+    logp, _, value = policy.evaluate(obs, out["actions"])
     torch.testing.assert_close(out["logprobs"], logp)
     torch.testing.assert_close(out["values"], value)

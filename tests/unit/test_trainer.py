@@ -44,21 +44,21 @@ def make_segment(policy, T: int, B: int, versions, seed: int = 0, logp_shift: fl
     rng = np.random.default_rng(seed)
     states = rng.normal(size=(T, B, S)).astype(np.float32)
     with torch.no_grad():
-        out = policy.act(torch.from_numpy(states.reshape(T * B, S)))
+        out = policy.act({"states": torch.from_numpy(states.reshape(T * B, S))})
     terminated = np.zeros((T, B), bool) if terminated is None else terminated
     truncated = np.zeros((T, B), bool) if truncated is None else truncated
     done = terminated | truncated
     final_states = np.where(done[..., None], rng.normal(size=(T, B, S)), 0.0).astype(np.float32)
     return Segment(
-        states=states,
+        obs={"states": states},
         actions=out["actions"].numpy().reshape(T, B, K, D),
         logprobs=(out["logprobs"].numpy() + logp_shift).reshape(T, B).astype(np.float32),
         values=out["values"].numpy().reshape(T, B),
         rewards=rng.normal(size=(T, B)).astype(np.float32),
         terminated=terminated,
         truncated=truncated,
-        final_states=final_states,
-        next_states=rng.normal(size=(B, S)).astype(np.float32),
+        final_obs={"states": final_states},
+        next_obs={"states": rng.normal(size=(B, S)).astype(np.float32)},
         versions=np.asarray(versions, np.int64),
         task_ids=np.zeros(B, np.int64),
         env_steps=np.array(T * B * K, np.int64),
@@ -66,6 +66,7 @@ def make_segment(policy, T: int, B: int, versions, seed: int = 0, logp_shift: fl
         ep_lengths=np.zeros(0, np.int32),
         ep_success=np.zeros(0, bool),
         ep_task_ids=np.zeros(0, np.int64),
+        extras={},
     )
 
 
@@ -108,7 +109,7 @@ def test_samples_older_than_max_policy_lag_are_dropped():
     batch = trainer.prepare([seg], version=10)
     assert len(batch) == 4 * B
     assert batch.lags.tolist() == [4] * B + [3] * B + [2] * B + [1] * B
-    torch.testing.assert_close(batch.states, torch.from_numpy(seg.states[4:].reshape(-1, S)))
+    torch.testing.assert_close(batch.obs["states"], torch.from_numpy(seg.obs["states"][4:].reshape(-1, S)))
 
     metrics = trainer.update([seg], version=10)
     assert metrics["train/dropped_samples"] == 16.0
@@ -178,9 +179,9 @@ def test_truncated_step_bootstraps_from_final_state_value():
     batch = trainer.prepare([seg], version=0)
 
     with torch.no_grad():
-        V = policy.value(torch.from_numpy(seg.states)).double().numpy()  # [T, B]
-        v_final_trunc = float(policy.value(torch.from_numpy(seg.final_states[1, 0])))
-        v_next = policy.value(torch.from_numpy(seg.next_states)).double().numpy()  # [B]
+        V = policy.value({"states": torch.from_numpy(seg.obs["states"])}).double().numpy()  # [T, B]
+        v_final_trunc = float(policy.value({"states": torch.from_numpy(seg.final_obs["states"][1, 0])}))
+        v_next = policy.value({"states": torch.from_numpy(seg.next_obs["states"])}).double().numpy()  # [B]
     r = seg.rewards.astype(np.float64) * scale
     ret = np.zeros((3, 2))
     # env 0: truncated after t=1 -> bootstrap from V(final state); t=2 starts a new episode
@@ -202,11 +203,11 @@ def test_final_states_matter_only_for_truncated_steps():
     trainer = PPOTrainer(policy, PPOConfig(gamma=0.9, gae_lambda=0.95))
     base = trainer.prepare([seg], version=0).advantages.reshape(3, 2)
 
-    seg.final_states[1, 1] += 5.0  # the terminated step's final state: must be ignored
+    seg.final_obs["states"][1, 1] += 5.0  # the terminated step's final state: must be ignored
     same = trainer.prepare([seg], version=0).advantages.reshape(3, 2)
     assert torch.equal(same, base)
 
-    seg.final_states[1, 0] += 5.0  # the truncated step's final state: bootstraps steps 0 and 1 of env 0
+    seg.final_obs["states"][1, 0] += 5.0  # the truncated step's final state: bootstraps steps 0 and 1 of env 0
     changed = trainer.prepare([seg], version=0).advantages.reshape(3, 2)
     assert (changed[:2, 0] - base[:2, 0]).abs().min() > 1e-4
     assert torch.equal(changed[2, 0], base[2, 0])
@@ -228,7 +229,7 @@ def test_ppo_learns_a_contextual_bandit():
 
     def deterministic_reward() -> float:
         with torch.no_grad():
-            a = policy.act(torch.from_numpy(eval_states), deterministic=True)["actions"].numpy()[:, 0]
+            a = policy.act({"states": torch.from_numpy(eval_states)}, deterministic=True)["actions"].numpy()[:, 0]
         return float(-((a - target(eval_states)) ** 2).sum(-1).mean())
 
     start = deterministic_reward()
@@ -236,17 +237,17 @@ def test_ppo_learns_a_contextual_bandit():
     for version in range(15):
         s = rng.normal(size=(N, S)).astype(np.float32)
         with torch.no_grad():
-            out = policy.act(torch.from_numpy(s))
+            out = policy.act({"states": torch.from_numpy(s)})
         a = out["actions"].numpy()
         r = -((a[:, 0] - target(s)) ** 2).sum(-1)
         seg = Segment(
-            states=s[None], actions=a[None], logprobs=out["logprobs"].numpy()[None],
+            obs={"states": s[None]}, actions=a[None], logprobs=out["logprobs"].numpy()[None],
             values=out["values"].numpy()[None], rewards=r[None].astype(np.float32),
             terminated=np.ones((1, N), bool), truncated=np.zeros((1, N), bool),
-            final_states=s[None].copy(), next_states=rng.normal(size=(N, S)).astype(np.float32),
+            final_obs={"states": s[None].copy()}, next_obs={"states": rng.normal(size=(N, S)).astype(np.float32)},
             versions=np.array([version], np.int64), task_ids=np.zeros(N, np.int64),
             env_steps=np.array(N, np.int64), ep_returns=r.astype(np.float32), ep_lengths=np.ones(N, np.int32),
-            ep_success=np.zeros(N, bool), ep_task_ids=np.zeros(N, np.int64),
+            ep_success=np.zeros(N, bool), ep_task_ids=np.zeros(N, np.int64), extras={},
         )
         metrics = trainer.update([seg], version)
         assert metrics["train/dropped_samples"] == 0.0

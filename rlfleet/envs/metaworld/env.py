@@ -21,6 +21,7 @@ by exact equivalents, together ~+35% env steps/s on reach-v3 and MT10.
 from __future__ import annotations
 
 import math
+import os
 import sys
 import types
 import warnings
@@ -30,7 +31,10 @@ from typing import Any
 
 import numpy as np
 
-from rlfleet.envs.api import ChunkedEnv, EnvConfig, EnvSpec, StepResult
+from rlfleet.envs.api import ChunkedEnv, EnvConfig, EnvSpec, StepResult, encode_instructions
+
+# Offscreen rendering without a display: EGL works on CPU through Mesa's llvmpipe (FACTS.md).
+os.environ.setdefault("MUJOCO_GL", "egl")
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
@@ -245,6 +249,43 @@ def _touching_object(env: Any, object_geom_id: int) -> bool:
     return True
 
 
+# --- rendering --------------------------------------------------------------------------------
+
+
+class CameraRenderer:
+    """`main_images` for one env: mujoco offscreen rendering with the CPU-friendly settings of FACTS.md.
+
+    Multisampling, shadows and reflections cost most of a llvmpipe frame and add nothing a small
+    policy can use; MetaWorld's `corner` cameras come out rotated 180 degrees, so frames are flipped.
+    """
+
+    def __init__(self, env: Any, size: int, camera: str) -> None:
+        import mujoco
+
+        model = env.model
+        try:
+            self._camera = model.camera(camera).id
+        except KeyError as exc:
+            names = [model.camera(i).name for i in range(model.ncam)]
+            raise ValueError(f"unknown camera {camera!r}; this task has {names}") from exc
+        model.vis.quality.offsamples = 0
+        model.vis.global_.offwidth = max(model.vis.global_.offwidth, size)
+        model.vis.global_.offheight = max(model.vis.global_.offheight, size)
+        self._renderer = mujoco.Renderer(model, size, size)
+        self._renderer.scene.flags[mujoco.mjtRndFlag.mjRND_SHADOW] = 0
+        self._renderer.scene.flags[mujoco.mjtRndFlag.mjRND_REFLECTION] = 0
+        self._flip = camera.startswith("corner")
+        self._env = env
+
+    def render(self) -> np.ndarray:
+        self._renderer.update_scene(self._env.data, camera=self._camera)
+        img = self._renderer.render()
+        return img[::-1, ::-1] if self._flip else img
+
+    def close(self) -> None:
+        self._renderer.close()
+
+
 # --- the env ----------------------------------------------------------------------------------
 
 
@@ -297,6 +338,7 @@ class MetaWorldEnv(ChunkedEnv):
         self._task_ids = np.asarray(task_idx, dtype=np.int64)
         self._env_tasks = [self._task_list[j] for j in task_idx]
         self._descriptions = [TASK_DESCRIPTIONS[t] for t in self._env_tasks]
+        self._instructions = encode_instructions(self._descriptions)
         self._spec = EnvSpec(
             state_dim=STATE_DIM,
             action_dim=ACTION_DIM,
@@ -309,6 +351,11 @@ class MetaWorldEnv(ChunkedEnv):
         _install_fast_rotation()
         with _quiet_gym():
             self._envs = [_make_raw_env(t, cfg.max_episode_steps) for t in self._env_tasks]
+        size = cfg.image_size
+        if size < 0 or size > 1024:
+            raise ValueError(f"image_size must be 0 (no images) or 1..1024, got {size}")
+        self._renderers = [CameraRenderer(e, size, cfg.camera) for e in self._envs] if size else []
+        self._images = np.zeros((num_envs, size, size, 3), np.uint8) if size else None
 
         self._rngs: list[np.random.Generator] | None = None  # per-env episode-seed generators
         self._states = np.zeros((num_envs, STATE_DIM), dtype=np.float32)
@@ -343,6 +390,8 @@ class MetaWorldEnv(ChunkedEnv):
             ]
         for i in range(self._num_envs):
             self._states[i] = self._reset_one(i)
+            if self._images is not None:
+                self._images[i] = self._renderers[i].render()
         return self._obs()
 
     def chunk_step(self, actions: np.ndarray) -> StepResult:
@@ -366,7 +415,7 @@ class MetaWorldEnv(ChunkedEnv):
         ep_return = np.zeros(B, dtype=np.float32)
         ep_length = np.zeros(B, dtype=np.int32)
         ep_success = np.zeros(B, dtype=bool)
-        final_states = np.zeros((B, STATE_DIM), dtype=np.float32)
+        final_obs = self._blank_obs()
 
         for i, env in enumerate(self._envs):
             for k in range(K):
@@ -382,10 +431,14 @@ class MetaWorldEnv(ChunkedEnv):
                     ep_return[i] = self._ep_return[i]
                     ep_length[i] = self._ep_length[i]
                     ep_success[i] = self._ep_success[i]
-                    final_states[i] = obs
+                    final_obs["states"][i] = obs
+                    if self._images is not None:
+                        final_obs["main_images"][i] = self._renderers[i].render()
                     obs = self._reset_one(i)
                     break
             self._states[i] = obs
+            if self._images is not None:
+                self._images[i] = self._renderers[i].render()
 
         return StepResult(
             obs=self._obs(),
@@ -397,10 +450,13 @@ class MetaWorldEnv(ChunkedEnv):
             episode_return=ep_return,
             episode_length=ep_length,
             episode_success_once=ep_success,
-            final_states=final_states,
+            final_obs=final_obs,
         )
 
     def close(self) -> None:
+        for renderer in self._renderers:
+            renderer.close()
+        self._renderers = []
         for env in self._envs:
             env.close()
         self._envs = []
@@ -419,8 +475,20 @@ class MetaWorldEnv(ChunkedEnv):
         return obs
 
     def _obs(self) -> dict:
-        return {
+        obs = {
             "states": self._states.copy(),
+            "instructions": self._instructions.copy(),
             "task_ids": self._task_ids.copy(),
             "task_descriptions": list(self._descriptions),
         }
+        if self._images is not None:
+            obs["main_images"] = self._images.copy()
+        return obs
+
+    def _blank_obs(self) -> dict:
+        """Zeroed tensor observations, filled in only for envs whose episode ends (`final_obs`)."""
+        B = self._num_envs
+        obs = {"states": np.zeros((B, STATE_DIM), np.float32), "instructions": self._instructions.copy()}
+        if self._images is not None:
+            obs["main_images"] = np.zeros_like(self._images)
+        return obs

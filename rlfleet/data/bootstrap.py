@@ -1,0 +1,70 @@
+"""Start RL from an SFT checkpoint when the run names none: collect demos, behaviour-clone, cache.
+
+This is RLinf's workflow (an SFT checkpoint, then RL) for users who have no checkpoint yet.
+Both steps are cached under `demos.cache_dir`, keyed by everything that changes their result,
+so the second run of a recipe starts RL at once.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+
+from rlfleet.config import as_dict
+from rlfleet.envs.api import EnvConfig
+
+log = logging.getLogger(__name__)
+
+
+def _key(*parts: Any) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def demos_folder(cfg: DictConfig) -> Path:
+    """The run's demo dataset: `demos.path` if given, else a cached collection for its tasks."""
+    d = cfg.demos
+    if d.path:
+        return Path(d.path)
+    env = cfg.env
+    key = _key("demos", env.task, env.image_size, env.camera, env.max_episode_steps, d.episodes_per_task, d.seed)
+    return Path(d.cache_dir) / f"demos-{key}"
+
+
+def sft_folder(cfg: DictConfig) -> Path:
+    policy = {k: v for k, v in as_dict(cfg.policy).items() if k != "model_path"}
+    key = _key("sft", str(demos_folder(cfg)), policy, cfg.env.chunk_size, as_dict(cfg.sft))
+    return Path(cfg.demos.cache_dir) / f"sft-{key}"
+
+
+def ensure_sft_checkpoint(cfg: DictConfig, progress: bool = True) -> Path:
+    """Collect demos and run SFT unless cached; returns the checkpoint folder."""
+    from rlfleet.data.demos import collect_demos
+    from rlfleet.config import SFTConfig
+    from rlfleet.data.sft import run_sft
+    from rlfleet.envs.metaworld.env import resolve_tasks
+
+    demos, ckpt = demos_folder(cfg), sft_folder(cfg)
+    if (ckpt / "model.safetensors").exists():
+        log.info("using the cached SFT checkpoint %s", ckpt)
+        return ckpt
+    if not (demos / "index.json").exists():
+        if cfg.demos.path:
+            raise FileNotFoundError(f"demos.path {demos} holds no demo dataset (index.json)")
+        log.info("collecting %d expert demos per task into %s", cfg.demos.episodes_per_task, demos)
+        collect_demos(demos, resolve_tasks(cfg.env.task), cfg.demos.episodes_per_task,
+                      image_size=cfg.env.image_size, camera=cfg.env.camera,
+                      max_episode_steps=cfg.env.max_episode_steps, num_workers=cfg.demos.num_workers,
+                      seed=cfg.demos.seed, progress=progress)
+    log.info("behaviour cloning %s on %s -> %s", cfg.policy.get("name"), demos, ckpt)
+    sft_cfg = SFTConfig(**as_dict(cfg.sft))
+    policy_cfg = {k: v for k, v in as_dict(cfg.policy).items() if k != "model_path"}
+    run_sft(demos, ckpt, policy_cfg, EnvConfig(**as_dict(cfg.env)), sft_cfg, progress=progress)
+    return ckpt
+
+
+def needs_bootstrap(cfg: DictConfig) -> bool:
+    return bool(cfg.demos.bootstrap) and not cfg.policy.get("model_path")

@@ -1,0 +1,170 @@
+"""Supervised fine-tuning (behaviour cloning) of a policy on demonstration episodes.
+
+Each demo step t becomes one sample: the observation at t and the next K expert actions as the
+target chunk (padded with the episode's last action, as OpenVLA-OFT does near the end). The
+policy's own `sft_loss` decides the objective: token cross-entropy for `tiny_oft`, the
+flow-matching loss for `tiny_pi0`/`tiny_pi05`, Gaussian NLL for the MLP. Action and state
+normalisation statistics come from the demos and are stored in the checkpoint under `unnorm_key`.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+from rlfleet.config import SFTConfig
+from rlfleet.envs.api import EnvConfig, encode_instructions
+from rlfleet.policies.checkpoint_io import model_config, save_checkpoint_folder
+from rlfleet.policies.registry import make_policy
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SFTData:
+    """Demo steps as flat arrays: the observation dict of each sample and its target chunk."""
+
+    obs: dict[str, np.ndarray]
+    actions: np.ndarray  # [N, K, D] float32
+    episode: np.ndarray  # [N] int64
+
+    def __len__(self) -> int:
+        return int(self.actions.shape[0])
+
+
+def action_chunks(actions: np.ndarray, chunk_size: int) -> np.ndarray:
+    """[L, D] per-step actions -> [L, K, D]: row t holds a_t .. a_{t+K-1}, padded with a_{L-1}."""
+    L = actions.shape[0]
+    idx = np.minimum(np.arange(L)[:, None] + np.arange(chunk_size)[None, :], L - 1)
+    return actions[idx]
+
+
+def build_sft_data(episodes: list[Any], chunk_size: int) -> SFTData:
+    """Flatten demo episodes (rlfleet.data.demos.DemoEpisode) into SFT samples."""
+    if not episodes:
+        raise ValueError("no demonstration episodes to train on")
+    obs: dict[str, list[np.ndarray]] = {"states": [], "instructions": []}
+    has_images = getattr(episodes[0], "main_images", None) is not None
+    if has_images:
+        obs["main_images"] = []
+    actions, index = [], []
+    for i, ep in enumerate(episodes):
+        L = ep.actions.shape[0]
+        obs["states"].append(ep.states.astype(np.float32))
+        instr = np.asarray(ep.instruction, np.uint8)
+        if instr.ndim == 0 or instr.dtype.kind not in "u":
+            instr = encode_instructions([str(ep.instruction)])[0]
+        obs["instructions"].append(np.broadcast_to(instr, (L, instr.shape[-1])))
+        if has_images:
+            obs["main_images"].append(ep.main_images)
+        actions.append(action_chunks(ep.actions.astype(np.float32), chunk_size))
+        index.append(np.full(L, i, np.int64))
+    return SFTData({k: np.ascontiguousarray(np.concatenate(v)) for k, v in obs.items()},
+                   np.concatenate(actions), np.concatenate(index))
+
+
+def _shift(images: torch.Tensor, pad: int, gen: torch.Generator) -> torch.Tensor:
+    """Random translation by up to `pad` pixels (DrQ-style pad-and-crop), uint8 in and out."""
+    if pad <= 0:
+        return images
+    B, H, W, C = images.shape
+    padded = torch.nn.functional.pad(images.permute(0, 3, 1, 2).float(), (pad, pad, pad, pad), mode="replicate")
+    dx = torch.randint(0, 2 * pad + 1, (B,), generator=gen)
+    dy = torch.randint(0, 2 * pad + 1, (B,), generator=gen)
+    rows = (dy[:, None] + torch.arange(H)[None, :])[:, :, None].expand(B, H, W)
+    cols = (dx[:, None] + torch.arange(W)[None, :])[:, None, :].expand(B, H, W)
+    out = padded[torch.arange(B)[:, None, None], :, rows, cols]  # [B, H, W, C]
+    return out.to(torch.uint8)
+
+
+def train_sft(policy: torch.nn.Module, data: SFTData, cfg: SFTConfig, progress: bool = True,
+              evaluate=None) -> list[dict[str, float]]:
+    """Minimise policy.sft_loss over random minibatches; returns the log (loss, eval) per report."""
+    torch.manual_seed(cfg.seed)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    params = [p for p in policy.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(cfg.steps, 1), eta_min=cfg.lr * 0.1)
+    obs_t = {k: torch.from_numpy(v) for k, v in data.obs.items() if k in policy.obs_keys}
+    actions_t = torch.from_numpy(data.actions)
+    n = len(data)
+    history: list[dict[str, float]] = []
+    losses: list[float] = []
+    report_every = max(1, min(100, cfg.steps // 20))
+    bar = Progress(TextColumn("[bold]sft"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
+                   TimeRemainingColumn(), disable=not progress)
+    with bar:
+        task = bar.add_task("sft", total=cfg.steps, info="")
+        for step in range(1, cfg.steps + 1):
+            policy.train()
+            idx = torch.randint(0, n, (min(cfg.batch_size, n),), generator=gen)
+            mb = {k: v[idx] for k, v in obs_t.items()}
+            if "main_images" in mb:
+                mb["main_images"] = _shift(mb["main_images"], cfg.shift_augment, gen)
+            loss = policy.sft_loss(mb, actions_t[idx])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+            opt.step()
+            sched.step()
+            losses.append(loss.item())
+            if step % report_every == 0 or step == cfg.steps:
+                entry = {"step": step, "loss": float(np.mean(losses))}
+                losses = []
+                if evaluate is not None and cfg.eval_every and step % cfg.eval_every == 0 and step != cfg.steps:
+                    entry.update(evaluate(policy))
+                history.append(entry)
+                bar.update(task, info=f"loss {entry['loss']:.4f}")
+            bar.update(task, advance=1)
+    policy.eval()
+    return history
+
+
+def run_sft(demos: str | Path, out: str | Path, policy_cfg: dict[str, Any], env_cfg: EnvConfig,
+            cfg: SFTConfig, progress: bool = True) -> dict[str, Any]:
+    """Demos folder -> trained checkpoint folder (config.json, model.safetensors, norm_stats.json)."""
+    from rlfleet.data.demos import load_demos
+    from rlfleet.evaluation import evaluate_policy
+    from rlfleet.policies.vla.normalization import compute_norm_stats, save_norm_stats, set_norm_stats
+
+    torch.set_num_threads(cfg.threads)
+    t0 = time.monotonic()
+    episodes = load_demos(demos, only_success=True)
+    data = build_sft_data(episodes, env_cfg.chunk_size)
+    state_dim, action_dim = data.obs["states"].shape[1], data.actions.shape[2]
+    if "main_images" in data.obs and data.obs["main_images"].shape[1] != env_cfg.image_size:
+        raise ValueError(f"demos hold {data.obs['main_images'].shape[1]}px images, the env config asks for "
+                         f"{env_cfg.image_size}px: collect demos at the run's image_size")
+    torch.manual_seed(cfg.seed)
+    policy = make_policy(policy_cfg, state_dim, action_dim, env_cfg.chunk_size, image_size=env_cfg.image_size)
+    unnorm_key = policy_cfg.get("unnorm_key", "metaworld")
+    stats = None
+    try:
+        stats = compute_norm_stats(data.actions.reshape(-1, action_dim), data.obs["states"])
+        set_norm_stats(policy, stats)
+    except TypeError:  # a policy without normalisation buffers (the MLP) keeps its own
+        stats = None
+    log.info("SFT on %d samples from %d episodes (%s)", len(data), len(episodes), demos)
+
+    def evaluate(p):
+        success = evaluate_policy(p, env_cfg, cfg.eval_episodes_per_task)
+        return {"eval_success_mean": float(np.mean(list(success.values())))}
+
+    history = train_sft(policy, data, cfg, progress, evaluate)
+    out = Path(out)
+    save_checkpoint_folder(out, policy, model_config(dict(policy_cfg), state_dim, action_dim, env_cfg.chunk_size,
+                                                     vars(env_cfg), env_cfg.image_size))
+    if stats is not None:
+        save_norm_stats(out, unnorm_key, stats)
+    summary = {"demos": str(demos), "samples": len(data), "episodes": len(episodes), "steps": cfg.steps,
+               "final_loss": history[-1]["loss"], "train_seconds": round(time.monotonic() - t0, 1),
+               "history": history}
+    (out / "sft_log.json").write_text(json.dumps(summary, indent=2))
+    return summary

@@ -1,0 +1,252 @@
+"""The evaluation report: per-task success grouped the way MetaWorld results are published.
+
+Why: a bare per-task list (50 rows for MT50) is hard to compare with papers. VLA papers on
+MetaWorld (TinyVLA, SmolVLA, RLinf) report success averaged over the easy / medium / hard /
+very-hard split of Seo et al. (2022), and meta-RL work over ML45's 5 held-out tasks. This module
+turns `evaluate_policy`'s `{task: success}` into that summary (JSON + Markdown + a rich table) and
+prints before/after comparisons for fine-tuning runs.
+
+All success values are fractions in [0, 1]; means are unweighted over tasks (each task counts
+once, whatever its number of episodes), as in the published tables.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import numbers
+import os
+import warnings
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+
+from rlfleet.envs.metaworld.env import DIFFICULTY
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    import metaworld.env_dict as _env_dict
+
+# ML45: meta-train on 45 tasks, meta-test on 5 held-out ones (taken from the installed package).
+ML45_TEST_TASKS: list[str] = list(_env_dict.ML45_V3["test"])
+ML45_TRAIN_TASKS: list[str] = list(_env_dict.ML45_V3["train"])
+
+LEVELS: tuple[str, ...] = ("easy", "medium", "hard", "very_hard")
+LEVEL_TITLES: dict[str, str] = {"easy": "Easy", "medium": "Medium", "hard": "Hard", "very_hard": "Very Hard"}
+SUMMARY_COLUMNS: tuple[str, ...] = ("Easy", "Medium", "Hard", "Very Hard", "ML45 held-out", "Avg.")
+_MISSING = "-"
+
+
+def _check(success: Mapping[str, float]) -> None:
+    for task, value in success.items():
+        if not (isinstance(value, numbers.Real) and 0.0 <= float(value) <= 1.0):
+            raise ValueError(f"success of {task!r} must be a fraction in [0, 1], got {value!r}")
+
+
+def _group(values: list[float]) -> dict[str, Any] | None:
+    """Mean and count of a group, None when the group is empty (so 0% and "not run" differ)."""
+    return {"success": sum(values) / len(values), "tasks": len(values)} if values else None
+
+
+def success_table(success: Mapping[str, float], episodes: Mapping[str, int] | None = None) -> dict[str, Any]:
+    """Group per-task success (fractions) into the difficulty split, ML45 held-out and overall mean.
+
+    Returns a JSON-serialisable dict:
+    `levels`: {easy|medium|hard|very_hard: {"success", "tasks"} or None when no task of it ran},
+    `ml45_test`: {"success", "tasks"} or None, `mean`: float or None, `num_tasks`: int,
+    `tasks`: [{"task", "difficulty" (None if unknown), "success", "episodes" (None if unknown),
+    "ml45_test"}] in the order of `success`.
+    """
+    _check(success)
+    episodes = episodes or {}
+    rows = [
+        {
+            "task": task,
+            "difficulty": DIFFICULTY.get(task),
+            "success": float(value),
+            "episodes": int(episodes[task]) if task in episodes else None,
+            "ml45_test": task in ML45_TEST_TASKS,
+        }
+        for task, value in success.items()
+    ]
+    levels = {level: _group([r["success"] for r in rows if r["difficulty"] == level]) for level in LEVELS}
+    overall = _group([r["success"] for r in rows])
+    return {
+        "levels": levels,
+        "ml45_test": _group([r["success"] for r in rows if r["ml45_test"]]),
+        "mean": overall["success"] if overall else None,
+        "num_tasks": len(rows),
+        "tasks": rows,
+    }
+
+
+def _pct(value: float | None) -> str:
+    return _MISSING if value is None or (isinstance(value, float) and math.isnan(value)) else f"{100.0 * value:.1f}"
+
+
+def _summary_cells(table: Mapping[str, Any]) -> tuple[list[str], list[str]]:
+    """Success % and task count for each summary column, in `SUMMARY_COLUMNS` order."""
+    groups = [table["levels"].get(level) for level in LEVELS] + [table.get("ml45_test")]
+    success = [_pct(g["success"]) if g else _MISSING for g in groups] + [_pct(table.get("mean"))]
+    counts = [str(g["tasks"]) if g else "0" for g in groups] + [str(table.get("num_tasks", 0))]
+    return success, counts
+
+
+def _md_row(cells: list[str]) -> str:
+    return "| " + " | ".join(cells) + " |"
+
+
+def to_markdown(table: Mapping[str, Any], title: str) -> str:
+    """The report as Markdown: an RLinf-style summary table, then one row per task."""
+    success, counts = _summary_cells(table)
+    lines = [
+        f"# {title}",
+        "",
+        "Success rate (%) of the deterministic policy; split means are unweighted over the tasks evaluated.",
+        "",
+        _md_row(["Split", *SUMMARY_COLUMNS]),
+        _md_row(["---"] + ["---:"] * len(SUMMARY_COLUMNS)),
+        _md_row(["Success (%)", *success]),
+        _md_row(["Tasks", *counts]),
+        "",
+        _md_row(["Task", "Difficulty", "Success (%)", "Episodes"]),
+        _md_row(["---", "---", "---:", "---:"]),
+    ]
+    for row in table["tasks"]:
+        level = LEVEL_TITLES.get(row["difficulty"], _MISSING)
+        eps = _MISSING if row["episodes"] is None else str(row["episodes"])
+        lines.append(_md_row([row["task"], level, _pct(row["success"]), eps]))
+    held_out = [r["task"] for r in table["tasks"] if r["ml45_test"]]
+    lines += [
+        "",
+        f"ML45 held-out tasks: {', '.join(ML45_TEST_TASKS)} ({len(held_out)} of {len(ML45_TEST_TASKS)} evaluated).",
+        "Difficulty split: Seo et al. (2022), as used by TinyVLA, SmolVLA and RLinf.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    """Write via a temp file and rename, so a reader (or a crash) never sees half a report."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_report(
+    table: Mapping[str, Any], out_dir: Path, name: str = "eval", title: str | None = None
+) -> tuple[Path, Path]:
+    """Write `<out_dir>/<name>.json` and `<out_dir>/<name>.md` atomically; returns (json, md) paths."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    json_path, md_path = out_dir / f"{name}.json", out_dir / f"{name}.md"
+    _atomic_write(json_path, json.dumps(table, indent=2) + "\n")
+    _atomic_write(md_path, to_markdown(table, title or f"Evaluation: {name}"))
+    return json_path, md_path
+
+
+def _colour(value: float | None, text: str) -> str:
+    if value is None:
+        return text
+    colour = "green" if value >= 0.8 else "yellow" if value >= 0.4 else "red"
+    return f"[{colour}]{text}[/{colour}]"
+
+
+def rich_table(table: Mapping[str, Any], title: str = "evaluation (success_once, deterministic policy)") -> Table:
+    """Terminal view of a `success_table`: one row per task, then the split summary rows."""
+    out = Table(title=title)
+    out.add_column("task")
+    out.add_column("difficulty")
+    out.add_column("success %", justify="right")
+    out.add_column("episodes", justify="right")
+    for row in table["tasks"]:
+        eps = _MISSING if row["episodes"] is None else str(row["episodes"])
+        out.add_row(row["task"], LEVEL_TITLES.get(row["difficulty"], _MISSING),
+                    _colour(row["success"], _pct(row["success"])), eps)
+    out.add_section()
+    groups = [(LEVEL_TITLES[level], table["levels"].get(level)) for level in LEVELS]
+    groups.append(("ML45 held-out", table.get("ml45_test")))
+    for label, group in groups:
+        if group:
+            out.add_row(f"[bold]{label}[/bold]", "", _colour(group["success"], _pct(group["success"])),
+                        f"{group['tasks']} tasks")
+    if table.get("mean") is not None:
+        out.add_row("[bold]Avg.[/bold]", "", f"[bold]{_pct(table['mean'])}[/bold]", f"{table['num_tasks']} tasks")
+    return out
+
+
+# --- before / after --------------------------------------------------------------------------
+
+
+def compare(before: Mapping[str, float], after: Mapping[str, float]) -> dict[str, Any]:
+    """Per-task before/after success and delta, plus means over the tasks present in both.
+
+    Rows follow `before`'s order, then tasks only in `after`; a task missing on one side has
+    None there and no delta, and is left out of the means (so the mean delta compares like with like).
+    """
+    _check(before)
+    _check(after)
+    tasks = list(before) + [t for t in after if t not in before]
+    rows = []
+    for task in tasks:
+        b = float(before[task]) if task in before else None
+        a = float(after[task]) if task in after else None
+        delta = None if a is None or b is None else a - b
+        rows.append({"task": task, "difficulty": DIFFICULTY.get(task), "before": b, "after": a, "delta": delta})
+    common = [r for r in rows if r["delta"] is not None]
+    mean_b = sum(r["before"] for r in common) / len(common) if common else None
+    mean_a = sum(r["after"] for r in common) / len(common) if common else None
+    mean_d = None if mean_b is None else mean_a - mean_b
+    return {"tasks": rows, "mean": {"before": mean_b, "after": mean_a, "delta": mean_d, "tasks": len(common)}}
+
+
+def _delta(value: float | None) -> str:
+    return _MISSING if value is None else f"{100.0 * value:+.1f}"
+
+
+def compare_markdown(before: Mapping[str, float], after: Mapping[str, float], title: str) -> str:
+    """Markdown before/after table (success %, delta in percentage points), ending with the mean row."""
+    cmp = compare(before, after)
+    lines = [
+        f"# {title}",
+        "",
+        _md_row(["Task", "Difficulty", "Before (%)", "After (%)", "Delta (pp)"]),
+        _md_row(["---", "---", "---:", "---:", "---:"]),
+    ]
+    for r in cmp["tasks"]:
+        lines.append(_md_row([r["task"], LEVEL_TITLES.get(r["difficulty"], _MISSING),
+                              _pct(r["before"]), _pct(r["after"]), _delta(r["delta"])]))
+    m = cmp["mean"]
+    mean_cells = [_pct(m["before"]), _pct(m["after"]), _delta(m["delta"])]
+    lines.append(_md_row([f"**Mean** ({m['tasks']} tasks)", "", *mean_cells]))
+    lines.append("")
+    return "\n".join(lines)
+
+
+def compare_rich(before: Mapping[str, float], after: Mapping[str, float],
+                 title: str = "success before / after fine-tuning") -> Table:
+    """Terminal before/after table; deltas green when better, red when worse."""
+    cmp = compare(before, after)
+    out = Table(title=title)
+    out.add_column("task")
+    out.add_column("before %", justify="right")
+    out.add_column("after %", justify="right")
+    out.add_column("delta pp", justify="right")
+
+    def coloured(delta: float | None) -> str:
+        text = _delta(delta)
+        if delta is None or abs(delta) < 1e-12:
+            return text
+        return f"[green]{text}[/green]" if delta > 0 else f"[red]{text}[/red]"
+
+    for r in cmp["tasks"]:
+        out.add_row(r["task"], _pct(r["before"]), _pct(r["after"]), coloured(r["delta"]))
+    out.add_section()
+    m = cmp["mean"]
+    out.add_row(f"[bold]mean[/bold] ({m['tasks']} tasks)", _pct(m["before"]), _pct(m["after"]), coloured(m["delta"]))
+    return out
