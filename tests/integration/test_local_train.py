@@ -30,7 +30,9 @@ def test_train_local_then_eval(tmp_path):
     ev = _cli("eval", str(ckpt), "--episodes", "2", "--json", timeout=120)
     assert ev.returncode == 0, ev.stderr[-3000:]
     result = json.loads(ev.stdout.strip().splitlines()[-1])
-    assert set(result["eval_success"]) == {"reach-v3"}
+    assert [row["task"] for row in result["tasks"]] == ["reach-v3"]
+    assert result["levels"]["easy"]["tasks"] == 1  # reach is an easy task in the difficulty split
+    assert (ckpt / "eval" / "eval.json").exists() and (ckpt / "eval" / "eval.md").exists()
 
 
 def test_ctrl_c_stops_every_role_and_checkpoints(tmp_path):

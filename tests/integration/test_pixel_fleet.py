@@ -1,0 +1,93 @@
+"""Pixel policies through real servers and processes: the batched inference server serves the
+tiny VLA heads over every transport, the learner recomputes exactly the log-probs the server
+returned, and a short pixel training run goes through learner + inference server + actor."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+from rlfleet.actors.inference_client import connect_inference
+from rlfleet.envs.api import EnvConfig, encode_instructions, observation_spec
+from rlfleet.inference_server.policy_runner import PolicyRunner
+from rlfleet.inference_server.server import InferenceServer
+from rlfleet.policies.registry import make_policy
+from rlfleet.wire.shm import SharedArrays
+from rlfleet.wire.slots import output_slot, slot_layout
+
+S, D, K, SIZE, E = 39, 4, 4, 32, 6
+OBS_SPEC = observation_spec(EnvConfig(image_size=SIZE), S)
+
+
+@pytest.fixture(params=["tiny_oft", "tiny_pi0"])
+def served(request):
+    torch.manual_seed(0)
+    policy = make_policy({"name": request.param, "depth": 1, "logprob_type": "action"}, S, D, K, image_size=SIZE)
+    srv = InferenceServer(PolicyRunner(policy, version=3, obs_spec=OBS_SPEC), "127.0.0.1", 0, 0,
+                          max_batch=64, max_wait_ms=2)
+    thread = threading.Thread(target=srv.serve, daemon=True)
+    thread.start()
+    yield srv, policy
+    srv.stop()
+    thread.join(10)
+
+
+def _slots(policy) -> SharedArrays:
+    extras = {k: (tuple(s), dt) for k, (s, dt) in policy.extra_outputs.items()}
+    blk = SharedArrays.create(slot_layout(E, OBS_SPEC, D, K, tuple(policy.logprob_shape), extras))
+    rng = np.random.default_rng(1)
+    blk["states"][:] = rng.normal(size=(E, S)).astype(np.float32)
+    blk["main_images"][:] = rng.integers(0, 255, (E, SIZE, SIZE, 3), dtype=np.uint8)
+    blk["instructions"][:] = encode_instructions(["reach the goal position", "press the button"] * (E // 2))
+    return blk
+
+
+@pytest.mark.parametrize("transport", ["shm", "zmq", "grpc"])
+def test_server_logprobs_equal_the_learners_recomputation(served, transport):
+    srv, policy = served
+    blk = _slots(policy)
+    client = connect_inference(transport, srv.address, blk)
+    try:
+        client.submit(0, 0, E, deterministic=False)
+        assert client.wait(0) == 3
+    finally:
+        client.close()
+    obs = {k: torch.from_numpy(np.array(blk[k])) for k in policy.obs_keys}
+    extras = {k: torch.from_numpy(np.array(blk[output_slot(k)])) for k in policy.extra_outputs}
+    assert blk["logprobs"].shape == (E, K)  # per-action log-probs travel as they are
+    with torch.no_grad():
+        logp, _, values = policy.evaluate(obs, torch.from_numpy(np.array(blk["actions"])), extras)
+    np.testing.assert_allclose(blk["logprobs"], logp.numpy(), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(blk["values"], values.numpy(), rtol=1e-4, atol=1e-5)
+    blk.close()
+
+
+PIXEL_RUN = [
+    "env.task=reach-v3,button-press-topdown-v3", "env.image_size=32", "env.chunk_size=4", "env.max_episode_steps=16",
+    "policy.name=tiny_oft", "policy.depth=1", "demos.bootstrap=false",
+    "actor.num_envs=4", "actor.num_workers=1", "actor.pipeline_stage_num=2", "actor.rollout_len=4",
+    "learner.batch_env_steps=16", "runner.total_env_steps=512", "runner.max_wall_seconds=0",
+    "runner.checkpoint_every=2", "eval.episodes_per_task=1", "eval.before=true",
+    "eval.video_cfg.save_video=true",
+]
+
+
+def test_short_pixel_training_run_through_real_processes(tmp_path):
+    run = tmp_path / "run"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    res = subprocess.run([sys.executable, "-m", "rlfleet.cli", "train", "metaworld_quickstart_tinyoft", *PIXEL_RUN,
+                          f"runner.logger.log_path={run}"], capture_output=True, text=True, env=env, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["updates"] >= 4 and summary["rejected_segments"] == 0
+    assert set(summary["eval_success"]) == set(summary["eval_before"]) == {"reach-v3", "button-press-topdown-v3"}
+    assert (run / "before_after.md").exists() and "Before" in (run / "before_after.md").read_text()
+    assert list((run / "videos").rglob("*.mp4")), "eval videos were asked for"
+    cfg = json.loads((run / "checkpoints" / (run / "checkpoints" / "latest").read_text().strip() / "config.json").read_text())
+    assert cfg["policy"]["name"] == "tiny_oft" and cfg["image_size"] == 32

@@ -1,0 +1,88 @@
+"""SFT data assembly and an end-to-end `run_sft` on a tiny expert dataset."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from rlfleet.config import SFTConfig
+from rlfleet.data.demos import DemoEpisode, collect_demos
+from rlfleet.data.sft import _shift, action_chunks, build_sft_data, run_sft
+from rlfleet.envs.api import EnvConfig, encode_instructions
+from rlfleet.policies.checkpoint_io import load_checkpoint, policy_from_config
+from rlfleet.policies.vla.normalization import load_norm_stats
+
+
+def _episode(i: int, L: int, size: int = 8) -> DemoEpisode:
+    rng = np.random.default_rng(i)
+    return DemoEpisode(
+        id=i, task="reach-v3", instruction_text="reach the goal position", seed=i, success=True, success_step=L - 1,
+        states=rng.normal(size=(L, 39)).astype(np.float32), actions=rng.uniform(-1, 1, (L, 4)).astype(np.float32),
+        rewards=np.zeros(L, np.float32), step_success=np.zeros(L, bool),
+        instruction=encode_instructions(["reach the goal position"])[0],
+        main_images=rng.integers(0, 255, (L, size, size, 3), dtype=np.uint8),
+    )
+
+
+def test_action_chunks_pad_with_the_last_action():
+    a = np.arange(10, dtype=np.float32).reshape(5, 2)
+    c = action_chunks(a, 3)
+    assert c.shape == (5, 3, 2)
+    np.testing.assert_array_equal(c[0], a[0:3])
+    np.testing.assert_array_equal(c[3], np.stack([a[3], a[4], a[4]]))
+    np.testing.assert_array_equal(c[4], np.stack([a[4]] * 3))
+
+
+def test_build_sft_data_flattens_episodes():
+    eps = [_episode(0, 5), _episode(1, 3)]
+    data = build_sft_data(eps, chunk_size=2)
+    assert len(data) == 8
+    assert data.obs["main_images"].shape == (8, 8, 8, 3) and data.obs["states"].shape == (8, 39)
+    assert data.obs["instructions"].shape == (8, 128)
+    np.testing.assert_array_equal(data.episode, [0] * 5 + [1] * 3)
+    np.testing.assert_array_equal(data.actions[5], eps[1].actions[0:2])
+    np.testing.assert_array_equal(data.obs["main_images"][6], eps[1].main_images[1])
+    with pytest.raises(ValueError, match="no demonstration"):
+        build_sft_data([], 2)
+
+
+def test_shift_moves_images_by_at_most_pad_pixels():
+    img = torch.zeros(4, 8, 8, 3, dtype=torch.uint8)
+    img[:, 4, 4] = 255
+    out = _shift(img, 2, torch.Generator().manual_seed(0))
+    assert out.dtype == torch.uint8 and out.shape == img.shape
+    for b in range(4):
+        ys, xs = np.nonzero(out[b, :, :, 0].numpy())
+        assert len(ys) == 1 and abs(ys[0] - 4) <= 2 and abs(xs[0] - 4) <= 2
+    assert torch.equal(_shift(img, 0, torch.Generator()), img)
+
+
+def test_run_sft_writes_a_checkpoint_the_fleet_can_load(tmp_path):
+    demos = tmp_path / "demos"
+    collect_demos(demos, ["reach-v3"], 2, image_size=32, max_episode_steps=60, num_workers=1, progress=False)
+    env = EnvConfig(task="reach-v3", image_size=32, chunk_size=4, max_episode_steps=60)
+    policy_cfg = {"name": "tiny_oft", "depth": 1, "unnorm_key": "metaworld_test"}
+    out = tmp_path / "sft"
+    summary = run_sft(demos, out, policy_cfg, env, SFTConfig(steps=60, batch_size=16, threads=1), progress=False)
+    log = json.loads((out / "sft_log.json").read_text())
+    assert log["samples"] == summary["samples"] > 0
+    assert log["history"][-1]["loss"] < log["history"][0]["loss"]  # behaviour cloning makes progress
+    stats = load_norm_stats(out, "metaworld_test")
+    assert len(stats["action"]["q01"]) == 4
+    with pytest.raises(KeyError, match="metaworld_test"):
+        load_norm_stats(out, "libero")
+
+    policy, cfg = load_checkpoint(out)
+    assert cfg["image_size"] == 32 and cfg["chunk_size"] == 4
+    torch.testing.assert_close(policy.norm.action_q01, torch.tensor(stats["action"]["q01"]))
+    # the learner's way in: model_path plus the run's dims; a run with other dims is refused
+    again = policy_from_config({"name": "tiny_oft", "model_path": str(out), "temperature": 0.5}, 39, 4, 4, 32)
+    assert again.cfg.temperature == 0.5
+    for k, v in policy.state_dict().items():
+        assert torch.equal(again.state_dict()[k], v), k
+    with pytest.raises(ValueError, match="image_size 32 .run needs 64"):
+        policy_from_config({"model_path": str(out)}, 39, 4, 4, 64)
+    with pytest.raises(ValueError, match="holds a 'tiny_oft' policy"):
+        policy_from_config({"name": "tiny_pi0", "model_path": str(out)}, 39, 4, 4, 32)
