@@ -3,10 +3,10 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-RECIPE ?= metaworld_reach_ppo
+RECIPE ?= metaworld_quickstart_tinyoft
 ARGS ?=
 
-.PHONY: setup train test test-all bench proto proto-check clean
+.PHONY: system-deps setup train test test-all bench proto proto-check clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -18,7 +18,14 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -e ".[dev]"
 	touch $(STAMP)
 
-setup: $(STAMP)
+# Pixel observations render offscreen with EGL (Mesa llvmpipe on CPU): install it when missing.
+system-deps:
+	@ldconfig -p | grep -q "libEGL.so.1" || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get update -qq && apt-get install -y -qq libegl1 libegl-mesa0 libgl1-mesa-dri libglx-mesa0 libopengl0; \
+	  else echo "warning: rendering needs libEGL and Mesa: sudo apt-get install libegl1 libegl-mesa0 libgl1-mesa-dri"; fi; }
+
+setup: system-deps $(STAMP)
 
 train: setup
 	$(BIN)/rlfleet train $(RECIPE) $(ARGS)

@@ -5,6 +5,7 @@ so recipes read familiarly to its users; unknown keys are an error, not a silent
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -72,6 +73,7 @@ class EvalConfig:
     episodes_per_task: int = 10
     num_workers: int = 2
     at_end: bool = True
+    task: str = ""  # task or task set to evaluate on; empty: the training tasks (ML45: "ML45_test")
     before: bool = False  # also evaluate the starting policy, for a before/after table
     seed: int = 10_000  # episode seeds start here (demos and training use other seeds)
     video_cfg: VideoConfig = field(default_factory=VideoConfig)  # MP4s of eval episodes (RLinf's names)
@@ -166,6 +168,12 @@ def load_config(recipe: str | None, overrides: list[str] | None = None) -> DictC
 def config_from_yaml(text: str) -> DictConfig:
     """Rebuild a run config sent by the learner (the source of truth for remote roles)."""
     return OmegaConf.merge(OmegaConf.structured(RunConfig), OmegaConf.create(text))
+
+
+def eval_env_config(cfg: DictConfig) -> EnvConfig:
+    """The env evaluation runs in: the training env, or `eval.task` (held-out tasks) on it."""
+    env = EnvConfig(**as_dict(cfg.env))
+    return dataclasses.replace(env, task=cfg.eval.task) if cfg.eval.task else env
 
 
 def run_observation_spec(cfg: DictConfig) -> dict[str, tuple[tuple[int, ...], str]]:

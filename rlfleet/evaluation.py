@@ -11,22 +11,44 @@ from rlfleet.envs.api import EnvConfig
 from rlfleet.envs.registry import make_env
 
 
-@torch.no_grad()
-def evaluate_policy(policy: nn.Module, env_cfg: EnvConfig, episodes_per_task: int, seed: int = 10_000,
-                    video_cfg=None, out_dir: str | Path | None = None) -> dict[str, float]:
-    """Run `episodes_per_task` episodes of each task in one env batch; returns success rate per task.
+# A rendering env holds a ~60 MB offscreen context: evaluate in rounds of at most this many envs.
+MAX_EVAL_ENVS = 50
 
-    Episode i uses seed `seed + i`, so every evaluation of a task set sees the same episodes.
-    With `video_cfg.save_video` the first episodes of each task are written as MP4 under `out_dir`.
+
+def evaluate_policy(policy: nn.Module, env_cfg: EnvConfig, episodes_per_task: int, seed: int = 10_000,
+                    video_cfg=None, out_dir: str | Path | None = None, max_envs: int = MAX_EVAL_ENVS) -> dict[str, float]:
+    """Run `episodes_per_task` episodes of each task; returns success rate per task.
+
+    Episode j of task i uses seed `seed + j * num_tasks + i` whatever the batching, so every
+    evaluation of a task set sees the same episodes. Envs run in rounds of at most `max_envs`
+    (at least one env per task). With `video_cfg.save_video` the first episode of each task is
+    written as MP4 under `out_dir`.
     """
+    tasks = task_list(env_cfg)
+    per_round = max(1, min(episodes_per_task, max_envs // len(tasks)))
+    results: dict[str, list[bool]] = {t: [] for t in tasks}
+    done_eps = 0
+    while done_eps < episodes_per_task:
+        r = min(per_round, episodes_per_task - done_eps)
+        seeds = seed + done_eps * len(tasks) + np.arange(r * len(tasks))
+        video = video_cfg if done_eps == 0 else None
+        for task, ok in zip(*_run_episodes(policy, env_cfg, seeds, video, out_dir)):
+            results[task].append(ok)
+        done_eps += r
+    return {task: float(np.mean(results[task])) for task in tasks}
+
+
+@torch.no_grad()
+def _run_episodes(policy: nn.Module, env_cfg: EnvConfig, seeds: np.ndarray, video_cfg,
+                  out_dir) -> tuple[list[str], np.ndarray]:
+    """One episode per env in one env batch (env i runs task i mod num_tasks); success_once per env."""
     from rlfleet.eval_video import EpisodeRecorder, VideoConfig
 
-    tasks = task_list(env_cfg)
-    n = len(tasks) * episodes_per_task
+    n = len(seeds)
     env = make_env(env_cfg, n)
     recorder = None
     try:
-        obs = env.reset(np.arange(n) + seed)
+        obs = env.reset(seeds)
         names = env.spec.task_names
         recorder = EpisodeRecorder(video_cfg or VideoConfig(), names, root=out_dir, episodes_per_env=1)
         recorder.start(obs.get("main_images"))
@@ -47,7 +69,7 @@ def evaluate_policy(policy: nn.Module, env_cfg: EnvConfig, episodes_per_task: in
         if recorder is not None:
             recorder.close()
         env.close()
-    return {task: float(np.mean([s for s, name in zip(success, names) if name == task])) for task in tasks}
+    return names, success
 
 
 def obs_tensors(obs: dict, keys: tuple[str, ...]) -> dict[str, torch.Tensor]:

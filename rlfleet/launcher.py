@@ -53,8 +53,7 @@ def evaluate_start(cfg: DictConfig) -> dict[str, float]:
     """Success of the policy the run starts from (fresh or `policy.model_path`), for before/after."""
     import torch
 
-    from rlfleet.config import as_dict
-    from rlfleet.envs.api import EnvConfig
+    from rlfleet.config import as_dict, eval_env_config
     from rlfleet.evaluation import evaluate_policy
     from rlfleet.learner.run import fill_model_dims
     from rlfleet.policies.checkpoint_io import policy_from_config
@@ -63,7 +62,7 @@ def evaluate_start(cfg: DictConfig) -> dict[str, float]:
     fill_model_dims(cfg)
     d = cfg.model_dims
     policy = policy_from_config(as_dict(cfg.policy), d.state_dim, d.action_dim, cfg.env.chunk_size, cfg.env.image_size)
-    return evaluate_policy(policy, EnvConfig(**as_dict(cfg.env)), cfg.eval.episodes_per_task, seed=cfg.eval.seed)
+    return evaluate_policy(policy, eval_env_config(cfg), cfg.eval.episodes_per_task, seed=cfg.eval.seed)
 
 
 def train_local(cfg: DictConfig) -> dict:

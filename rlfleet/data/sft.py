@@ -122,6 +122,8 @@ def train_sft(policy: torch.nn.Module, data: SFTData, cfg: SFTConfig, progress: 
                     entry.update(evaluate(policy))
                 history.append(entry)
                 bar.update(task, info=f"loss {entry['loss']:.4f}")
+                if not bar.console.is_terminal:  # logs and CI: progress as lines
+                    log.info("sft step %d/%d loss %.4f", step, cfg.steps, entry["loss"])
             bar.update(task, advance=1)
     policy.eval()
     return history

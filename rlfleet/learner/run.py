@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from rlfleet.config import as_dict, run_observation_spec, to_yaml
+from rlfleet.config import as_dict, eval_env_config, run_observation_spec, to_yaml
 from rlfleet.envs.api import EnvConfig
 from rlfleet.envs.registry import make_env
 from rlfleet.evaluation import evaluate_policy, task_list
@@ -207,7 +207,7 @@ class Learner:
 
     def evaluate(self) -> dict[str, float]:
         video = OmegaConf.to_object(self.cfg.eval.video_cfg)
-        return evaluate_policy(self.policy, self.env_cfg, self.cfg.eval.episodes_per_task, seed=self.cfg.eval.seed,
+        return evaluate_policy(self.policy, eval_env_config(self.cfg), self.cfg.eval.episodes_per_task, seed=self.cfg.eval.seed,
                                video_cfg=video, out_dir=self.run_dir)
 
     def close(self) -> None:

@@ -49,6 +49,9 @@ TASK_SETS: dict[str, list[str]] = {
     "MT10": list(_env_dict.MT10_V3),
     "MT25": list(_env_dict.MT25_V3),
     "MT50": list(_env_dict.MT50_V3),
+    # ML45: train on 45 tasks, evaluate on the 5 held out (as MetaWorld's own split)
+    "ML45_train": list(_env_dict.ML45_V3["train"]),
+    "ML45_test": list(_env_dict.ML45_V3["test"]),
 }
 ALL_TASKS: list[str] = list(_env_dict.ALL_V3_ENVIRONMENTS)
 
@@ -256,7 +259,7 @@ class CameraRenderer:
     """`main_images` for one env: mujoco offscreen rendering with the CPU-friendly settings of FACTS.md.
 
     Multisampling, shadows and reflections cost most of a llvmpipe frame and add nothing a small
-    policy can use; MetaWorld's `corner` cameras come out rotated 180 degrees, so frames are flipped.
+    policy can use (the unused 4096^2 shadow map alone is ~65 MB per renderer); MetaWorld's `corner` cameras come out rotated 180 degrees, so frames are flipped.
     """
 
     def __init__(self, env: Any, size: int, camera: str) -> None:
@@ -269,6 +272,7 @@ class CameraRenderer:
             names = [model.camera(i).name for i in range(model.ncam)]
             raise ValueError(f"unknown camera {camera!r}; this task has {names}") from exc
         model.vis.quality.offsamples = 0
+        model.vis.quality.shadowsize = 0
         model.vis.global_.offwidth = max(model.vis.global_.offwidth, size)
         model.vis.global_.offheight = max(model.vis.global_.offheight, size)
         self._renderer = mujoco.Renderer(model, size, size)
