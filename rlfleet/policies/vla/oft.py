@@ -69,7 +69,7 @@ class TinyOFTPolicy(VLAPolicyBase):
             bins = _sample_categorical(logp_all.exp())
         logp = logp_all.gather(-1, bins.unsqueeze(-1)).squeeze(-1)
         return {"actions": self.bins_to_actions(bins), "logprobs": self._reduce(logp),
-                "values": self.critic(feature).squeeze(-1)}
+                "values": self._critic(feature)}
 
     def evaluate(self, obs: dict[str, torch.Tensor], actions: torch.Tensor,
                  extras: dict[str, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -78,11 +78,14 @@ class TinyOFTPolicy(VLAPolicyBase):
         logp_all = F.log_softmax(logits / self.cfg.temperature, dim=-1)
         logp = logp_all.gather(-1, self.actions_to_bins(actions).unsqueeze(-1)).squeeze(-1)
         entropy = -(logp_all.exp() * logp_all).sum(-1)
-        return self._reduce(logp), self._reduce(entropy), self.critic(feature).squeeze(-1)
+        return self._reduce(logp), self._reduce(entropy), self._critic(feature)
 
     def value(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
         """V(o) [N] from the prefix alone (the prefix never attends to the action queries)."""
-        return self.critic(self.prefix_feature(obs)).squeeze(-1)
+        return self._critic(self.prefix_feature(obs))
+
+    def _critic(self, feature: torch.Tensor) -> torch.Tensor:
+        return self.critic(feature.detach() if self.cfg.critic_detach else feature).squeeze(-1)
 
     def sft_loss(self, obs: dict[str, torch.Tensor], actions: torch.Tensor) -> torch.Tensor:
         """Token cross-entropy of the demo actions' bins (untempered logits)."""

@@ -90,9 +90,11 @@ class TinyPi0Policy(VLAPolicyBase):
         """pi0: critic on the expert's hidden state at (x_t = 0, t = 0), a function of o alone;
         pi0.5 (`value_after_vlm`): critic on the VLM prefix feature."""
         if self.value_after_vlm:
-            return self.critic(cond).squeeze(-1)
-        zeros = cond.new_zeros(cond.shape[0], self.num_tokens)
-        return self.critic(self.expert.hidden(zeros, zeros[:, 0], cond)).squeeze(-1)
+            feature = cond
+        else:
+            zeros = cond.new_zeros(cond.shape[0], self.num_tokens)
+            feature = self.expert.hidden(zeros, zeros[:, 0], cond)
+        return self.critic(feature.detach() if self.cfg.critic_detach else feature).squeeze(-1)
 
     def _gaussian_logp(self, a_norm: torch.Tensor, mean: torch.Tensor) -> torch.Tensor:
         """Per-token log N(a; mu, sigma) [B, K*D]."""
