@@ -29,6 +29,9 @@ class EnvConfig:
     max_episode_steps: int = 150  # env steps (not chunks) before an episode is truncated
     chunk_size: int = 1  # K: actions executed per policy query
     seed: int = 0
+    # "dense": the simulator's shaped reward; "success": 1 for every step the task counts as
+    # solved, else 0 (what success_once measures, as RLinf's sparse rewards)
+    reward_type: str = "dense"
     image_size: int = 0  # side of the square `main_images` camera frame; 0: state-only (no renderer)
     camera: str = "corner"  # simulator camera for `main_images`
 

@@ -70,7 +70,7 @@ def test_server_logprobs_equal_the_learners_recomputation(served, transport):
 
 PIXEL_RUN = [
     "env.task=reach-v3,button-press-topdown-v3", "env.image_size=32", "env.chunk_size=4", "env.max_episode_steps=16",
-    "policy.name=tiny_oft", "policy.depth=1", "demos.bootstrap=false",
+    "policy.depth=1", "demos.bootstrap=false",
     "actor.num_envs=4", "actor.num_workers=1", "actor.pipeline_stage_num=2", "actor.rollout_len=4",
     "learner.batch_env_steps=16", "runner.total_env_steps=512", "runner.max_wall_seconds=0",
     "runner.checkpoint_every=2", "eval.episodes_per_task=1", "eval.before=true",
@@ -78,11 +78,13 @@ PIXEL_RUN = [
 ]
 
 
-def test_short_pixel_training_run_through_real_processes(tmp_path):
+@pytest.mark.parametrize("policy", ["tiny_oft", "tiny_pi05"])
+def test_short_pixel_training_run_through_real_processes(tmp_path, policy):
     run = tmp_path / "run"
     env = dict(os.environ, OMP_NUM_THREADS="1")
     res = subprocess.run([sys.executable, "-m", "rlfleet.cli", "train", "metaworld_quickstart_tinyoft", *PIXEL_RUN,
-                          f"runner.logger.log_path={run}"], capture_output=True, text=True, env=env, timeout=600)
+                          f"policy.name={policy}", f"runner.logger.log_path={run}"],
+                         capture_output=True, text=True, env=env, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     summary = json.loads((run / "summary.json").read_text())
     assert summary["updates"] >= 4 and summary["rejected_segments"] == 0
@@ -90,4 +92,4 @@ def test_short_pixel_training_run_through_real_processes(tmp_path):
     assert (run / "before_after.md").exists() and "Before" in (run / "before_after.md").read_text()
     assert list((run / "videos").rglob("*.mp4")), "eval videos were asked for"
     cfg = json.loads((run / "checkpoints" / (run / "checkpoints" / "latest").read_text().strip() / "config.json").read_text())
-    assert cfg["policy"]["name"] == "tiny_oft" and cfg["image_size"] == 32
+    assert cfg["policy"]["name"] == policy and cfg["image_size"] == 32

@@ -244,3 +244,24 @@ def test_pixel_observations_and_instructions() -> None:
         assert res.episode_done.all()
         assert res.final_obs["main_images"].std() > 5
         assert not np.array_equal(res.final_obs["main_images"], res.obs["main_images"])
+
+
+def test_success_reward_counts_solved_steps() -> None:
+    """reward_type=success: reward 1 exactly on the steps info['success'] is set, else 0."""
+    from metaworld.policies import ENV_POLICY_MAP
+
+    cfg = EnvConfig(task="reach-v3", max_episode_steps=60, chunk_size=1, reward_type="success")
+    with MetaWorldEnv(cfg, 1) as env:
+        expert = ENV_POLICY_MAP["reach-v3"]()
+        obs = env.reset(np.array([3]))
+        rewards, successes = [], []
+        for _ in range(60):
+            action = np.clip(expert.get_action(obs["states"][0]), -1, 1).astype(np.float32)
+            res = env.chunk_step(action.reshape(1, 1, 4))
+            rewards.append(float(res.rewards[0, 0]))
+            successes.append(bool(res.success[0]))
+            obs = res.obs
+    assert set(rewards) <= {0.0, 1.0} and sum(rewards) > 0
+    assert rewards == [float(s) for s in successes]
+    with pytest.raises(ValueError, match="reward_type"):
+        MetaWorldEnv(EnvConfig(task="reach-v3", reward_type="shaped"), 1)

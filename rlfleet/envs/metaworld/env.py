@@ -355,6 +355,8 @@ class MetaWorldEnv(ChunkedEnv):
         _install_fast_rotation()
         with _quiet_gym():
             self._envs = [_make_raw_env(t, cfg.max_episode_steps) for t in self._env_tasks]
+        if cfg.reward_type not in ("dense", "success"):
+            raise ValueError(f"reward_type must be 'dense' or 'success', got {cfg.reward_type!r}")
         size = cfg.image_size
         if size < 0 or size > 1024:
             raise ValueError(f"image_size must be 0 (no images) or 1..1024, got {size}")
@@ -413,6 +415,7 @@ class MetaWorldEnv(ChunkedEnv):
             raise ValueError("actions contain NaN or inf")
 
         max_steps = self._cfg.max_episode_steps
+        dense = self._cfg.reward_type == "dense"
         rewards = np.zeros((B, K), dtype=np.float32)
         success = np.zeros(B, dtype=bool)
         truncated = np.zeros(B, dtype=bool)
@@ -424,7 +427,7 @@ class MetaWorldEnv(ChunkedEnv):
         for i, env in enumerate(self._envs):
             for k in range(K):
                 obs, reward, _, _, info = env.step(actions[i, k])
-                rewards[i, k] = reward
+                rewards[i, k] = reward if dense else float(info["success"])
                 self._ep_return[i] += reward
                 self._ep_length[i] += 1
                 if info["success"]:
