@@ -428,7 +428,7 @@ class MetaWorldEnv(ChunkedEnv):
             for k in range(K):
                 obs, reward, _, _, info = env.step(actions[i, k])
                 rewards[i, k] = reward if dense else float(info["success"])
-                self._ep_return[i] += reward
+                self._ep_return[i] += rewards[i, k]
                 self._ep_length[i] += 1
                 if info["success"]:
                     success[i] = True
