@@ -184,13 +184,12 @@ def cmd_collect(args: argparse.Namespace) -> int:
 
 def cmd_sft(args: argparse.Namespace) -> int:
     """Behaviour-clone the recipe's policy on a demo dataset and write a checkpoint folder."""
-    from rlfleet.config import SFTConfig, as_dict, load_config
+    from rlfleet.config import SFTConfig, as_dict, load_config, policy_settings
     from rlfleet.data.sft import run_sft
     from rlfleet.envs.api import EnvConfig
 
     cfg = load_config(args.recipe, args.overrides)
-    policy_cfg = {k: v for k, v in as_dict(cfg.policy).items() if k != "model_path"}
-    summary = run_sft(args.demos, args.out, policy_cfg, EnvConfig(**as_dict(cfg.env)), SFTConfig(**as_dict(cfg.sft)))
+    summary = run_sft(args.demos, args.out, policy_settings(cfg), EnvConfig(**as_dict(cfg.env)), SFTConfig(**as_dict(cfg.sft)))
     if args.eval_episodes:
         from rlfleet.evaluation import evaluate_policy
         from rlfleet.policies.checkpoint_io import load_checkpoint

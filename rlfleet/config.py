@@ -170,6 +170,11 @@ def config_from_yaml(text: str) -> DictConfig:
     return OmegaConf.merge(OmegaConf.structured(RunConfig), OmegaConf.create(text))
 
 
+def policy_settings(cfg: DictConfig) -> dict[str, Any]:
+    """The run's policy section without `model_path` (what builds a fresh policy of the same kind)."""
+    return {k: v for k, v in as_dict(cfg.policy).items() if k != "model_path"}
+
+
 def eval_env_config(cfg: DictConfig) -> EnvConfig:
     """The env evaluation runs in: the training env, or `eval.task` (held-out tasks) on it."""
     env = EnvConfig(**as_dict(cfg.env))

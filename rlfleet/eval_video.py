@@ -14,6 +14,7 @@ Pillow when installed and falls back to a plain green/red status bar otherwise.
 from __future__ import annotations
 
 import importlib.util
+import logging
 import math
 import os
 from dataclasses import dataclass
@@ -21,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+log = logging.getLogger(__name__)
 
 try:  # Pillow ships with imageio/tensorboard; without it the overlay is a colour bar only.
     from PIL import Image, ImageDraw, ImageFont
@@ -258,7 +261,9 @@ class EpisodeRecorder:
                     if final_frames is not None:
                         last = int(episode_length[i]) if episode_length is not None else int(self._steps[i]) + k
                         ep.add(final_frames[i], last)
-                    written.append(self._finish(i, ep))
+                    path = self._finish(i, ep)
+                    if path is not None:
+                        written.append(path)
                     self._episodes[i] = None
                 self._steps[i] = 0
                 self._maybe_begin(i, frames[i])
@@ -271,7 +276,7 @@ class EpisodeRecorder:
                     ep.add(frames[i], int(self._steps[i]))
         return written
 
-    def _finish(self, i: int, ep: _Episode) -> Path:
+    def _finish(self, i: int, ep: _Episode) -> Path | None:
         task = self.task_names[i]
         index = self._written.get(task, 0)
         self._written[task] = index + 1
@@ -280,7 +285,15 @@ class EpisodeRecorder:
         for frame, (step, reward, succ) in zip(ep.frames, ep.info):
             big = upscale(frame)
             video.append(overlay(big, task, step, reward, succ) if self.cfg.info_overlay else big)
-        path = write_mp4(self.base_dir / task / f"ep{index}_{label}.mp4", video, self.cfg.fps)
+        path = self.base_dir / task / f"ep{index}_{label}.mp4"
+        for attempt in (1, 2):  # an ffmpeg process can die under load (seen once in a full test run)
+            try:
+                write_mp4(path, video, self.cfg.fps)
+                break
+            except OSError as exc:
+                log.warning("writing %s failed (attempt %d): %s", path, attempt, str(exc).splitlines()[0])
+        else:
+            return None  # a lost video must not cost the evaluation it illustrates
         self.written.append(path)
         return path
 

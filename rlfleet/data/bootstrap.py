@@ -14,7 +14,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from rlfleet.config import as_dict
+from rlfleet.config import as_dict, policy_settings
 from rlfleet.envs.api import EnvConfig
 
 log = logging.getLogger(__name__)
@@ -35,8 +35,7 @@ def demos_folder(cfg: DictConfig) -> Path:
 
 
 def sft_folder(cfg: DictConfig) -> Path:
-    policy = {k: v for k, v in as_dict(cfg.policy).items() if k != "model_path"}
-    key = _key("sft", str(demos_folder(cfg)), policy, cfg.env.chunk_size, as_dict(cfg.sft))
+    key = _key("sft", str(demos_folder(cfg)), policy_settings(cfg), cfg.env.chunk_size, as_dict(cfg.sft))
     return Path(cfg.demos.cache_dir) / f"sft-{key}"
 
 
@@ -61,8 +60,7 @@ def ensure_sft_checkpoint(cfg: DictConfig, progress: bool = True) -> Path:
                       seed=cfg.demos.seed, progress=progress)
     log.info("behaviour cloning %s on %s -> %s", cfg.policy.get("name"), demos, ckpt)
     sft_cfg = SFTConfig(**as_dict(cfg.sft))
-    policy_cfg = {k: v for k, v in as_dict(cfg.policy).items() if k != "model_path"}
-    run_sft(demos, ckpt, policy_cfg, EnvConfig(**as_dict(cfg.env)), sft_cfg, progress=progress)
+    run_sft(demos, ckpt, policy_settings(cfg), EnvConfig(**as_dict(cfg.env)), sft_cfg, progress=progress)
     return ckpt
 
 

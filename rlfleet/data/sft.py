@@ -20,7 +20,7 @@ import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from rlfleet.config import SFTConfig
-from rlfleet.envs.api import EnvConfig, encode_instructions
+from rlfleet.envs.api import EnvConfig
 from rlfleet.policies.checkpoint_io import model_config, save_checkpoint_folder
 from rlfleet.policies.registry import make_policy
 
@@ -58,10 +58,7 @@ def build_sft_data(episodes: list[Any], chunk_size: int) -> SFTData:
     for i, ep in enumerate(episodes):
         L = ep.actions.shape[0]
         obs["states"].append(ep.states.astype(np.float32))
-        instr = np.asarray(ep.instruction, np.uint8)
-        if instr.ndim == 0 or instr.dtype.kind not in "u":
-            instr = encode_instructions([str(ep.instruction)])[0]
-        obs["instructions"].append(np.broadcast_to(instr, (L, instr.shape[-1])))
+        obs["instructions"].append(np.broadcast_to(ep.instruction, (L, ep.instruction.shape[-1])))
         if has_images:
             obs["main_images"].append(ep.main_images)
         actions.append(action_chunks(ep.actions.astype(np.float32), chunk_size))

@@ -13,7 +13,7 @@ from rlfleet.inference_server.grpc_frontend import InferenceServicer
 from rlfleet.inference_server.policy_runner import PolicyRunner
 from rlfleet.inference_server.weight_subscriber import WeightSubscriber, pull_weights
 from rlfleet.inference_server.zmq_frontend import ZmqFrontend
-from rlfleet.config import as_dict, run_observation_spec
+from rlfleet.config import policy_settings, run_observation_spec
 from rlfleet.policies.checkpoint_io import load_state_dict_bytes
 from rlfleet.policies.registry import make_policy
 from rlfleet.wire.gen import inference_pb2_grpc, learner_pb2_grpc
@@ -83,8 +83,8 @@ class InferenceServer:
 def build_runner_from_learner(channel, cfg: DictConfig, subscriber_id: str) -> tuple[PolicyRunner, WeightSubscriber]:
     """The run's policy with the learner's current weights, plus a subscriber for newer ones."""
     dims = cfg.model_dims
-    policy_cfg = {k: v for k, v in as_dict(cfg.policy).items() if k != "model_path"}  # weights come from the learner
-    policy = make_policy(policy_cfg, dims.state_dim, dims.action_dim, cfg.env.chunk_size, image_size=cfg.env.image_size)
+    # a fresh policy of the run's kind: its weights come from the learner, not from model_path
+    policy = make_policy(policy_settings(cfg), dims.state_dim, dims.action_dim, cfg.env.chunk_size, image_size=cfg.env.image_size)
     stub = learner_pb2_grpc.LearnerServiceStub(channel)
     version, data = pull_weights(stub)
     load_state_dict_bytes(policy, data)

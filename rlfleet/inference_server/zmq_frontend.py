@@ -20,7 +20,7 @@ import zmq
 from rlfleet.inference_server.batcher import DynamicBatcher, InferenceRequest
 from rlfleet.wire import codec
 from rlfleet.wire.shm import SharedArrays, layout_from_json
-from rlfleet.wire.slots import BASE_OUTPUTS, output_slot
+from rlfleet.wire.slots import BASE_OUTPUTS, obs_keys, output_slot
 
 log = logging.getLogger(__name__)
 _I64 = struct.Struct("<q")
@@ -142,7 +142,7 @@ class ZmqFrontend:
         n = blk["actions"].shape[0]
         if not 0 <= lo < hi <= n:
             raise codec.WireFormatError(f"rows {lo}:{hi} outside the block's {n} envs")
-        obs = self.validate({k: blk[k][lo:hi] for k in blk.layout if not k.startswith("final_")})
+        obs = self.validate({k: blk[k][lo:hi] for k in obs_keys(blk.layout)})
 
         fail = self._fail(ident, req_id)
 

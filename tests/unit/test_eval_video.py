@@ -99,3 +99,25 @@ def test_episodes_per_env_and_errors(tmp_path) -> None:
         rec.step(np.zeros((1, 8, 8, 3), np.float32), np.zeros(1), np.zeros(1, bool))
     with pytest.raises(RuntimeError):
         EpisodeRecorder(cfg, ["reach-v3"], root=tmp_path).step(frames(0, b=1), np.zeros(1), np.zeros(1, bool))
+
+
+@pytest.mark.parametrize("failures, expect_file", [(1, True), (2, False)])
+def test_a_failed_write_is_retried_once_then_skipped(tmp_path, monkeypatch, failures, expect_file) -> None:
+    """An ffmpeg process that dies costs at most the video, never the evaluation."""
+    import rlfleet.eval_video as ev
+
+    real, calls = ev.write_mp4, []
+
+    def flaky(path, video, fps):
+        calls.append(path)
+        if len(calls) <= failures:
+            raise OSError("[Errno 32] Broken pipe")
+        return real(path, video, fps)
+
+    monkeypatch.setattr(ev, "write_mp4", flaky)
+    rec = EpisodeRecorder(VideoConfig(save_video=True), ["push-v3"], root=tmp_path)
+    rec.start(frames(0, b=1))
+    written = rec.step(frames(50, b=1), np.ones((1, 2)), np.zeros(1, bool), np.ones(1, bool), final_frames=frames(90, b=1))
+    path = tmp_path / "videos" / "push-v3" / "ep0_fail.mp4"
+    assert len(calls) == min(failures + 1, 2)
+    assert written == ([path] if expect_file else []) and path.exists() == expect_file
