@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 RECIPE ?= metaworld_quickstart_tinyoft
 ARGS ?=
 
-.PHONY: system-deps setup train test test-all bench proto proto-check clean
+.PHONY: system-deps setup test-deps train test test-all bench proto proto-check node-env clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -27,13 +27,22 @@ system-deps:
 
 setup: system-deps $(STAMP)
 
+# The scale-out tests need iproute2 (network namespaces) and Node.js (the EnvService example):
+# installed when missing and running as root (CI); otherwise those tests skip and say why.
+test-deps:
+	@missing=""; command -v ip >/dev/null || missing="$$missing iproute2"; \
+	command -v node >/dev/null && command -v npm >/dev/null || missing="$$missing nodejs npm"; \
+	if [ -n "$$missing" ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  apt-get update -qq && apt-get install -y -qq $$missing; \
+	elif [ -n "$$missing" ]; then echo "note: without$$missing some scale-out tests skip"; fi
+
 train: setup
 	$(BIN)/rlfleet train $(RECIPE) $(ARGS)
 
-test: setup
+test: setup test-deps
 	$(BIN)/pytest -q
 
-test-all: setup
+test-all: setup test-deps
 	$(BIN)/pytest -q -m "slow or not slow"
 
 bench: setup
@@ -44,6 +53,12 @@ proto: setup
 
 proto-check: setup
 	$(BIN)/python -m rlfleet.wire.codegen --check
+
+# The Node.js EnvService example (examples/node_env): install its pinned packages when node exists.
+node-env:
+	@if command -v node >/dev/null && command -v npm >/dev/null; then \
+	  cd examples/node_env && npm ci --ignore-scripts --no-audit --no-fund; \
+	else echo "node/npm not found: skipping examples/node_env (its test is skipped too)"; fi
 
 clean:
 	rm -rf runs .pytest_cache

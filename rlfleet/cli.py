@@ -15,9 +15,70 @@ from rich.console import Console
 from rich.table import Table
 
 
-def _setup_logging(level: str = "INFO") -> None:
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s [%(process)d] %(message)s",
-                        stream=sys.stderr)
+def _setup_logging(level: str = "INFO", fmt: str = "text", role: str = "") -> None:
+    """Text for people, or one JSON object per line (`--log-format json`) for log shippers."""
+    from rlfleet.telemetry.json_logs import make_formatter
+
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(make_formatter(fmt, role))
+    logging.basicConfig(level=level, handlers=[handler])
+
+
+def _port(text: str) -> int:
+    port = int(text) if text.strip().isdigit() else -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{text} is not a port number (0-65535)")
+    return port
+
+
+def _log_format(text: str) -> str:
+    if text not in ("text", "json"):  # also checks $RLFLEET_LOG_FORMAT, which `choices` would not
+        raise argparse.ArgumentTypeError(f"{text!r}: choose text or json")
+    return text
+
+
+def _add_metrics_flags(p: argparse.ArgumentParser) -> None:
+    """--metrics-port/--metrics-host for a role (RLFLEET_METRICS_PORT/HOST); port 0 disables the endpoint."""
+    p.add_argument("--metrics-port", type=_port, default=os.environ.get("RLFLEET_METRICS_PORT") or "0",
+                   help="serve Prometheus metrics on this port (default: $RLFLEET_METRICS_PORT, 0 = off)")
+    p.add_argument("--metrics-host", default=os.environ.get("RLFLEET_METRICS_HOST") or "127.0.0.1",
+                   help="address of the metrics endpoint (default: $RLFLEET_METRICS_HOST or 127.0.0.1)")
+
+
+def _add_security_flags(p: argparse.ArgumentParser) -> None:
+    """Token and TLS for a role's servers and channels; unset flags fall back to RLFLEET_* (docs/security.md)."""
+    g = p.add_argument_group("security (see docs/security.md)")
+    g.add_argument("--token-file", help="file holding the shared token (default: the token in $RLFLEET_TOKEN)")
+    g.add_argument("--tls-cert", help="PEM certificate chain for this role's servers (default: $RLFLEET_TLS_CERT)")
+    g.add_argument("--tls-key", help="PEM private key for --tls-cert (default: $RLFLEET_TLS_KEY)")
+    g.add_argument("--tls-ca", help="PEM root certificate(s) to trust as a client (default: $RLFLEET_TLS_CA)")
+    g.add_argument("--tls-server-name", help="name to check server certificates against (default: "
+                                              "$RLFLEET_TLS_SERVER_NAME, else the host dialled)")
+    g.add_argument("--max-message-bytes", type=int, help="largest gRPC / ZeroMQ message, both ways "
+                                                         "(default: $RLFLEET_MAX_MESSAGE_BYTES or 64 MiB)")
+
+
+def _configure_auth(args: argparse.Namespace) -> None:
+    """Install the role's token/TLS settings process-wide; the launcher passes them on by environment."""
+    from rlfleet.wire.auth import configure, load_auth
+
+    configure(load_auth(args.token_file, tls_cert=args.tls_cert, tls_key=args.tls_key, tls_ca=args.tls_ca,
+                        tls_server_name=args.tls_server_name, max_message_bytes=args.max_message_bytes))
+
+
+_ADDRESS_VARS = "_address_vars"
+
+
+def _address_flag(p: argparse.ArgumentParser, flag: str, var: str, what: str) -> None:
+    """A HOST:PORT flag that defaults to $VAR; one of the two must be given (checked in main)."""
+    p.add_argument(flag, default=os.environ.get(var) or None, metavar="HOST:PORT", help=f"{what} (default: ${var})")
+    p.set_defaults(**{_ADDRESS_VARS: [*(p.get_default(_ADDRESS_VARS) or []), (flag, var)]})
+
+
+def _check_addresses(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    for flag, var in getattr(args, _ADDRESS_VARS, None) or []:
+        if not getattr(args, flag.lstrip("-").replace("-", "_")):
+            parser.error(f"{args.command}: {flag.lstrip('-')} address missing: pass {flag} HOST:PORT or set {var}")
 
 
 def _stop_on_signals(event: threading.Event) -> None:
@@ -47,7 +108,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     from rlfleet.launcher import train_local
 
     cfg = load_config(args.recipe, args.overrides + (["runner.resume=true"] if args.resume else []))
-    summary = train_local(cfg)
+    os.environ["RLFLEET_LOG_FORMAT"] = args.log_format  # the roles it spawns log the same way
+    summary = train_local(cfg, metrics_port=args.metrics_port, metrics_host=args.metrics_host)
     _print_summary(summary)
     if summary.get("eval_before") and summary.get("eval_success"):
         from pathlib import Path
@@ -55,8 +117,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         from rlfleet.eval_report import compare_markdown, compare_rich
 
         before, after = summary["eval_before"], summary["eval_success"]
-        Console().print(compare_rich(before, after, title="success before / after RL fine-tuning"))
-        title = f"{cfg.runner.experiment_name}: success before / after RL ({summary.get('train_seconds')} s of training)"
+        method = summary.get("method", "RL")  # DAgger runs name themselves
+        Console().print(compare_rich(before, after, title=f"success before / after {method} fine-tuning"))
+        title = f"{cfg.runner.experiment_name}: success before / after {method} ({summary.get('train_seconds')} s of training)"
         (Path(cfg.runner.logger.log_path) / "before_after.md").write_text(compare_markdown(before, after, title))
     print(f"run folder: {cfg.runner.logger.log_path}")
     return 0
@@ -66,9 +129,10 @@ def cmd_learner(args: argparse.Namespace) -> int:
     from rlfleet.config import load_config
     from rlfleet.learner.run import run_learner
 
-    cfg = load_config(args.recipe, args.overrides + (["runner.resume=true"] if args.resume else []))
-    summary = run_learner(cfg, args.address_file)
-    if not args.address_file:  # started by hand: show the result here
+    bind = ([f"learner.host={args.host}"] if args.host else []) + ([f"learner.port={args.port}"] if args.port is not None else [])
+    cfg = load_config(args.recipe, bind + args.overrides + (["runner.resume=true"] if args.resume else []))
+    summary = run_learner(cfg, args.address_file, args.metrics_port, args.metrics_host)
+    if summary and not args.address_file:  # started by hand: show the result here (torchrun: rank 0 only)
         _print_summary(summary)
     return 0
 
@@ -87,26 +151,50 @@ def cmd_inference(args: argparse.Namespace) -> int:
     reply = register(args.learner, client_id, "inference")
     cfg = config_from_yaml(reply.config_yaml)
     channel = make_channel(args.learner)
+    if args.device:
+        cfg.inference.device = args.device
     runner, subscriber = build_runner_from_learner(channel, cfg, client_id)
     server = InferenceServer(runner, args.host, args.grpc_port, args.zmq_port, cfg.inference.max_batch,
-                             cfg.inference.max_wait_ms, subscriber)
-    write_address(args.address_file, inference=server.address, zmq=server.zmq.endpoint)
+                             cfg.inference.max_wait_ms, subscriber, offload_idle_s=args.offload_idle_s)
+    metrics = _inference_metrics(server, cfg.inference.max_batch, args, client_id)
+    write_address(args.address_file, inference=server.address, zmq=server.zmq.endpoint,
+                  **({"metrics": metrics.address} if metrics else {}))
     logging.getLogger(__name__).info("inference server on %s (zmq %s), policy version %d",
                                      server.address, server.zmq.endpoint, runner.version)
     stop = threading.Event()
     _stop_on_signals(stop)
     threading.Thread(target=lambda: (stop.wait(), server.stop()), daemon=True).start()
     server.serve()
+    if metrics is not None:
+        metrics.close()
     stats = server.stats()
     logging.getLogger(__name__).info("served %d batches, %d rows, %d rejected requests",
                                      stats.batches, stats.rows, stats.errors)
     return 0
 
 
+def _inference_metrics(server, max_batch: int, args: argparse.Namespace, client_id: str):
+    """The inference server's /metrics (None when --metrics-port is 0); stops the server if the port is taken."""
+    from rlfleet.telemetry.prometheus import (InferenceCollector, MetricsPortError, batch_observer, role_registry,
+                                              start_role_metrics)
+
+    if not args.metrics_port:
+        return None
+    registry = role_registry("inference", id=client_id)
+    server.on_batch = batch_observer(registry, max_batch)
+    try:
+        return start_role_metrics("inference", args.metrics_port, [InferenceCollector(server)], args.metrics_host,
+                                  registry=registry)
+    except MetricsPortError:
+        server.close()
+        raise
+
+
 def cmd_actor(args: argparse.Namespace) -> int:
-    from rlfleet.actors.actor import run_actor
+    from rlfleet.actors.actor import ActorCounters, run_actor
     from rlfleet.actors.learner_client import register
     from rlfleet.config import config_from_yaml
+    from rlfleet.telemetry.prometheus import ActorCollector, start_role_metrics
 
     client_id = args.id or f"actor-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
     reply = register(args.learner, client_id, "actor")
@@ -116,7 +204,14 @@ def cmd_actor(args: argparse.Namespace) -> int:
     index = args.index if args.index is not None else reply.client_index
     stop = threading.Event()
     _stop_on_signals(stop)
-    stats = run_actor(cfg, index, client_id, args.learner, args.inference, stop)
+    counters = ActorCounters()
+    metrics = start_role_metrics("actor", args.metrics_port, [ActorCollector(counters)], args.metrics_host,
+                                 id=client_id, index=str(index))
+    try:
+        stats = run_actor(cfg, index, client_id, args.learner, args.inference, stop, counters)
+    finally:
+        if metrics is not None:
+            metrics.close()
     logging.getLogger(__name__).info("actor %s done: %d env steps, %d segments in %.0fs (%.0f steps/s)",
                                      client_id, stats.env_steps, stats.segments, stats.seconds,
                                      stats.env_steps / max(stats.seconds, 1e-6))
@@ -141,9 +236,15 @@ def cmd_eval(args: argparse.Namespace) -> int:
         raise SystemExit("the checkpoint does not name its env: pass --task")
     out = Path(args.out or Path(args.checkpoint) / "eval")
     video = VideoConfig(save_video=args.video, video_base_dir=str(out / "videos"))
-    success = evaluate_policy(policy, EnvConfig(**env), args.episodes, seed=args.seed, video_cfg=video, out_dir=out)
+    if args.sample:
+        import torch
+
+        torch.manual_seed(args.seed)
+    success = evaluate_policy(policy, EnvConfig(**env), args.episodes, seed=args.seed, video_cfg=video, out_dir=out,
+                              deterministic=not args.sample)
     table = success_table(success, {t: args.episodes for t in success})
-    Console().print(rich_table(table, title=f"evaluation of {args.checkpoint} ({args.episodes} episodes per task)"))
+    mode = "sampled" if args.sample else "deterministic"
+    Console().print(rich_table(table, title=f"evaluation of {args.checkpoint} ({args.episodes} episodes per task, {mode})"))
     json_path, md_path = write_report(table, out, name="eval", title=f"Evaluation of {args.checkpoint}")
     print(f"report: {json_path} {md_path}")
     if args.json:
@@ -203,6 +304,42 @@ def cmd_sft(args: argparse.Namespace) -> int:
     return 0
 
 
+def _start_metrics_or_stop(server, role: str, args: argparse.Namespace, collectors: list):
+    """A gRPC role's /metrics (None when --metrics-port is 0); a taken port stops the gRPC server first."""
+    from rlfleet.telemetry.prometheus import MetricsPortError, start_role_metrics
+
+    try:
+        return start_role_metrics(role, args.metrics_port, collectors, args.metrics_host)
+    except MetricsPortError:
+        server.stop(grace=0)
+        raise
+
+
+def cmd_env_server(args: argparse.Namespace) -> int:
+    """Serve a registered simulator over gRPC (EnvService), for `env.name=remote://HOST:PORT`."""
+    from rlfleet.envs.env_server import EnvServerConfig, env_config, serve_env, write_address_file
+    from rlfleet.telemetry.prometheus import EnvServerCollector
+
+    cfg = EnvServerConfig(env=env_config(args.env, args.task, args.overrides), num_envs=args.num_envs,
+                          max_envs=args.max_envs, host=args.host, port=args.port)
+    server, port, servicer = serve_env(cfg)
+    address = f"{args.host}:{port}"
+    metrics = _start_metrics_or_stop(server, "env-server", args, [EnvServerCollector(servicer)])
+    if args.address_file:
+        write_address_file(args.address_file, address)
+    log = logging.getLogger("rlfleet.env_server")
+    log.info("EnvService for %s (%s) on %s: use env.name=remote://%s", cfg.env.name, cfg.env.task, address, address)
+    stop = threading.Event()
+    _stop_on_signals(stop)
+    stop.wait()
+    server.stop(grace=2.0).wait()
+    servicer.close()
+    if metrics is not None:
+        metrics.close()
+    log.info("env server stopped: calls %s, rejected %s", dict(servicer.calls), dict(servicer.errors) or "none")
+    return 0
+
+
 def cmd_recipes(args: argparse.Namespace) -> int:
     from rlfleet.config import recipe_names
 
@@ -213,12 +350,17 @@ def cmd_recipes(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rlfleet", description="RL fine-tuning of robot policies, at fleet scale")
     p.add_argument("--log-level", default=os.environ.get("RLFLEET_LOG_LEVEL", "INFO"))
+    p.add_argument("--log-format", type=_log_format, default=os.environ.get("RLFLEET_LOG_FORMAT") or "text",
+                   help="text (default: $RLFLEET_LOG_FORMAT or text) or json: one JSON object per line "
+                        "(time, level, logger, pid, role, message, extras)")
     sub = p.add_subparsers(dest="command", required=True)
 
     t = sub.add_parser("train", help="local mode: learner + inference server + actors on this host")
     t.add_argument("recipe", help="recipe name (see `rlfleet recipes`) or a YAML file")
     t.add_argument("overrides", nargs="*", help="key=value overrides, e.g. actor.num_envs=32")
     t.add_argument("--resume", action="store_true", help="continue from the run folder's last checkpoint")
+    _add_metrics_flags(t)  # local mode: learner PORT, inference PORT+1, actor i PORT+2+i
+    _add_security_flags(t)  # the spawned roles get them through RLFLEET_* variables
     t.set_defaults(func=cmd_train)
 
     lr = sub.add_parser("learner", help="start the learner role")
@@ -226,23 +368,42 @@ def build_parser() -> argparse.ArgumentParser:
     lr.add_argument("overrides", nargs="*")
     lr.add_argument("--resume", action="store_true")
     lr.add_argument("--address-file", help="write the bound address here as JSON (used by `train`)")
+    lr.add_argument("--host", default=os.environ.get("RLFLEET_HOST") or None,
+                    help="bind address (default: $RLFLEET_HOST, else the recipe's learner.host); "
+                         "key=value overrides win")
+    lr.add_argument("--port", type=_port, default=os.environ.get("RLFLEET_LEARNER_PORT") or None,
+                    help="gRPC port (default: $RLFLEET_LEARNER_PORT, else the recipe's learner.port)")
+    _add_metrics_flags(lr)
+    _add_security_flags(lr)
     lr.set_defaults(func=cmd_learner)
 
     inf = sub.add_parser("inference", help="start an inference server that follows a learner's weights")
-    inf.add_argument("--learner", required=True, help="learner HOST:PORT")
-    inf.add_argument("--host", default="127.0.0.1")
-    inf.add_argument("--grpc-port", type=int, default=0)
-    inf.add_argument("--zmq-port", type=int, default=0)
+    _address_flag(inf, "--learner", "RLFLEET_LEARNER", "the learner's gRPC address")
+    inf.add_argument("--host", default=os.environ.get("RLFLEET_HOST") or "127.0.0.1",
+                     help="bind address (default: $RLFLEET_HOST or 127.0.0.1; others need a token)")
+    inf.add_argument("--grpc-port", type=_port, default=os.environ.get("RLFLEET_GRPC_PORT") or "0",
+                     help="gRPC port (default: $RLFLEET_GRPC_PORT, 0 = any free port)")
+    inf.add_argument("--zmq-port", type=_port, default=os.environ.get("RLFLEET_ZMQ_PORT") or "0",
+                     help="ZeroMQ port (default: $RLFLEET_ZMQ_PORT, 0 = any free port)")
+    inf.add_argument("--device", help="torch device for the policy (default: the run's inference.device)")
+    inf.add_argument("--offload-idle-s", type=float, default=0.0,
+                     help="move the weights to host memory after this many idle seconds (0: never); for a "
+                          "GPU shared with a learner rank (cluster.component_placement, collocated)")
     inf.add_argument("--threads", type=int, default=1, help="torch threads for the policy")
     inf.add_argument("--address-file")
+    _add_metrics_flags(inf)
+    _add_security_flags(inf)
     inf.set_defaults(func=cmd_inference)
 
     ac = sub.add_parser("actor", help="start an actor (env workers) feeding a learner")
-    ac.add_argument("--learner", required=True, help="learner HOST:PORT")
-    ac.add_argument("--inference", required=True, help="inference server gRPC HOST:PORT")
+    _address_flag(ac, "--learner", "RLFLEET_LEARNER", "the learner's gRPC address")
+    _address_flag(ac, "--inference", "RLFLEET_INFERENCE",
+                  "inference server gRPC address; several, comma separated, to spread requests and fail over")
     ac.add_argument("--index", type=int, help="actor index (env seeds/tasks); default: assigned by the learner")
     ac.add_argument("--id", help="client id (default: host-pid-random)")
     ac.add_argument("--transport", choices=["shm", "zmq", "grpc"], help="override actor.transport")
+    _add_metrics_flags(ac)
+    _add_security_flags(ac)
     ac.set_defaults(func=cmd_actor)
 
     ev = sub.add_parser("eval", help="evaluate a checkpoint folder: success by task, difficulty and ML45 split")
@@ -253,6 +414,8 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--out", help="report folder (default: CHECKPOINT/eval)")
     ev.add_argument("--video", action="store_true", help="write MP4s of the first episode of each task")
     ev.add_argument("--json", action="store_true", help="also print the report as JSON")
+    ev.add_argument("--sample", action="store_true",
+                    help="sample actions as in training (seeded) instead of the deterministic policy")
     ev.set_defaults(func=cmd_eval)
 
     co = sub.add_parser("collect", help="record scripted-expert demonstrations (MetaWorld) to a dataset folder")
@@ -276,19 +439,50 @@ def build_parser() -> argparse.ArgumentParser:
     sf.add_argument("--eval-episodes", type=int, default=0, help="evaluate the result (episodes per task)")
     sf.set_defaults(func=cmd_sft)
 
+    es = sub.add_parser("env-server", help="serve a simulator over gRPC (EnvService) for env.name=remote://HOST:PORT")
+    es.add_argument("--env", required=True, help="registered env name, e.g. metaworld")
+    es.add_argument("--task", help="env.task, e.g. reach-v3 or MT10")
+    es.add_argument("--num-envs", type=int, default=1, help="envs of a session whose client does not ask for a number")
+    es.add_argument("--max-envs", type=int, default=256, help="envs across all client sessions")
+    es.add_argument("--host", default=os.environ.get("RLFLEET_HOST") or "127.0.0.1",
+                    help="bind address (default: $RLFLEET_HOST or 127.0.0.1; others need a token)")
+    es.add_argument("--port", type=int, default=0, help="0: any free port (see --address-file)")
+    es.add_argument("--address-file", help='write {"env": "HOST:PORT"} here once serving')
+    es.add_argument("overrides", nargs="*", help="EnvConfig key=value, e.g. max_episode_steps=100 image_size=64")
+    _add_metrics_flags(es)
+    _add_security_flags(es)
+    es.set_defaults(func=cmd_env_server)
+
     rc = sub.add_parser("recipes", help="list the built-in recipes")
     rc.set_defaults(func=cmd_recipes)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    _setup_logging(args.log_level)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _check_addresses(parser, args)
+    _setup_logging(args.log_level, args.log_format, args.command)
     try:
+        if hasattr(args, "token_file"):
+            _configure_auth(args)
         return args.func(args)
     except (FileNotFoundError, ValueError) as exc:
         logging.getLogger("rlfleet").error("%s", exc)
         return 2
+    except Exception as exc:
+        if not _unauthenticated(exc):
+            raise
+        logging.getLogger("rlfleet").error("a server refused this process's credentials: %s", exc.details())
+        return 2
+
+
+def _unauthenticated(exc: Exception) -> bool:
+    """A gRPC UNAUTHENTICATED error: one clear line instead of a traceback."""
+    import grpc
+
+    return isinstance(exc, grpc.RpcError) and callable(getattr(exc, "code", None)) and \
+        exc.code() == grpc.StatusCode.UNAUTHENTICATED
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ so recipes read familiarly to its users; unknown keys are an error, not a silent
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -13,6 +14,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from rlfleet.algorithms.dagger import DAggerConfig
 from rlfleet.algorithms.ppo import PPOConfig
 from rlfleet.envs.api import EnvConfig, observation_spec
 from rlfleet.eval_video import VideoConfig
@@ -36,6 +38,15 @@ class RunnerConfig:
 
 
 @dataclass
+class InferenceFailoverConfig:
+    """How an actor rides out a failed inference server (see docs/fault_tolerance.md)."""
+
+    request_timeout_s: float = 60.0  # no answer within this: the server counts as down
+    probe_interval_s: float = 2.0  # health-check a downed server this often, to use it again
+    all_down_timeout_s: float = 120.0  # every server down this long: the actor stops with an error
+
+
+@dataclass
 class ActorConfig:
     num_actors: int = 1
     num_envs: int = 16  # per actor
@@ -44,6 +55,9 @@ class ActorConfig:
     rollout_len: int = 32  # T: steps per trajectory segment
     send_queue_size: int = 4  # segments buffered before the actor waits for the learner
     transport: str = "shm"  # shm (same host) | zmq | grpc
+    failover: InferenceFailoverConfig = field(default_factory=InferenceFailoverConfig)
+    max_restarts: int = 3  # local mode: times a crashed actor process is restarted (per actor)
+    restart_backoff_s: float = 2.0  # local mode: wait before the first restart, doubled each time
 
 
 @dataclass
@@ -54,6 +68,20 @@ class InferenceConfig:
     max_batch: int = 256  # rows
     max_wait_ms: float = 1.0
     device: str = "cpu"
+    weight_delta: bool = True  # pull only the tensors changed since the version held (frozen ones never)
+
+
+@dataclass
+class DistributedConfig:
+    """DDP across the ranks torchrun starts (it sets WORLD_SIZE/RANK/LOCAL_RANK); see
+    docs/distributed_learner.md. A learner started without torchrun is one plain process."""
+
+    backend: str = "auto"  # auto: nccl where CUDA is available (rank r on cuda:LOCAL_RANK), else gloo on CPU
+    timeout_s: float = 1800.0  # a collective inside an update that takes longer is an error
+    idle_timeout_s: float = 7 * 24 * 3600.0  # how long ranks > 0 wait for rank 0's next batch of segments
+    # DDP searches each step for parameters left out of the loss; None: only in runs that leave some
+    # out (critic warm-up, GRPO). Set true for a policy with parameters its evaluate() never uses.
+    find_unused_parameters: bool | None = None
 
 
 @dataclass
@@ -66,6 +94,7 @@ class LearnerConfig:
     device: str = "cpu"
     weight_chunk_bytes: int = 4 * 1024 * 1024
     consume_only: bool = False  # benchmarks: take segments but skip the PPO update
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)  # under torchrun
 
 
 @dataclass
@@ -109,6 +138,18 @@ class SFTConfig:
 
 
 @dataclass
+class ClusterConfig:
+    """Where roles run when `rlfleet train` spawns them together (see rlfleet.placement).
+
+    Empty `component_placement`: one learner rank, one inference server, `actor.num_actors`
+    actors. On a host without CUDA the device indices are process slots (`cpu_slots`, 0: the
+    number of CPU cores)."""
+
+    component_placement: dict[str, Any] = field(default_factory=dict)
+    cpu_slots: int = 0
+
+
+@dataclass
 class ModelDims:
     """Filled in by the learner from the env spec and its policy, so remote roles size the same slots."""
 
@@ -132,6 +173,8 @@ class RunConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     demos: DemosConfig = field(default_factory=DemosConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
+    dagger: DAggerConfig = field(default_factory=DAggerConfig)  # enabled: DAgger instead of PPO
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
     model_dims: ModelDims = field(default_factory=ModelDims)
 
 
@@ -162,7 +205,19 @@ def load_config(recipe: str | None, overrides: list[str] | None = None) -> DictC
     from rlfleet.policies.registry import check_policy_config
 
     check_policy_config(as_dict(cfg.policy))
+    if cfg.cluster.component_placement:
+        resolve_placement(cfg)  # a bad placement fails here, before anything is spawned
     return cfg
+
+
+def resolve_placement(cfg: DictConfig):
+    """The run's PlacementPlan, or None without `cluster.component_placement`."""
+    if not cfg.cluster.component_placement:
+        return None
+    from rlfleet.placement import detect_devices, plan_placement
+
+    num, kind = detect_devices(cfg.cluster.cpu_slots or os.cpu_count() or 1)
+    return plan_placement(as_dict(cfg.cluster.component_placement), num, kind)
 
 
 def config_from_yaml(text: str) -> DictConfig:

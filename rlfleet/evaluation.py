@@ -1,6 +1,8 @@
-"""Evaluation: the deterministic policy on fresh episodes of every task, success_once per task."""
+"""Evaluation: the policy (deterministic by default, or sampled as in training) on fresh episodes
+of every task, success_once per task."""
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -16,13 +18,15 @@ MAX_EVAL_ENVS = 50
 
 
 def evaluate_policy(policy: nn.Module, env_cfg: EnvConfig, episodes_per_task: int, seed: int = 10_000,
-                    video_cfg=None, out_dir: str | Path | None = None, max_envs: int = MAX_EVAL_ENVS) -> dict[str, float]:
+                    video_cfg=None, out_dir: str | Path | None = None, max_envs: int = MAX_EVAL_ENVS,
+                    deterministic: bool = True) -> dict[str, float]:
     """Run `episodes_per_task` episodes of each task; returns success rate per task.
 
     Episode j of task i uses seed `seed + j * num_tasks + i` whatever the batching, so every
     evaluation of a task set sees the same episodes. Envs run in rounds of at most `max_envs`
     (at least one env per task). With `video_cfg.save_video` the first episode of each task is
-    written as MP4 under `out_dir`.
+    written as MP4 under `out_dir`. `deterministic=False` samples actions the way the fleet does
+    in training (seeded by torch's global RNG), which is the policy RL actually optimises.
     """
     tasks = task_list(env_cfg)
     per_round = max(1, min(episodes_per_task, max_envs // len(tasks)))
@@ -32,7 +36,7 @@ def evaluate_policy(policy: nn.Module, env_cfg: EnvConfig, episodes_per_task: in
         r = min(per_round, episodes_per_task - done_eps)
         seeds = seed + done_eps * len(tasks) + np.arange(r * len(tasks))
         video = video_cfg if done_eps == 0 else None
-        for task, ok in zip(*_run_episodes(policy, env_cfg, seeds, video, out_dir)):
+        for task, ok in zip(*_run_episodes(policy, env_cfg, seeds, video, out_dir, deterministic)):
             results[task].append(ok)
         done_eps += r
     return {task: float(np.mean(results[task])) for task in tasks}
@@ -40,7 +44,7 @@ def evaluate_policy(policy: nn.Module, env_cfg: EnvConfig, episodes_per_task: in
 
 @torch.no_grad()
 def _run_episodes(policy: nn.Module, env_cfg: EnvConfig, seeds: np.ndarray, video_cfg,
-                  out_dir) -> tuple[list[str], np.ndarray]:
+                  out_dir, deterministic: bool = True) -> tuple[list[str], np.ndarray]:
     """One episode per env in one env batch (env i runs task i mod num_tasks); success_once per env."""
     from rlfleet.eval_video import EpisodeRecorder, VideoConfig
 
@@ -56,7 +60,7 @@ def _run_episodes(policy: nn.Module, env_cfg: EnvConfig, seeds: np.ndarray, vide
         success = np.zeros(n, bool)
         policy.eval()
         while not done.all():
-            out = policy.act(obs_tensors(obs, policy.obs_keys), deterministic=True)
+            out = policy.act(obs_tensors(obs, policy.obs_keys), deterministic=deterministic)
             res = env.chunk_step(out["actions"].numpy())
             recorder.step(res.obs.get("main_images"), rewards=res.rewards, success=res.success, done=res.episode_done,
                           final_frames=res.final_obs.get("main_images"), episode_success=res.episode_success_once,
@@ -79,8 +83,12 @@ def obs_tensors(obs: dict, keys: tuple[str, ...]) -> dict[str, torch.Tensor]:
 
 def task_list(env_cfg: EnvConfig) -> list[str]:
     """The distinct tasks of a config, in order (envs are spread over them round-robin)."""
-    if env_cfg.name != "metaworld":
-        raise ValueError(f"evaluation does not know the task set of env {env_cfg.name!r} yet")
-    from rlfleet.envs.metaworld.env import resolve_tasks
+    if env_cfg.name == "metaworld":
+        from rlfleet.envs.metaworld.env import resolve_tasks
 
-    return resolve_tasks(env_cfg.task)
+        return resolve_tasks(env_cfg.task)
+    probe = make_env(dataclasses.replace(env_cfg, image_size=0), 1)  # other envs (remote://...) say themselves
+    try:
+        return probe.task_list
+    finally:
+        probe.close()

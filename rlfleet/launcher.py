@@ -3,6 +3,7 @@
 Each role is the same `rlfleet` subcommand a user would start by hand in distributed mode;
 the launcher only wires their addresses together (through small address files) and makes
 sure that when the learner ends, or on Ctrl-C, every child stops and nothing is left behind.
+While the learner runs, an actor process that crashes is restarted (`rlfleet.actor_supervisor`).
 """
 from __future__ import annotations
 
@@ -16,13 +17,34 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from rlfleet.config import to_yaml
+from rlfleet.actor_supervisor import ActorSupervisor, RestartPolicy
+from rlfleet.config import resolve_placement, to_yaml
+from rlfleet.placement import PlacementPlan
+from rlfleet.wire.auth import current as current_auth
 
 
-def _spawn(args: list[str], log_file: Path | None = None) -> subprocess.Popen:
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+def _spawn(args: list[str], log_file: Path | None = None, extra_env: dict[str, str] | None = None,
+           launcher: tuple[str, ...] = ("-m", "rlfleet.cli")) -> subprocess.Popen:
+    # token and TLS travel by environment: a command line is readable by every user of the host
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", **current_auth().child_env(), **(extra_env or {}))
     out = open(log_file, "ab") if log_file else None
-    return subprocess.Popen([sys.executable, "-m", "rlfleet.cli", *args], env=env, stdout=out, stderr=out)
+    return subprocess.Popen([sys.executable, *launcher, *args], env=env, stdout=out, stderr=out)
+
+
+def _learner_launcher(plan: PlacementPlan | None) -> tuple[tuple[str, ...], dict[str, str]]:
+    """`rlfleet learner`, or torchrun over the placement's learner devices (DDP, rank 0 serves)."""
+    if plan is None or plan.num_learner_ranks == 1:
+        env = plan.visible_devices(plan.actor[0]) if plan else {}
+        return ("-m", "rlfleet.cli", "learner"), env
+    env = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, plan.actor))} if plan.device_kind == "cuda" else {}
+    return ("-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={plan.num_learner_ranks}",
+            "-m", "rlfleet.learner"), env
+
+
+def _inference_addresses(addresses: list[str], actor_index: int) -> str:
+    """Every server, starting with this actor's own: it fails over to the others (rlfleet.actors.inference_failover)."""
+    k = actor_index % len(addresses)
+    return ",".join(addresses[k:] + addresses[:k])
 
 
 def _wait_address(path: Path, proc: subprocess.Popen, key: str, timeout: float = 180.0) -> str:
@@ -65,18 +87,45 @@ def evaluate_start(cfg: DictConfig) -> dict[str, float]:
     return evaluate_policy(policy, eval_env_config(cfg), cfg.eval.episodes_per_task, seed=cfg.eval.seed)
 
 
-def train_local(cfg: DictConfig) -> dict:
+def metrics_ports(base: int, num_actors: int) -> dict[str, int]:
+    """Local mode's metrics ports: learner `base`, inference `base+1`, actor i `base+2+i`; all 0 when base is 0."""
+    names = ["learner", "inference", *(f"actor{i}" for i in range(num_actors))]
+    if base and base + len(names) - 1 > 65535:
+        raise ValueError(f"metrics ports {base}..{base + len(names) - 1} do not fit below 65536")
+    return {name: base + i if base else 0 for i, name in enumerate(names)}
+
+
+def _render_device(plan: PlacementPlan | None, devices: list[int], index: int) -> dict[str, str] | None:
+    """MuJoCo's EGL renderer of actor `index` on its placed GPU (nothing to choose on CPU)."""
+    if plan is None or plan.device_kind != "cuda":
+        return None
+    return {"MUJOCO_EGL_DEVICE_ID": str(devices[index % len(devices)])}
+
+
+def _metrics_flags(ports: dict[str, int], name: str, host: str) -> list[str]:
+    return ["--metrics-port", str(ports[name]), "--metrics-host", host]
+
+
+def train_local(cfg: DictConfig, metrics_port: int = 0, metrics_host: str = "127.0.0.1") -> dict:
     """Bootstrap an SFT checkpoint if the recipe asks for one, then run the fleet on this host."""
     from rlfleet.data.bootstrap import ensure_sft_checkpoint, needs_bootstrap
 
     run_dir = Path(cfg.runner.logger.log_path)
     if needs_bootstrap(cfg):
         cfg.policy.model_path = str(ensure_sft_checkpoint(cfg))
+    if cfg.dagger.enabled:  # imitation with the scripted experts, in this process (no fleet)
+        from rlfleet.data.dagger_loop import run_dagger
+
+        return run_dagger(cfg)
+    plan = resolve_placement(cfg)
+    if plan is not None:
+        print(plan.describe(), file=sys.stderr, flush=True)
+        cfg.actor.num_actors = plan.num_actors
     before = None
     if cfg.eval.before:
         print("evaluating the starting policy ...", file=sys.stderr, flush=True)
         before = evaluate_start(cfg)
-    summary = _run_fleet(cfg, run_dir)
+    summary = _run_fleet(cfg, run_dir, metrics_ports(metrics_port, cfg.actor.num_actors), metrics_host, plan)
     if before is not None and summary:
         summary["eval_before"] = before
         summary["eval_before_mean"] = sum(before.values()) / len(before)
@@ -84,7 +133,18 @@ def train_local(cfg: DictConfig) -> dict:
     return summary
 
 
-def _run_fleet(cfg: DictConfig, run_dir: Path) -> dict:
+def _supervise(learner: subprocess.Popen, supervisor: ActorSupervisor, every_s: float = 0.5) -> None:
+    """Until the learner exits: restart crashed actors (see rlfleet.actor_supervisor)."""
+    while True:
+        try:
+            learner.wait(timeout=every_s)
+            return
+        except subprocess.TimeoutExpired:
+            supervisor.poll()
+
+
+def _run_fleet(cfg: DictConfig, run_dir: Path, ports: dict[str, int], metrics_host: str,
+               plan: PlacementPlan | None = None) -> dict:
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     cfg_file = run_dir / "launch_config.yaml"
     cfg_file.write_text(to_yaml(cfg))
@@ -93,22 +153,35 @@ def _run_fleet(cfg: DictConfig, run_dir: Path) -> dict:
     for old in addr_dir.glob("*.json"):
         old.unlink()
     logs = run_dir / "logs"
+    if any(ports.values()):  # where to point Prometheus (a static scrape config)
+        (addr_dir / "metrics.json").write_text(json.dumps({k: f"{metrics_host}:{p}" for k, p in ports.items()}))
 
-    learner = _spawn(["learner", str(cfg_file), "--address-file", str(addr_dir / "learner.json")])  # console: progress
+    learner_launcher, learner_env = _learner_launcher(plan)
+    learner = _spawn([str(cfg_file), "--address-file", str(addr_dir / "learner.json"),
+                      *_metrics_flags(ports, "learner", metrics_host)], extra_env=learner_env,
+                     launcher=learner_launcher)  # console: progress
     children = [learner]
+    supervisor: ActorSupervisor | None = None
     try:
         learner_addr = _wait_address(addr_dir / "learner.json", learner, "learner")
-        inference = _spawn(["inference", "--learner", learner_addr, "--address-file", str(addr_dir / "inference.json")],
-                           logs / "inference.log")
-        children.append(inference)
-        inference_addr = _wait_address(addr_dir / "inference.json", inference, "inference")
-        actors = [
-            _spawn(["actor", "--learner", learner_addr, "--inference", inference_addr, "--index", str(i)],
-                   logs / f"actor{i}.log")
-            for i in range(cfg.actor.num_actors)
-        ]
-        children.extend(actors)
-        learner.wait()
+        inference_addrs = []
+        for j, device in enumerate(plan.rollout if plan else [None]):
+            name = "inference" if j == 0 else f"inference{j}"
+            placed = [] if device is None else ["--device", plan.device_name(0 if plan.device_kind == "cuda" else device)]
+            if device is not None and plan.device_kind == "cuda" and plan.shares_device(device):
+                placed += ["--offload-idle-s", "1.0"]  # the learner on this device needs the memory
+            inference = _spawn(["inference", "--learner", learner_addr, "--address-file", str(addr_dir / f"{name}.json"),
+                                *placed, *_metrics_flags({name: ports.get(name, 0)}, name, metrics_host)],
+                               logs / f"{name}.log", extra_env=plan.visible_devices(device) if plan else None)
+            children.append(inference)
+            inference_addrs.append(_wait_address(addr_dir / f"{name}.json", inference, "inference"))
+        env_devices = plan.env if plan else []
+        supervisor = ActorSupervisor(  # a stable id per index: the run's per-actor counts survive restarts
+            lambda i: _spawn(["actor", "--learner", learner_addr, "--inference", _inference_addresses(inference_addrs, i),
+                              "--index", str(i), "--id", f"actor{i}", *_metrics_flags(ports, f"actor{i}", metrics_host)],
+                             logs / f"actor{i}.log", extra_env=_render_device(plan, env_devices, i)),
+            cfg.actor.num_actors, RestartPolicy(cfg.actor.max_restarts, cfg.actor.restart_backoff_s), run_dir / "pids")
+        _supervise(learner, supervisor)
     except KeyboardInterrupt:
         print("\nstopping: the learner writes a checkpoint before it exits", file=sys.stderr)
         learner.send_signal(signal.SIGINT)
@@ -117,7 +190,7 @@ def _run_fleet(cfg: DictConfig, run_dir: Path) -> dict:
         except subprocess.TimeoutExpired:
             learner.kill()
     finally:
-        _stop_all(children, grace=15.0)
+        _stop_all(children + (supervisor.current() if supervisor else []), grace=15.0)
     summary_file = run_dir / "summary.json"
     if learner.returncode != 0 and not summary_file.exists():
         raise RuntimeError(f"learner exited with code {learner.returncode}; see the output above")

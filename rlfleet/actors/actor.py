@@ -10,13 +10,17 @@ import threading
 import time
 from dataclasses import dataclass
 
-from omegaconf import DictConfig
+import numpy as np
+from omegaconf import DictConfig, OmegaConf
 
 from rlfleet.actors.env_worker import EnvWorkerPool
-from rlfleet.actors.inference_client import InferenceError, StopWaiting, connect_inference
+from rlfleet.actors.groups import GroupedResets, check_stage_rows, episode_rollout_len
+from rlfleet.actors.inference_client import InferenceError, StopWaiting
+from rlfleet.actors.inference_failover import connect_fleet
 from rlfleet.actors.learner_client import LearnerClient
 from rlfleet.actors.rollout import SegmentBuilder
 from rlfleet.config import as_dict, run_slot_layout
+from rlfleet.wire.segment import Segment
 
 log = logging.getLogger(__name__)
 
@@ -28,11 +32,31 @@ class ActorStats:
     seconds: float
 
 
+@dataclass
+class ActorCounters:
+    """Live counts for the metrics endpoint: written by the actor loop, read by scrapes (plain ints)."""
+
+    env_steps: int = 0
+    segments: int = 0
+    episodes: int = 0
+    successes: int = 0
+
+    def add_segment(self, segment: Segment) -> None:
+        self.segments += 1
+        self.episodes += len(segment.ep_success)
+        self.successes += int(segment.ep_success.sum())
+
+
 def run_actor(cfg: DictConfig, actor_index: int, client_id: str, learner_address: str, inference_address: str,
-              stop_event: threading.Event | None = None) -> ActorStats:
+              stop_event: threading.Event | None = None, counters: ActorCounters | None = None) -> ActorStats:
     a = cfg.actor
     E, S, T, K = a.num_envs, a.pipeline_stage_num, a.rollout_len, cfg.env.chunk_size
+    grpo = cfg.algorithm.adv_type == "grpo"
+    if grpo:  # segments are whole episodes and groups of envs start alike (rlfleet.actors.groups)
+        T = episode_rollout_len(cfg.env.max_episode_steps, K)
+        check_stage_rows(E, S, cfg.algorithm.group_size)
     stop_event = stop_event or threading.Event()
+    counters = counters if counters is not None else ActorCounters()
     pool = EnvWorkerPool(as_dict(cfg.env), E, a.num_workers, S, run_slot_layout(cfg, E), env_offset=actor_index * E)
     learner = inference = None
     segments, steps, t0 = 0, 0, time.monotonic()
@@ -42,15 +66,28 @@ def run_actor(cfg: DictConfig, actor_index: int, client_id: str, learner_address
 
     try:
         learner = LearnerClient(learner_address, client_id, a.send_queue_size, cfg.learner.weight_chunk_bytes)
-        inference = connect_inference(a.transport, inference_address, pool.slots, client_id, stopping)
+        # one address, or several ("h1:p1,h2:p2") to spread requests over and fail over between
+        inference = connect_fleet(a.transport, inference_address, pool.slots, client_id, stopping,
+                                  OmegaConf.to_object(a.failover))
         pool.reset()
         rows = pool.stage_rows
-        builders = [SegmentBuilder(T, lo, hi, pool.layout) for lo, hi in rows]
+        resets = None
+        if grpo:  # the first reset told us each row's task; now reset every group to one seed
+            resets = GroupedResets(rows, np.array(pool.slots["task_ids"]), cfg.algorithm.group_size,
+                                   cfg.env.seed, actor_index)
+            pool.reset(resets.all_seeds())
+        builders = [SegmentBuilder(T, lo, hi, pool.layout, resets.groups[s].group_ids if resets else None)
+                    for s, (lo, hi) in enumerate(rows)]
 
         def launch(s: int) -> None:
             version = inference.wait(s)
             builders[s].record_policy(pool.slots, version)
-            pool.step_async(s)
+            if resets is not None and builders[s].t == T - 1:  # a segment's last step: reset after it
+                seeds = np.zeros(E, np.int64)
+                resets.next_seeds(s, seeds)
+                pool.step_async(s, reset_seeds=seeds)
+            else:
+                pool.step_async(s)
 
         for s in range(S):
             inference.submit(s, *rows[s])
@@ -65,10 +102,13 @@ def run_actor(cfg: DictConfig, actor_index: int, client_id: str, learner_address
             pool.step_wait(s)
             builders[s].record_step(pool.slots)
             steps += (rows[s][1] - rows[s][0]) * K
+            counters.env_steps = steps
             learner.env_steps = steps
             if builders[s].full:
-                learner.push(builders[s].finish(pool.slots))
+                segment = builders[s].finish(pool.slots)
+                learner.push(segment)
                 segments += 1
+                counters.add_segment(segment)
             inference.submit(s, *rows[s])
             if nxt == s:
                 launch(s)

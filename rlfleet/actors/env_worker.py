@@ -16,6 +16,7 @@ from multiprocessing.connection import Connection
 
 import numpy as np
 
+from rlfleet.wire.auth import current as current_auth
 from rlfleet.wire.shm import Layout, SharedArrays, layout_from_json, layout_to_json
 from rlfleet.wire.slots import obs_keys
 
@@ -73,10 +74,14 @@ def _write_step(slots: SharedArrays, sl: EnvSlice, res, keys: list[str]) -> None
     slots["episode_success_once"][rows] = res.episode_success_once
 
 
-def worker_main(env_cfg: dict, slices: list[EnvSlice], shm_name: str, layout_json: str, conn: Connection) -> None:
+def worker_main(env_cfg: dict, slices: list[EnvSlice], shm_name: str, layout_json: str, conn: Connection,
+                auth=None) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     from rlfleet.envs.api import EnvConfig
     from rlfleet.envs.registry import make_env
+    from rlfleet.wire.auth import configure
+
+    configure(auth)  # the actor's token/TLS, for envs that are gRPC clients (env.name=remote://...)
 
     slots = SharedArrays.attach(shm_name, layout_from_json(layout_json), untrack=False)
     envs = {}
@@ -88,11 +93,16 @@ def worker_main(env_cfg: dict, slices: list[EnvSlice], shm_name: str, layout_jso
         _send(conn, "ready")
         while True:
             cmd, arg = _recv(conn)
-            if cmd == "step":
-                stage = int(arg)
+            if cmd in ("step", "step_reset"):
+                stage_arg, _, seeds_json = arg.partition(" ")
+                stage = int(stage_arg)
                 sl = by_stage[stage]
                 _write_step(slots, sl, envs[stage].chunk_step(slots["actions"][sl.lo : sl.hi]), keys)
-                _send(conn, "stepped", arg)
+                if cmd == "step_reset":  # GRPO: the next segment starts a new episode everywhere
+                    obs = envs[stage].reset(np.asarray(json.loads(seeds_json))[sl.lo : sl.hi])
+                    _write_obs(slots, slice(sl.lo, sl.hi), obs, keys)
+                    slots["task_ids"][sl.lo : sl.hi] = obs["task_ids"]
+                _send(conn, "stepped", stage_arg)
             elif cmd == "reset":
                 arg = json.loads(arg)
                 for sl in slices:
@@ -138,7 +148,8 @@ class EnvWorkerPool:
             for slices in stage_slices(num_envs, num_stages, num_workers, env_offset):
                 parent, child = ctx.Pipe()
                 proc = ctx.Process(target=worker_main, daemon=True,
-                                   args=(env_cfg, slices, self.slots.name, layout_to_json(self.layout), child))
+                                   args=(env_cfg, slices, self.slots.name, layout_to_json(self.layout), child,
+                                         current_auth()))
                 proc.start()
                 child.close()
                 self.conns.append(parent)
@@ -164,9 +175,16 @@ class EnvWorkerPool:
             _send(conn, "reset", json.dumps(None if seeds is None else np.asarray(seeds).tolist()))
         self._gather("reset")
 
-    def step_async(self, stage: int) -> None:
+    def step_async(self, stage: int, reset_seeds: np.ndarray | None = None) -> None:
+        """Step a stage; with ``reset_seeds`` (one per actor row) its envs are then reset with them,
+        the new episodes' first observations replacing the step's (final_obs keeps the last ones)."""
+        if reset_seeds is None:
+            for conn in self.conns:
+                _send(conn, "step", str(stage))
+            return
+        arg = f"{stage} {json.dumps(np.asarray(reset_seeds).tolist())}"
         for conn in self.conns:
-            _send(conn, "step", str(stage))
+            _send(conn, "step_reset", arg)
 
     def step_wait(self, stage: int) -> None:
         self._gather("stepped")

@@ -2,12 +2,15 @@
 
 Pushes are retried with exponential backoff while the learner is unreachable (a restarted
 learner picks up where it left off); a segment keeps its id across retries, so the learner
-acknowledges a repeat without counting it twice.
+acknowledges a repeat without counting it twice. Ids start from a random per-process base, so
+a restarted actor that reuses its client id (`--id`) never sends ids the learner has already
+seen, which it would otherwise acknowledge as repeats and drop.
 """
 from __future__ import annotations
 
 import logging
 import queue
+import secrets
 import socket
 import threading
 import time
@@ -47,7 +50,7 @@ class LearnerClient:
         self.env_steps = 0
         self.segments_sent = 0
         self.rejected = 0
-        self._next_id = 0
+        self._next_id = secrets.randbits(31) << 32  # this process's id block (see the module doc)
         self._queue: queue.Queue[tuple[int, bytes] | None] = queue.Queue(maxsize=queue_size)
         self._sender = threading.Thread(target=self._send_loop, name="segment-sender", daemon=True)
         self._heart = threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)

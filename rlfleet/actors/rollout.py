@@ -9,11 +9,20 @@ from rlfleet.wire.segment import Segment
 
 
 class SegmentBuilder:
-    """Rows lo:hi of an actor's slots (one pipeline stage), T steps at a time."""
+    """Rows lo:hi of an actor's slots (one pipeline stage), T steps at a time.
 
-    def __init__(self, T: int, lo: int, hi: int, layout: Layout):
+    ``group_ids`` (GRPO, see rlfleet.actors.groups): segments are whole episodes, so only each
+    env's first episode end in a segment is an episode; a later one closes the auto-reset's
+    leftover episode, which the learner masks out, and is not reported.
+    """
+
+    def __init__(self, T: int, lo: int, hi: int, layout: Layout, group_ids: np.ndarray | None = None):
         self.T, self.lo, self.hi = T, lo, hi
         B = hi - lo
+        self.group_ids = np.zeros(0, np.int64) if group_ids is None else np.asarray(group_ids, np.int64)
+        if len(self.group_ids) not in (0, B):
+            raise ValueError(f"group_ids must have one label per env row ({B}), got {len(self.group_ids)}")
+        self.in_episode = np.ones(B, bool)  # GRPO: the segment's episode has not ended yet
 
         def rows(name: str) -> np.ndarray:
             spec = layout[name]
@@ -51,6 +60,9 @@ class SegmentBuilder:
         self.terminated[t] = slots["terminated"][r]
         self.truncated[t] = slots["truncated"][r]
         done = slots["episode_done"][r]
+        if len(self.group_ids):
+            done = done & self.in_episode
+            self.in_episode &= ~done
         for k in self.obs_keys:
             self.final_obs[k][t] = 0
         if done.any():
@@ -80,7 +92,8 @@ class SegmentBuilder:
             task_ids=np.array(slots["task_ids"][r]), env_steps=np.array(self.T * (self.hi - self.lo) * K, np.int64),
             ep_returns=np.array([e[0] for e in eps], np.float32), ep_lengths=np.array([e[1] for e in eps], np.int32),
             ep_success=np.array([e[2] for e in eps], bool), ep_task_ids=np.array([e[3] for e in eps], np.int64),
-            extras={k[len("extra."):]: v.copy() for k, v in self.extras.items()},
+            extras={k[len("extra."):]: v.copy() for k, v in self.extras.items()}, group_ids=self.group_ids.copy(),
         )
         self.t, self._episodes = 0, []
+        self.in_episode[:] = True
         return seg

@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 
-def normalize_advantages(adv: Tensor, eps: float = 1e-8) -> Tensor:
+def normalize_advantages(adv: Tensor, eps: float = 1e-8, stats: tuple[float, float] | None = None) -> Tensor:
     """Normalise to mean 0, std 1:  (A - mean(A)) / (std(A) + eps).
 
     Uses the *population* std (``unbiased=False``), so the result has
@@ -18,7 +18,13 @@ def normalize_advantages(adv: Tensor, eps: float = 1e-8) -> Tensor:
     sqrt(N/(N-1)), negligible for minibatch sizes.)  Why: keeps the policy-loss
     scale independent of reward scale (PPO implementation detail, Engstrom et
     al. 2020 / Huang et al. 2022 "The 37 Implementation Details of PPO").
+
+    ``stats``: (mean, std) computed elsewhere, e.g. over a minibatch split across DDP ranks,
+    where each rank holds only its share of A.
     """
+    if stats is not None:
+        mean, std = stats
+        return (adv - mean) / (std + eps)
     mean = adv.mean()
     std = adv.std(unbiased=False) if adv.numel() > 0 else adv.new_tensor(0.0)
     return (adv - mean) / (std + eps)

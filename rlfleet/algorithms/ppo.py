@@ -13,10 +13,24 @@ and is passed to :func:`policy_loss` as ``weights``.
 
 import math
 from dataclasses import dataclass
-from typing import Optional
+from typing import List, Optional
 
 import torch
 from torch import Tensor
+
+
+def _per_element(x: Tensor, logp: Tensor, name: str) -> Tensor:
+    """A per-sample [N] tensor as [N, 1, ...], so it broadcasts over a log-prob [N, *P].
+
+    Why: per-action [N, K] and per-token [N, K*D] log-probs share their chunk's advantage (and
+    every clip, the dual clip included, applies per element). Without the reshape an [N]
+    advantage would broadcast against the *last* dim, silently wrong whenever N == P.
+    """
+    if x.dim() >= logp.dim():
+        return x
+    if x.shape != logp.shape[: x.dim()]:
+        raise ValueError(f"{name} {tuple(x.shape)} does not lead the log-prob shape {tuple(logp.shape)}")
+    return x.reshape(*x.shape, *([1] * (logp.dim() - x.dim())))
 
 
 def _fraction(mask: Tensor) -> float:
@@ -44,6 +58,15 @@ class PPOConfig:
     max_policy_lag: int = 4  # drop samples older than this many learner updates
     rho_bar: float = 1.0  # truncated importance-weight cap
     critic_warmup_updates: int = 0  # first updates train only the critic (a fresh value head on an SFT policy)
+    # Advantages: "gae" (critic, GAE or V-trace) or "grpo" (critic-free, group-relative; whole-episode
+    # segments of groups of `group_size` envs reset alike, see rlfleet.algorithms.grpo).
+    adv_type: str = "gae"
+    group_size: int = 8  # G, GRPO only
+    group_filter: Optional[List[float]] = None  # GRPO: [lo, hi] keeps groups with lo <= mean return <= hi
+    # Off-policy correction of stale samples (GAE mode): "truncated_is" (decoupled PPO weights
+    # min(pi_old/mu, rho_bar)) or "vtrace" (IMPALA targets and advantages, rlfleet.algorithms.vtrace).
+    off_policy: str = "truncated_is"
+    vtrace_c_bar: float = 1.0  # V-trace trace cutting c_bar (rho_bar is `rho_bar`)
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.clip_ratio_low < 1.0:
@@ -62,6 +85,23 @@ class PPOConfig:
             raise ValueError(f"critic_warmup_updates must be >= 0, got {self.critic_warmup_updates}")
         if self.update_epochs < 1 or self.num_minibatches < 1:
             raise ValueError("update_epochs and num_minibatches must be >= 1")
+        if self.adv_type not in ("gae", "grpo"):
+            raise ValueError(f"adv_type must be 'gae' or 'grpo', got {self.adv_type!r}")
+        if self.off_policy not in ("truncated_is", "vtrace"):
+            raise ValueError(f"off_policy must be 'truncated_is' or 'vtrace', got {self.off_policy!r}")
+        if self.vtrace_c_bar <= 0.0:
+            raise ValueError(f"vtrace_c_bar must be > 0, got {self.vtrace_c_bar}")
+        if self.adv_type == "grpo":
+            if self.group_size < 2:
+                raise ValueError(f"group_size must be >= 2 for GRPO, got {self.group_size}")
+            if self.off_policy == "vtrace":
+                raise ValueError("off_policy=vtrace needs a critic; GRPO has none (use truncated_is)")
+            if self.critic_warmup_updates:
+                raise ValueError("critic_warmup_updates must be 0 with GRPO: there is no critic to warm up")
+        if self.group_filter is not None:
+            lo_hi = list(self.group_filter)
+            if len(lo_hi) != 2 or not lo_hi[0] <= lo_hi[1]:
+                raise ValueError(f"group_filter must be [lo, hi] with lo <= hi, got {lo_hi}")
 
 
 def policy_loss(
@@ -84,6 +124,9 @@ def policy_loss(
 
     Asymmetric ``clip_low``/``clip_high`` as in DAPO's "clip-higher" (Yu et al.
     2025).  ``logp_old`` is the learner's pre-update log-prob (a constant).
+    Per-action / per-token log-probs ``[N, *P]`` take a per-sample advantage
+    ``[N]`` (or already broadcast ``[N, 1, ...]``); the ratio, both clips and
+    the dual clip then act per element.
 
     Stats (python floats): ``approx_kl`` = mean((ratio - 1) - log ratio)
     (Schulman's k3 KL(old||new) estimator), ``clip_fraction`` = fraction with
@@ -94,7 +137,9 @@ def policy_loss(
     if dual_clip is not None and dual_clip <= 1.0:
         raise ValueError(f"dual_clip must be > 1 (or None), got {dual_clip}")
     logp_old = logp_old.detach()
-    advantages = advantages.detach()
+    advantages = _per_element(advantages.detach(), logp, "advantages")
+    if weights is not None:
+        weights = _per_element(weights, logp, "weights")
 
     log_ratio = logp - logp_old
     ratio = torch.exp(log_ratio)

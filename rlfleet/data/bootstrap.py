@@ -34,8 +34,14 @@ def demos_folder(cfg: DictConfig) -> Path:
     return Path(d.cache_dir) / f"demos-{key}"
 
 
+# Policy settings that only change how RL samples and scores actions (applied when the checkpoint
+# is loaded), so runs that differ only in them share one SFT checkpoint.
+SAMPLING_ONLY_KEYS = ("temperature", "logprob_type")
+
+
 def sft_folder(cfg: DictConfig) -> Path:
-    key = _key("sft", str(demos_folder(cfg)), policy_settings(cfg), cfg.env.chunk_size, as_dict(cfg.sft))
+    policy = {k: v for k, v in policy_settings(cfg).items() if k not in SAMPLING_ONLY_KEYS}
+    key = _key("sft", str(demos_folder(cfg)), policy, cfg.env.chunk_size, as_dict(cfg.sft))
     return Path(cfg.demos.cache_dir) / f"sft-{key}"
 
 

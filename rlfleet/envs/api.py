@@ -30,7 +30,8 @@ class EnvConfig:
     chunk_size: int = 1  # K: actions executed per policy query
     seed: int = 0
     # "dense": the simulator's shaped reward; "success": 1 for every step the task counts as
-    # solved, else 0 (what success_once measures, as RLinf's sparse rewards)
+    # solved, else 0 (what success_once measures, as RLinf's sparse rewards); "success_once": 1 on
+    # the first solved step of an episode only, so an episode's return is its success (0 or 1; GRPO)
     reward_type: str = "dense"
     image_size: int = 0  # side of the square `main_images` camera frame; 0: state-only (no renderer)
     camera: str = "corner"  # simulator camera for `main_images`
@@ -107,6 +108,15 @@ class ChunkedEnv(abc.ABC):
     @abc.abstractmethod
     def spec(self) -> EnvSpec:
         """Shapes and task assignment of this batch."""
+
+    @property
+    def task_list(self) -> list[str]:
+        """Every task of the env config, in order: what `obs["task_ids"]` index into.
+
+        The default suits envs whose batch covers all their tasks; adapters whose slices see
+        only some tasks (MetaWorld task sets) override it.
+        """
+        return list(dict.fromkeys(self.spec.task_names))
 
     @abc.abstractmethod
     def reset(self, seeds: np.ndarray | None = None) -> dict:

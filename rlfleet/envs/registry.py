@@ -13,6 +13,7 @@ EnvFactory = Callable[[EnvConfig, int, int], ChunkedEnv]
 """(cfg, num_envs, env_offset) -> ChunkedEnv."""
 
 _REGISTRY: dict[str, EnvFactory] = {}
+_SCHEMES: dict[str, EnvFactory] = {}  # "remote" serves every name "remote://..."
 
 
 def register_env(name: str, factory: EnvFactory) -> None:
@@ -22,9 +23,16 @@ def register_env(name: str, factory: EnvFactory) -> None:
     _REGISTRY[name] = factory
 
 
+def register_env_scheme(scheme: str, factory: EnvFactory) -> None:
+    """Make `factory` build every env named `scheme://...` (it parses the rest of the name itself)."""
+    if not scheme.isidentifier():
+        raise ValueError(f"env scheme must be a plain word, got {scheme!r}")
+    _SCHEMES[scheme] = factory
+
+
 def registered_envs() -> list[str]:
-    """Names `make_env` accepts."""
-    return sorted(_REGISTRY)
+    """Names `make_env` accepts (schemes as `scheme://...`)."""
+    return sorted(_REGISTRY) + sorted(f"{s}://..." for s in _SCHEMES)
 
 
 def make_env(cfg: EnvConfig, num_envs: int, env_offset: int = 0) -> ChunkedEnv:
@@ -34,6 +42,8 @@ def make_env(cfg: EnvConfig, num_envs: int, env_offset: int = 0) -> ChunkedEnv:
     getting distinct tasks and seeds.
     """
     factory = _REGISTRY.get(cfg.name)
+    if factory is None and "://" in cfg.name:
+        factory = _SCHEMES.get(cfg.name.split("://", 1)[0])
     if factory is None:
         raise ValueError(f"unknown env name {cfg.name!r}; registered: {', '.join(registered_envs())}")
     if num_envs < 1:
@@ -49,4 +59,11 @@ def _make_metaworld(cfg: EnvConfig, num_envs: int, env_offset: int) -> ChunkedEn
     return MetaWorldEnv(cfg, num_envs, env_offset=env_offset)
 
 
+def _make_remote(cfg: EnvConfig, num_envs: int, env_offset: int) -> ChunkedEnv:
+    from rlfleet.envs.remote import RemoteEnv
+
+    return RemoteEnv(cfg, num_envs, env_offset=env_offset)
+
+
 register_env("metaworld", _make_metaworld)
+register_env_scheme("remote", _make_remote)  # any simulator behind EnvService: remote://HOST:PORT

@@ -33,11 +33,13 @@ class DynamicBatcher:
         self.max_wait = max_wait_ms / 1000.0
         self._q: queue.Queue[InferenceRequest] = queue.Queue(maxsize=max_pending)
         self._carry: InferenceRequest | None = None
+        self.overloaded = 0  # requests refused because max_pending were already waiting
 
     def submit(self, req: InferenceRequest) -> None:
         try:
             self._q.put_nowait(req)
         except queue.Full:
+            self.overloaded += 1
             req.fail("inference server overloaded: too many pending requests")
 
     def pending(self) -> int:

@@ -11,6 +11,7 @@ import numpy as np
 from rlfleet.inference_server.batcher import DynamicBatcher, InferenceRequest
 from rlfleet.wire import codec
 from rlfleet.wire.gen import inference_pb2, inference_pb2_grpc
+from rlfleet.wire.rejections import RejectionCounter
 
 log = logging.getLogger(__name__)
 _DONE = object()
@@ -21,7 +22,8 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
         self.batcher = batcher
         self.runner = runner
         self.zmq_endpoint = zmq_endpoint
-        self.errors = 0
+        self.errors = 0  # every error answer, batch-stage failures (overload, policy) included
+        self.rejections = RejectionCounter()  # requests refused here, by reason
 
     def GetInfo(self, request, context):
         p = self.runner.policy
@@ -43,7 +45,13 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
             obs = self.runner.validate(codec.decode_map(msg.obs))
         except codec.WireFormatError as exc:
             log.warning("rejected an inference request: %s", exc)
+            self.rejections.count(exc.reason)
             fail(str(exc))
+            return
+        except Exception as exc:  # an answer, never a silently dead stream reader
+            log.exception("unexpected error on an inference request")
+            self.rejections.count("internal")
+            fail(f"request could not be processed: {type(exc).__name__}: {exc}")
             return
         self.batcher.submit(InferenceRequest(obs, msg.deterministic, respond, fail))
 

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from rlfleet.inference_server.batcher import InferenceRequest
-from rlfleet.policies.checkpoint_io import load_state_dict_bytes
+from rlfleet.policies.checkpoint_io import load_state_dict_bytes, load_tensors
 from rlfleet.wire.codec import WireFormatError
 from rlfleet.wire.slots import ObsSpec
 
@@ -29,7 +29,8 @@ class PolicyRunner:
                              f"(it provides {sorted(self.obs_spec)}; images need env.image_size > 0)")
         self.batches = 0
         self.rows = 0
-        self.errors = 0
+        self.errors = 0  # requests failed because the policy raised on their batch
+        self.offloaded = False
 
     def validate(self, obs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Check the keys the policy reads and return private copies of them.
@@ -40,28 +41,50 @@ class PolicyRunner:
         rows = None
         for key in self.keys:
             if key not in obs:
-                raise WireFormatError(f"observation lacks {key!r} (the policy reads {list(self.keys)})")
+                raise WireFormatError(f"observation lacks {key!r} (the policy reads {list(self.keys)})",
+                                      reason="missing_tensor")
             arr = np.asarray(obs[key])
             shape, dtype = self.obs_spec[key]
             if arr.dtype != np.dtype(dtype) or arr.shape[1:] != tuple(shape) or arr.ndim != len(shape) + 1:
                 raise WireFormatError(f"{key} must be {dtype} [B, {', '.join(map(str, shape))}], "
-                                      f"got {arr.dtype} {list(arr.shape)}")
+                                      f"got {arr.dtype} {list(arr.shape)}",
+                                      reason="bad_dtype" if arr.dtype != np.dtype(dtype) else "bad_shape")
             if rows is not None and arr.shape[0] != rows:
-                raise WireFormatError(f"{key} has {arr.shape[0]} rows, other keys {rows}")
+                raise WireFormatError(f"{key} has {arr.shape[0]} rows, other keys {rows}", reason="bad_shape")
             rows = arr.shape[0]
             if arr.dtype.kind == "f" and not np.isfinite(arr).all():
-                raise WireFormatError(f"{key} contains NaN or inf")
+                raise WireFormatError(f"{key} contains NaN or inf", reason="non_finite")
             out[key] = np.array(arr)
         if not rows:
-            raise WireFormatError("empty observation batch")
+            raise WireFormatError("empty observation batch", reason="bad_shape")
         return out
 
     def load_weights(self, version: int, data: bytes) -> None:
         load_state_dict_bytes(self.policy, data)
         self.version = version
 
+    def offload(self) -> None:
+        """Weights to host memory while idle, so a learner rank on the same GPU has the memory."""
+        if self.offloaded or torch.device(self.device).type == "cpu":
+            return
+        self.policy.to("cpu")
+        if torch.device(self.device).type == "cuda":
+            torch.cuda.empty_cache()
+        self.offloaded = True
+
+    def restore(self) -> None:
+        if self.offloaded:
+            self.policy.to(self.device)
+            self.offloaded = False
+
+    def load_update(self, update) -> None:
+        """A WeightUpdate from the subscriber: all tensors, or only the changed ones (delta sync)."""
+        load_tensors(self.policy, update.tensors, partial=not update.complete)
+        self.version = update.version
+
     @torch.no_grad()
     def run(self, batch: list[InferenceRequest]) -> None:
+        self.restore()
         for deterministic in (False, True):
             group = [r for r in batch if r.deterministic == deterministic]
             if not group:
@@ -71,6 +94,7 @@ class PolicyRunner:
                 out = self.policy.act(obs, deterministic=deterministic)
             except Exception as exc:  # a bug must answer the callers, not hang them
                 log.exception("policy failed on a batch")
+                self.errors += len(group)
                 for r in group:
                     r.fail(f"policy failed: {exc}")
                 continue

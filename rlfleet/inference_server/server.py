@@ -3,12 +3,14 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import zmq
 from omegaconf import DictConfig
 
-from rlfleet.inference_server.batcher import DynamicBatcher
+from rlfleet.inference_server.batcher import DynamicBatcher, InferenceRequest
 from rlfleet.inference_server.grpc_frontend import InferenceServicer
 from rlfleet.inference_server.policy_runner import PolicyRunner
 from rlfleet.inference_server.weight_subscriber import WeightSubscriber, pull_weights
@@ -16,8 +18,11 @@ from rlfleet.inference_server.zmq_frontend import ZmqFrontend
 from rlfleet.config import policy_settings, run_observation_spec
 from rlfleet.policies.checkpoint_io import load_state_dict_bytes
 from rlfleet.policies.registry import make_policy
+from rlfleet.wire.auth import AuthConfig, resolve as resolve_auth
 from rlfleet.wire.gen import inference_pb2_grpc, learner_pb2_grpc
+from rlfleet.wire.grpc_decoding import add_servicer
 from rlfleet.wire.grpc_server import start_grpc_server
+from rlfleet.wire.rejections import merge_counts
 
 log = logging.getLogger(__name__)
 
@@ -34,29 +39,40 @@ class InferenceServer:
     """Owns the batching loop; runs until stop() or until the learner says training is over."""
 
     def __init__(self, runner: PolicyRunner, host: str, grpc_port: int, zmq_port: int,
-                 max_batch: int, max_wait_ms: float, subscriber: WeightSubscriber | None = None):
+                 max_batch: int, max_wait_ms: float, subscriber: WeightSubscriber | None = None,
+                 auth: AuthConfig | None = None, offload_idle_s: float = 0.0):
+        auth = resolve_auth(auth)  # token / TLS / size limit for both front ends
         self.runner = runner
         self.batcher = DynamicBatcher(max_batch, max_wait_ms)
         self.ctx = zmq.Context()
-        self.zmq = ZmqFrontend(self.ctx, host, zmq_port, self.batcher, runner.validate).start()
+        self.zmq = ZmqFrontend(self.ctx, host, zmq_port, self.batcher, runner.validate, auth).start()
         self.servicer = InferenceServicer(self.batcher, runner, self.zmq.endpoint)
         self.grpc_server, self.grpc_port = start_grpc_server(
             host, grpc_port,
-            [lambda s: inference_pb2_grpc.add_InferenceServiceServicer_to_server(self.servicer, s)],
-            ["rlfleet.v1.InferenceService"],
+            [lambda s: add_servicer(inference_pb2_grpc.add_InferenceServiceServicer_to_server, self.servicer, s,
+                                    self.servicer.rejections.count)],
+            ["rlfleet.v1.InferenceService"], auth=auth,
         )
         self.address = f"{host}:{self.grpc_port}"
         self.subscriber = subscriber
+        self.on_batch: Callable[[list[InferenceRequest]], None] | None = None  # e.g. the metrics histogram
         self._stop = threading.Event()
+        self.offload_idle_s = offload_idle_s
 
     def stop(self) -> None:
         self._stop.set()
 
     def stats(self) -> InferenceStats:
-        return InferenceStats(self.runner.batches, self.runner.rows,
-                              self.runner.errors + self.zmq.errors + self.servicer.errors, self.runner.version)
+        return InferenceStats(self.runner.batches, self.runner.rows, sum(self.rejected_requests().values()),
+                              self.runner.version)
+
+    def rejected_requests(self) -> dict[str, int]:
+        """Requests answered with an error, by reason (bad input, protocol, overload, policy failure)."""
+        return merge_counts(self.zmq.rejections.snapshot(), self.servicer.rejections.snapshot(),
+                            {"overloaded": self.batcher.overloaded, "policy_error": self.runner.errors})
 
     def serve(self) -> None:
+        last_batch = time.monotonic()
         try:
             while not self._stop.is_set():
                 if self.subscriber is not None:
@@ -65,10 +81,15 @@ class InferenceServer:
                         break
                     pending = self.subscriber.take()
                     if pending is not None:
-                        self.runner.load_weights(*pending)
+                        self.runner.load_update(pending)
                 batch = self.batcher.next_batch(timeout=0.05)
                 if batch:
                     self.runner.run(batch)
+                    last_batch = time.monotonic()
+                    if self.on_batch is not None:
+                        self.on_batch(batch)
+                elif self.offload_idle_s and time.monotonic() - last_batch > self.offload_idle_s:
+                    self.runner.offload()  # the actors wait on the learner's update: lend it the memory
         finally:
             self.close()
 
@@ -86,8 +107,8 @@ def build_runner_from_learner(channel, cfg: DictConfig, subscriber_id: str) -> t
     # a fresh policy of the run's kind: its weights come from the learner, not from model_path
     policy = make_policy(policy_settings(cfg), dims.state_dim, dims.action_dim, cfg.env.chunk_size, image_size=cfg.env.image_size)
     stub = learner_pb2_grpc.LearnerServiceStub(channel)
-    version, data = pull_weights(stub)
-    load_state_dict_bytes(policy, data)
-    runner = PolicyRunner(policy, version, cfg.inference.device, run_observation_spec(cfg))
-    return runner, WeightSubscriber(channel, version, subscriber_id).start()
+    initial = pull_weights(stub)
+    load_state_dict_bytes(policy, initial.data)
+    runner = PolicyRunner(policy, initial.version, cfg.inference.device, run_observation_spec(cfg))
+    return runner, WeightSubscriber(channel, initial, subscriber_id, delta=cfg.inference.weight_delta).start()
 

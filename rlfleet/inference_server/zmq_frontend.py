@@ -6,6 +6,8 @@ Protocol (DEALER -> ROUTER), every message [kind, request_id(8 bytes little endi
   write the outputs into the same rows (`rlfleet.wire.slots`), answer b"done" + int64 policy version;
 - b"act" + flag byte + codec frames: answer b"result" + int64 version + codec frames;
 - anything wrong: b"error" + UTF-8 message; the socket keeps serving.
+With a token configured (`rlfleet.wire.auth`), each message is prefixed by [b"auth", token];
+without it, or with a wrong token, the answer is an error and the request is counted, not served.
 """
 from __future__ import annotations
 
@@ -19,6 +21,8 @@ import zmq
 
 from rlfleet.inference_server.batcher import DynamicBatcher, InferenceRequest
 from rlfleet.wire import codec
+from rlfleet.wire.auth import AuthConfig, check_bind_host, check_zmq_token, is_loopback, resolve
+from rlfleet.wire.rejections import RejectionCounter
 from rlfleet.wire.shm import SharedArrays, layout_from_json
 from rlfleet.wire.slots import BASE_OUTPUTS, obs_keys, output_slot
 
@@ -27,13 +31,21 @@ _I64 = struct.Struct("<q")
 
 
 class ZmqFrontend:
-    def __init__(self, ctx: zmq.Context, host: str, port: int, batcher: DynamicBatcher, validate):
+    def __init__(self, ctx: zmq.Context, host: str, port: int, batcher: DynamicBatcher, validate,
+                 auth: AuthConfig | None = None):
         self.ctx = ctx
         self.batcher = batcher
         self.validate = validate
+        auth = resolve(auth)
+        check_bind_host(host, auth)
+        if auth.server_tls and not is_loopback(host):
+            # ZeroMQ has no TLS: keep its clear-text traffic (and the token) on this host
+            log.warning("TLS is on: the ZeroMQ front end stays on 127.0.0.1; remote actors use transport=grpc")
+            host = "127.0.0.1"
+        self._token = auth.token
         self.router = ctx.socket(zmq.ROUTER)
         self.router.setsockopt(zmq.LINGER, 0)
-        self.router.setsockopt(zmq.MAXMSGSIZE, 256 * 1024 * 1024)
+        self.router.setsockopt(zmq.MAXMSGSIZE, auth.max_message_bytes)  # larger: the peer is disconnected
         if port:
             self.router.bind(f"tcp://{host}:{port}")
         else:
@@ -45,7 +57,9 @@ class ZmqFrontend:
         self._local = threading.local()
         self._pushers: list[zmq.Socket] = []
         self.blocks: dict[bytes, SharedArrays] = {}
-        self.errors = 0
+        self.errors = 0  # every error answer, batch-stage failures (overload, policy) included
+        self.rejections = RejectionCounter()  # requests refused here, by reason
+        self.auth_rejected = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="zmq-frontend", daemon=True)
 
@@ -94,13 +108,20 @@ class ZmqFrontend:
         self.router.close()
         self.outbox.close()
 
-    def _error(self, ident, req_id: bytes, msg: str) -> None:
+    def _error(self, ident, req_id: bytes, msg: str, reason: str = "protocol") -> None:
         self.errors += 1
+        self.rejections.count(reason)
         log.warning("rejected an inference request: %s", msg)
         self.router.send_multipart([ident, b"error", req_id, msg.encode()])
 
     def _handle(self, frames: list) -> None:
         ident = frames[0]
+        start, refusal = check_zmq_token([f.bytes for f in frames[1:3]], self._token)
+        if refusal:
+            self.auth_rejected += 1
+            self._error(ident, b"\0" * 8, refusal, reason="auth")
+            return
+        frames = [ident, *frames[1 + start:]]
         if len(frames) < 3:
             self._error(ident, b"\0" * 8, "message too short: expected [kind, request_id, ...]")
             return
@@ -114,19 +135,22 @@ class ZmqFrontend:
             elif kind == b"act":
                 self._act_frames(ident, req_id, frames[3:])
             else:
-                raise codec.WireFormatError(f"unknown message kind {kind[:32]!r}")
-        except (codec.WireFormatError, ValueError, KeyError, FileNotFoundError) as exc:
-            self._error(ident, req_id, str(exc))
+                raise codec.WireFormatError(f"unknown message kind {kind[:32]!r}", reason="protocol")
+        except (codec.WireFormatError, ValueError, KeyError, OSError) as exc:
+            self._error(ident, req_id, str(exc), getattr(exc, "reason", "malformed"))
+        except Exception as exc:  # whatever a message does, the socket thread must keep serving
+            log.exception("unexpected error on an inference request")
+            self._error(ident, req_id, f"request could not be processed: {type(exc).__name__}: {exc}", "internal")
 
     def _attach(self, ident: bytes, payload: bytes) -> None:
         try:
             info = json.loads(payload)
             name, layout = info["shm_name"], layout_from_json(json.dumps(info["layout"]))
         except (json.JSONDecodeError, KeyError, TypeError) as exc:
-            raise codec.WireFormatError(f"bad attach message: {exc}") from exc
+            raise codec.WireFormatError(f"bad attach message: {exc}", reason="protocol") from exc
         for key in BASE_OUTPUTS:
             if key not in layout:
-                raise codec.WireFormatError(f"shared block layout lacks {key!r}")
+                raise codec.WireFormatError(f"shared block layout lacks {key!r}", reason="protocol")
         old = self.blocks.pop(ident, None)
         if old is not None:
             old.close()
@@ -135,13 +159,13 @@ class ZmqFrontend:
     def _act_shm(self, ident, req_id: bytes, rest: list) -> None:
         blk = self.blocks.get(ident.bytes)
         if blk is None:
-            raise codec.WireFormatError("act_shm before attach: send an attach message first")
+            raise codec.WireFormatError("act_shm before attach: send an attach message first", reason="protocol")
         if len(rest) != 1 or len(rest[0].bytes) != 24:
-            raise codec.WireFormatError("act_shm needs one 24-byte frame (lo, hi, deterministic)")
+            raise codec.WireFormatError("act_shm needs one 24-byte frame (lo, hi, deterministic)", reason="protocol")
         lo, hi, det = struct.unpack("<qqq", rest[0].bytes)
         n = blk["actions"].shape[0]
         if not 0 <= lo < hi <= n:
-            raise codec.WireFormatError(f"rows {lo}:{hi} outside the block's {n} envs")
+            raise codec.WireFormatError(f"rows {lo}:{hi} outside the block's {n} envs", reason="bad_shape")
         obs = self.validate({k: blk[k][lo:hi] for k in obs_keys(blk.layout)})
 
         fail = self._fail(ident, req_id)
@@ -149,6 +173,7 @@ class ZmqFrontend:
         def respond(out: dict[str, np.ndarray], version: int) -> None:
             missing = [output_slot(k) for k in out if output_slot(k) not in blk.layout]
             if missing:
+                self.rejections.count("slot_mismatch")
                 fail(f"the actor's shared block has no slots {missing} for the policy's outputs")
                 return
             for key, value in out.items():
@@ -159,7 +184,8 @@ class ZmqFrontend:
 
     def _act_frames(self, ident, req_id: bytes, rest: list) -> None:
         if not rest or len(rest[0].bytes) != 1:
-            raise codec.WireFormatError("act needs a 1-byte deterministic flag frame before the tensors")
+            raise codec.WireFormatError("act needs a 1-byte deterministic flag frame before the tensors",
+                                        reason="protocol")
         det = rest[0].bytes == b"\1"
         obs = self.validate(codec.decode_frames([f.buffer for f in rest[1:]]))
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass
 
 from rlfleet.wire.segment import Segment
@@ -14,6 +14,10 @@ class IngestedSegment:
     client_id: str
     segment_id: int
     segment: Segment
+
+
+def _env_steps(item: IngestedSegment) -> int:
+    return int(getattr(item.segment, "env_steps", 0))  # tests may queue placeholder segments
 
 
 class IngestQueue:
@@ -28,7 +32,11 @@ class IngestQueue:
         self.accepted = 0
         self.duplicates = 0
         self.rejected = 0
+        self._rejected_by: Counter[str] = Counter()
         self.by_client: dict[str, int] = {}
+        self.accepted_env_steps = 0  # simulator steps in accepted segments (each counted once)
+        self.consumed = 0  # segments handed to the trainer by get()
+        self.consumed_env_steps = 0
 
     def seen(self, client_id: str, segment_id: int) -> bool:
         with self._lock:
@@ -64,23 +72,41 @@ class IngestQueue:
                 while len(self._seen) > self._remember:
                     self._seen.popitem(last=False)
                 self.accepted += 1
+                self.accepted_env_steps += _env_steps(item)
                 self.by_client[item.client_id] = self.by_client.get(item.client_id, 0) + 1
         mine.set()
         return ok
 
     def get(self, timeout: float) -> IngestedSegment | None:
         try:
-            return self._q.get(timeout=timeout)
+            item = self._q.get(timeout=timeout)
         except queue.Empty:
             return None
+        with self._lock:
+            self.consumed += 1
+            self.consumed_env_steps += _env_steps(item)
+        return item
 
     def count_duplicate(self) -> None:
         with self._lock:
             self.duplicates += 1
 
-    def count_rejected(self) -> None:
+    def count_rejected(self, reason: str = "malformed") -> None:
         with self._lock:
             self.rejected += 1
+            self._rejected_by[reason] += 1
+
+    def rejected_by_reason(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._rejected_by)
+
+    def accounting(self) -> dict[str, int]:
+        """Segment and env-step totals, to check that nothing was counted twice or lost in between:
+        accepted == consumed + still queued, and duplicates were acknowledged but not queued."""
+        with self._lock:
+            return {"accepted": self.accepted, "accepted_env_steps": self.accepted_env_steps,
+                    "consumed": self.consumed, "consumed_env_steps": self.consumed_env_steps,
+                    "queued": self._q.qsize(), "duplicates": self.duplicates, "rejected": self.rejected}
 
     def qsize(self) -> int:
         return self._q.qsize()

@@ -35,6 +35,17 @@ class EpisodeWindow:
         return out
 
 
+LAG_COUNT_PREFIX = "throughput/policy_lag_count/"
+
+
+def policy_lag_counts(lags: np.ndarray, max_policy_lag: int) -> dict[str, float]:
+    """Samples per policy lag, ``throughput/policy_lag_count/<lag>``: every lag 0..max_policy_lag
+    (zeros included, so the curves are continuous) plus any larger lag seen (dropped samples)."""
+    lags = np.asarray(lags, np.int64)
+    counts = np.bincount(lags, minlength=max_policy_lag + 1) if lags.size else np.zeros(max_policy_lag + 1, np.int64)
+    return {f"{LAG_COUNT_PREFIX}{k}": float(c) for k, c in enumerate(counts) if k <= max_policy_lag or c}
+
+
 class MetricsWriter:
     def __init__(self, log_dir: Path, enabled: bool = True):
         self.writer = None
@@ -49,6 +60,15 @@ class MetricsWriter:
         for key, value in scalars.items():
             if value is not None and np.isfinite(value):
                 self.writer.add_scalar(key, value, step)
+
+    def write_lag_histogram(self, scalars: dict[str, float], step: int) -> None:
+        """TensorBoard histogram ``throughput/policy_lag_hist`` rebuilt from the per-lag counts in
+        ``scalars`` (see :func:`policy_lag_counts`): one integer-wide bin per lag."""
+        counts = {int(k[len(LAG_COUNT_PREFIX):]): int(v) for k, v in scalars.items() if k.startswith(LAG_COUNT_PREFIX)}
+        if self.writer is None or not any(counts.values()):
+            return
+        lags = np.repeat(np.fromiter(counts.keys(), np.int64), np.fromiter(counts.values(), np.int64))
+        self.writer.add_histogram("throughput/policy_lag_hist", lags, step, bins=np.arange(-0.5, max(counts) + 1.0))
 
     def close(self) -> None:
         if self.writer is not None:

@@ -12,19 +12,25 @@ from pathlib import Path
 
 import torch
 from omegaconf import DictConfig, OmegaConf
+from safetensors.torch import save as st_save
 
+from rlfleet.actors.groups import check_stage_rows, episode_rollout_len
 from rlfleet.config import as_dict, eval_env_config, run_observation_spec, to_yaml
 from rlfleet.envs.api import EnvConfig
 from rlfleet.envs.registry import make_env
 from rlfleet.evaluation import evaluate_policy, task_list
 from rlfleet.learner.checkpointer import Checkpointer, TrainerCounters
+from rlfleet.learner.distributed import Ranks, SingleRank, join_ranks
+from rlfleet.learner.follower import run_follower
 from rlfleet.learner.ingest import IngestQueue
 from rlfleet.learner.metrics import EpisodeWindow, MetricsWriter, make_progress
 from rlfleet.learner.service import LearnerServicer
 from rlfleet.learner.trainer import PPOTrainer
-from rlfleet.learner.weight_publisher import WeightPublisher
-from rlfleet.policies.checkpoint_io import model_config, policy_from_config, state_dict_bytes
+from rlfleet.learner.weight_publisher import WeightPublisher, tensor_digests
+from rlfleet.policies.checkpoint_io import cpu_state_dict, model_config, policy_from_config
+from rlfleet.telemetry.prometheus import LearnerCollector, MetricsPortError, start_role_metrics
 from rlfleet.wire.gen import learner_pb2_grpc
+from rlfleet.wire.grpc_decoding import add_servicer
 from rlfleet.wire.grpc_server import start_grpc_server
 from rlfleet.wire.segment import Segment
 
@@ -68,9 +74,10 @@ def archive_previous_run(run_dir: Path) -> Path | None:
 
 
 class Learner:
-    def __init__(self, cfg: DictConfig, run_dir: Path):
+    def __init__(self, cfg: DictConfig, run_dir: Path, ranks: Ranks | None = None):
         self.cfg = cfg
         self.run_dir = run_dir
+        self.ranks = ranks or SingleRank()  # under torchrun this is rank 0; the others follow it
         run_dir.mkdir(parents=True, exist_ok=True)
         if not cfg.runner.resume:
             archive_previous_run(run_dir)
@@ -83,7 +90,10 @@ class Learner:
         self.model_config = model_config(as_dict(cfg.policy), dims.state_dim, dims.action_dim, cfg.env.chunk_size,
                                          as_dict(cfg.env), cfg.env.image_size)
         self.trainer = PPOTrainer(self.policy, OmegaConf.to_object(cfg.algorithm), cfg.learner.reward_scale,
-                                  cfg.learner.device)
+                                  self.ranks.device(cfg.learner.device), self.ranks)
+        if self.trainer.grpo_mode:  # fail here rather than in every actor (rlfleet.actors.groups)
+            episode_rollout_len(cfg.env.max_episode_steps, cfg.env.chunk_size)
+            check_stage_rows(cfg.actor.num_envs, cfg.actor.pipeline_stage_num, cfg.algorithm.group_size)
         self.checkpointer = Checkpointer(run_dir)
         self.counters = TrainerCounters()
         if cfg.runner.resume:
@@ -98,17 +108,22 @@ class Learner:
                 log.info("resumed from %s at version %d", latest, self.counters.version)
         (run_dir / "config.yaml").write_text(to_yaml(cfg))
         self.publisher = WeightPublisher()
+        self._frozen = frozenset(n for n, p in self.policy.named_parameters() if not p.requires_grad)
+        self._digests: dict[str, str] = {}
         self._publish()
         self.ingest = IngestQueue(cfg.learner.ingest_queue_size)
         obs_spec = run_observation_spec(cfg)
         lp_shape, extras = tuple(dims.logprob_shape), {k: tuple(v) for k, v in dims.extra_outputs.items()}
+        group_size = cfg.algorithm.group_size if self.trainer.grpo_mode else 0  # GRPO: whole groups, whole episodes
         self.servicer = LearnerServicer(
             to_yaml(cfg), uuid.uuid4().hex[:12], self.ingest, self.publisher, cfg.learner.weight_chunk_bytes,
-            check_segment=lambda seg: seg.check_schema(obs_spec, dims.action_dim, cfg.env.chunk_size, lp_shape, extras),
+            check_segment=lambda seg: seg.check_schema(obs_spec, dims.action_dim, cfg.env.chunk_size, lp_shape, extras,
+                                                       group_size),
         )
         self.server, self.port = start_grpc_server(
             cfg.learner.host, cfg.learner.port,
-            [lambda s: learner_pb2_grpc.add_LearnerServiceServicer_to_server(self.servicer, s)],
+            [lambda s: add_servicer(learner_pb2_grpc.add_LearnerServiceServicer_to_server, self.servicer, s,
+                                    self.ingest.count_rejected)],
             ["rlfleet.v1.LearnerService"],
         )
         self.address = f"{cfg.learner.host}:{self.port}"
@@ -140,7 +155,10 @@ class Learner:
         return bool(r.max_wall_seconds) and (time.monotonic() - self._t_start) >= r.max_wall_seconds
 
     def _publish(self) -> None:
-        self.publisher.publish(self.counters.version, state_dict_bytes(self.policy))
+        """Per-tensor digests go with the bytes so inference servers can pull deltas."""
+        tensors = cpu_state_dict(self.policy)
+        self._digests = tensor_digests(tensors, self._digests, self._frozen)
+        self.publisher.publish(self.counters.version, st_save(tensors), self._digests)
         self.checkpointer.record_published(self.counters.version)
 
     def save(self) -> Path:
@@ -164,6 +182,7 @@ class Learner:
                     t0 = time.monotonic()
                     if cfg.learner.consume_only:
                         continue
+                    self.ranks.send_update(segments, self.counters.version)  # ranks > 0 train on them too
                     stats = self.trainer.update(segments, self.counters.version)
                     self.counters.version += 1
                     self.counters.update += 1
@@ -177,12 +196,14 @@ class Learner:
                     stats["learner/version"] = float(self.counters.version)
                     stats["actors/alive"] = float(self.servicer.alive_clients("actor"))
                     writer.write(stats, self.counters.env_steps)
+                    writer.write_lag_histogram(stats, self.counters.env_steps)
                     self.last_stats = stats
                     progress.update(task, completed=self.counters.env_steps, info=(
                         f"v{self.counters.version} success {stats.get('env/success_once', float('nan')):.2f} "
                         f"{stats['throughput/env_steps_per_s']:,.0f} steps/s lag {stats.get('throughput/policy_lag', 0):.1f}"))
                     if self.counters.update % cfg.runner.checkpoint_every == 0:
                         self.save()
+                self.ranks.send_stop()  # a clean end only: after a crash torchrun ends the other ranks
         finally:
             t_end = time.monotonic()
             self.counters.wall_seconds += t_end - self._t_start
@@ -202,6 +223,8 @@ class Learner:
             "checkpoint": str(final),
             "segments_by_client": dict(self.ingest.by_client),
             "rejected_segments": self.ingest.rejected,
+            "rejected_by_reason": self.ingest.rejected_by_reason(),
+            "ingest": self.ingest.accounting(),  # accepted == consumed + queued: nothing counted twice
         }
         return summary
 
@@ -215,10 +238,24 @@ class Learner:
         self.server.stop(grace=1.0)
 
 
-def run_learner(cfg: DictConfig, address_file: str | None = None) -> dict:
+def run_learner(cfg: DictConfig, address_file: str | None = None, metrics_port: int = 0,
+                metrics_host: str = "127.0.0.1") -> dict:
+    ranks = join_ranks(cfg.learner.distributed)
+    if not ranks.is_main:  # torchrun rank > 0: trains in lockstep, serves and writes nothing
+        try:
+            run_follower(ranks)
+        finally:
+            ranks.close()
+        return {}
     run_dir = Path(cfg.runner.logger.log_path)
-    learner = Learner(cfg, run_dir)
-    write_address(address_file, learner=learner.address)
+    learner = Learner(cfg, run_dir, ranks)
+    ranks.send_config(to_yaml(learner.cfg))
+    try:
+        metrics = start_role_metrics("learner", metrics_port, [LearnerCollector(learner)], metrics_host)
+    except MetricsPortError:  # fail now, with the gRPC server stopped
+        learner.close()
+        raise
+    write_address(address_file, learner=learner.address, **({"metrics": metrics.address} if metrics else {}))
     log.info("learner listening on %s, run folder %s", learner.address, run_dir)
 
     def on_signal(signum, frame):  # Ctrl-C / SIGTERM: stop cleanly, checkpoint on the way out
@@ -237,3 +274,6 @@ def run_learner(cfg: DictConfig, address_file: str | None = None) -> dict:
         return summary
     finally:
         learner.close()
+        ranks.close()
+        if metrics is not None:
+            metrics.close()

@@ -13,6 +13,7 @@ from rlfleet.learner.ingest import IngestedSegment, IngestQueue
 from rlfleet.learner.weight_publisher import WeightPublisher
 from rlfleet.wire import codec
 from rlfleet.wire.gen import learner_pb2, learner_pb2_grpc, tensor_pb2
+from rlfleet.wire.grpc_decoding import UndecodableRequest
 from rlfleet.wire.segment import Segment
 
 log = logging.getLogger(__name__)
@@ -106,20 +107,22 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
                 if first is None:
                     first = chunk
                     if chunk.num_chunks == 0:
-                        raise codec.WireFormatError("num_chunks must be at least 1")
+                        raise codec.WireFormatError("num_chunks must be at least 1", reason="protocol")
                 elif (chunk.segment_id, chunk.client_id, chunk.num_chunks) != (
                     first.segment_id, first.client_id, first.num_chunks
                 ):
-                    raise codec.WireFormatError("chunks of one push must share segment_id, client_id and num_chunks")
+                    raise codec.WireFormatError("chunks of one push must share segment_id, client_id and num_chunks",
+                                                reason="protocol")
                 if chunk.chunk_index != len(parts):
-                    raise codec.WireFormatError(f"chunk {chunk.chunk_index} arrived where {len(parts)} was expected")
+                    raise codec.WireFormatError(f"chunk {chunk.chunk_index} arrived where {len(parts)} was expected",
+                                                reason="protocol")
                 parts.append(chunk.payload)
                 if sum(len(p) for p in parts) > MAX_SEGMENT_BYTES:
-                    raise codec.WireFormatError(f"segment larger than {MAX_SEGMENT_BYTES} bytes")
+                    raise codec.WireFormatError(f"segment larger than {MAX_SEGMENT_BYTES} bytes", reason="too_large")
             if first is None:
-                raise codec.WireFormatError("empty push: no chunks")
+                raise codec.WireFormatError("empty push: no chunks", reason="protocol")
             if len(parts) != first.num_chunks:
-                raise codec.WireFormatError(f"got {len(parts)} of {first.num_chunks} chunks")
+                raise codec.WireFormatError(f"got {len(parts)} of {first.num_chunks} chunks", reason="protocol")
             if self.ingest.seen(first.client_id, first.segment_id):
                 self.ingest.count_duplicate()
                 return learner_pb2.PushAck(segment_id=first.segment_id, accepted=True, duplicate=True,
@@ -128,14 +131,17 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
             try:
                 msg.ParseFromString(b"".join(parts))
             except Exception as exc:
-                raise codec.WireFormatError(f"unreadable segment: {exc}") from exc
+                raise codec.WireFormatError(f"unreadable segment: {exc}", reason="undecodable") from exc
             segment = Segment.from_tensors(codec.decode_map(msg))
             self.check_segment(segment)
+            self._check_versions(segment)
         except codec.WireFormatError as exc:
-            self.ingest.count_rejected()
-            log.warning("rejected a trajectory push: %s", exc)
-            return learner_pb2.PushAck(segment_id=first.segment_id if first else 0, accepted=False,
-                                       error=str(exc), learner_version=version)
+            return self._reject(first, exc.reason, str(exc), version)
+        except (grpc.RpcError, UndecodableRequest):
+            raise  # the client went away, or sent bytes that are no message: gRPC answers (and counts) those
+        except Exception as exc:  # unexpected: still an answer, or the actor would retry the same bytes forever
+            log.exception("could not process a trajectory push")
+            return self._reject(first, "internal", f"push could not be processed: {type(exc).__name__}: {exc}", version)
         item = IngestedSegment(first.client_id, first.segment_id, segment)
         while not self.stop_event.is_set() and context.is_active():
             if self.ingest.put(item, timeout=0.5):
@@ -143,6 +149,25 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
                                            learner_version=self._version())
         return learner_pb2.PushAck(segment_id=first.segment_id, accepted=False, stop=True,
                                    error="learner is stopping", learner_version=self._version())
+
+    def _reject(self, first, reason: str, error: str, version: int) -> learner_pb2.PushAck:
+        self.ingest.count_rejected(reason)
+        log.warning("rejected a trajectory push (%s): %s", reason, error)
+        return learner_pb2.PushAck(segment_id=first.segment_id if first else 0, accepted=False,
+                                   error=error, learner_version=version)
+
+    def _check_versions(self, segment: Segment) -> None:
+        """Samples must come from weights this learner published: a future version would make the
+        policy lag negative (the trainer refuses it), a negative one is never published."""
+        low, high = int(segment.versions.min()), int(segment.versions.max())
+        latest = self._version()
+        if low < 0 or (latest >= 0 and high > latest):
+            raise codec.WireFormatError(f"policy versions {low}..{high} were never published "
+                                        f"(latest is {latest})", reason="unknown_policy_version")
+
+    def rejected_requests(self) -> dict[str, int]:
+        """Trajectory pushes refused, by reason (undecodable messages included)."""
+        return self.ingest.rejected_by_reason()
 
     # ---- weights ----------------------------------------------------------------------------
     def _version(self) -> int:
@@ -161,7 +186,7 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
                 return
 
     def PullWeights(self, request, context) -> Iterator[learner_pb2.WeightChunk]:
-        wv = self.weights.current()
+        wv = self.weights.delta_since(request.base_version) if request.delta else self.weights.current()
         if wv is None:
             context.abort(grpc.StatusCode.UNAVAILABLE, "no weights published yet")
         if request.version >= 0 and request.version > wv.version:
@@ -170,4 +195,5 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
         chunks = codec.split_chunks(wv.data, min(size, self.chunk_bytes))
         for i, piece in enumerate(chunks):
             yield learner_pb2.WeightChunk(version=wv.version, checksum=wv.checksum, total_size=len(wv.data),
-                                          index=i, num_chunks=len(chunks), data=bytes(piece))
+                                          index=i, num_chunks=len(chunks), data=bytes(piece),
+                                          base_version=wv.base_version)

@@ -2,6 +2,13 @@
 
 Reads top to bottom like the algorithm: refresh normalisation, compute old log-probs and
 values with the pre-update policy, correct for policy lag, GAE, then minibatch epochs.
+`algorithm.off_policy: vtrace` swaps GAE and the IS weights for V-trace targets and advantages
+(rlfleet.algorithms.vtrace); `algorithm.adv_type: grpo` swaps them for group-relative advantages
+over whole-episode segments, with no critic (rlfleet.algorithms.grpo).
+
+Under torchrun (see rlfleet.learner.distributed) every rank runs the same update on its share
+of the env columns; minibatches are drawn over the one-process row order and each rank's loss is
+scaled by its share of the minibatch, so DDP's gradient average equals the one-process gradient.
 """
 from __future__ import annotations
 
@@ -15,7 +22,6 @@ from rlfleet.algorithms import (
     PPOConfig,
     bootstrap_next_values,
     compute_gae,
-    explained_variance,
     lag_mask,
     normalize_advantages,
     policy_lag,
@@ -24,6 +30,10 @@ from rlfleet.algorithms import (
     truncated_importance_weights,
     value_loss,
 )
+from rlfleet.algorithms.grpo import GRPOSegment, grpo_columns, grpo_segment, grpo_stats
+from rlfleet.algorithms.vtrace import chunk_log_ratio, vtrace
+from rlfleet.learner.distributed import Ranks, RowShard, SingleRank, global_mean_var, segment_envs, shard_rows
+from rlfleet.learner.metrics import policy_lag_counts
 from rlfleet.wire.segment import Segment
 
 
@@ -73,19 +83,63 @@ def _broadcast(adv: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return adv.reshape(adv.shape[0], *([1] * (like.dim() - 1)))
 
 
+# Per-minibatch statistics, averaged over minibatches (weighted by rows, so across ranks too).
+MINIBATCH_STATS = (
+    "train/actor/policy_loss", "train/actor/approx_kl", "train/actor/clip_fraction",
+    "train/actor/dual_clip_fraction", "train/actor/grad_norm", "train/actor/entropy",
+    "train/critic/value_loss", "train/critic/value_clip_ratio",
+)
+
+
+class PolicyEvaluator(nn.Module):
+    """forward() = policy.evaluate, because DDP syncs the gradients of what runs through forward().
+
+    What the loss does not use leaves detached: the log-prob and entropy without `train_actor`
+    (critic warm-up), the value without `train_critic` (GRPO). DDP then finds those parameters
+    unused and leaves their gradients empty, as one process does.
+    """
+
+    def __init__(self, policy: nn.Module):
+        super().__init__()
+        self.policy = policy
+
+    def forward(self, obs: Obs, actions: torch.Tensor, extras: dict[str, torch.Tensor], train_actor: bool = True,
+                train_critic: bool = True):
+        logp, entropy, values = self.policy.evaluate(obs, actions, extras)
+        if not train_actor:
+            logp, entropy = logp.detach(), entropy.detach()
+        if not train_critic:
+            values = values.detach()
+        return logp, entropy, values
+
+
 class PPOTrainer:
     # Forward passes over a whole update's samples run in pieces of this many rows, so pixel
     # policies do not hold activations for thousands of images at once.
     EVAL_ROWS = 512
 
-    def __init__(self, policy: nn.Module, cfg: PPOConfig, reward_scale: float = 1.0, device: str = "cpu"):
+    def __init__(self, policy: nn.Module, cfg: PPOConfig, reward_scale: float = 1.0, device: str = "cpu",
+                 ranks: Ranks | None = None):
         self.policy = policy.to(device)
         self.cfg = cfg
         self.reward_scale = reward_scale
         self.device = device
+        self.ranks = ranks or SingleRank()
         params = [p for p in policy.parameters() if p.requires_grad]
         self.optimizer = torch.optim.Adam(params, lr=cfg.lr, eps=1e-5)
         self.updates = 0  # this process's updates, for the critic warm-up
+        self.grpo_mode = cfg.adv_type == "grpo"  # critic-free group-relative advantages
+        self._model: nn.Module | None = None  # PolicyEvaluator, DDP-wrapped at the first update
+
+    def _training_model(self) -> nn.Module:
+        """Wrapped on first use, after rank 0 may have restored a checkpoint: DDP then broadcasts
+        rank 0's weights, and rank 0's optimiser state follows, so every rank starts equal."""
+        if self._model is None:
+            # critic warm-up and GRPO leave some parameters out of the loss (DDP must look for them)
+            some_unused = self.cfg.critic_warmup_updates > 0 or self.grpo_mode
+            self._model = self.ranks.wrap(PolicyEvaluator(self.policy), some_unused)
+            self.ranks.sync_optimizer(self.optimizer)
+        return self._model
 
     def _t(self, arr: np.ndarray) -> torch.Tensor:
         """Copy: decoded segments are read-only views of the received bytes."""
@@ -110,7 +164,7 @@ class PPOTrainer:
         return torch.cat(parts) if parts else torch.zeros(0, device=self.device)
 
     @torch.no_grad()
-    def _prepare_segment(self, seg: Segment, version: int) -> Batch:
+    def _prepare_segment(self, seg: Segment, version: int, grpo: GRPOSegment | None = None) -> Batch:
         T, B = seg.num_steps, seg.num_envs
         obs = self._obs(seg.obs)
         actions = _flat(self._t(seg.actions))
@@ -119,14 +173,15 @@ class PPOTrainer:
 
         logp_old, _, values = self._evaluate(obs, actions, extras)
         values = values.reshape(T, B)
-        last_value = self._value(self._obs(seg.next_obs, flat=False))
         terminated, truncated = self._t(seg.terminated), self._t(seg.truncated)
-        # The value of an episode's last observation only matters where it was truncated.
-        final_values = torch.zeros(T * B, device=self.device)
-        ended = truncated.reshape(-1).nonzero().squeeze(-1)
-        if len(ended):
-            final_values[ended] = self._value({k: _flat(self._t(v))[ended] for k, v in seg.final_obs.items()})
-        final_values = final_values.reshape(T, B)
+        if grpo is None:  # GRPO has no critic, so no bootstrap values
+            last_value = self._value(self._obs(seg.next_obs, flat=False))
+            # The value of an episode's last observation only matters where it was truncated.
+            final_values = torch.zeros(T * B, device=self.device)
+            ended = truncated.reshape(-1).nonzero().squeeze(-1)
+            if len(ended):
+                final_values[ended] = self._value({k: _flat(self._t(v))[ended] for k, v in seg.final_obs.items()})
+            final_values = final_values.reshape(T, B)
 
         # Off-policy correction: lag-0 samples use the behaviour log-prob itself, so their
         # importance weight is exactly 1; lagged ones get min(pi_old / mu, rho_bar).
@@ -135,71 +190,185 @@ class PPOTrainer:
         logp_old = torch.where(lag0, behaviour_logp, logp_old)
         is_weights = truncated_importance_weights(logp_old, behaviour_logp, self.cfg.rho_bar)
 
-        next_values = bootstrap_next_values(values, last_value, terminated, truncated, final_values)
         rewards = self._t(seg.rewards) * self.reward_scale
-        advantages, returns = compute_gae(
-            rewards, values, next_values, terminated | truncated, self.cfg.gamma, self.cfg.gae_lambda
-        )
+        if grpo is not None:  # group-relative, computed on the whole segment (rlfleet.algorithms.grpo)
+            advantages, returns = grpo.advantages, grpo.returns.unsqueeze(0).expand(T, B)
+        else:
+            next_values = bootstrap_next_values(values, last_value, terminated, truncated, final_values)
+            dones = terminated | truncated
+            if self.cfg.off_policy == "vtrace":  # IMPALA targets; rho_s is inside the advantage, so no weight
+                log_rhos = chunk_log_ratio(logp_old, behaviour_logp).reshape(T, B)
+                returns, advantages = vtrace(log_rhos, rewards, values, next_values, dones, self.cfg.gamma,
+                                             self.cfg.rho_bar, self.cfg.vtrace_c_bar, self.cfg.gae_lambda)
+                is_weights = torch.ones_like(is_weights)
+            else:
+                advantages, returns = compute_gae(rewards, values, next_values, dones, self.cfg.gamma,
+                                                  self.cfg.gae_lambda)
         return Batch(obs, actions, extras, logp_old, is_weights, values.reshape(-1),
                      advantages.reshape(-1), returns.reshape(-1), lags)
 
-    def prepare(self, segments: list[Segment], version: int) -> Batch:
-        batch = Batch.cat([self._prepare_segment(s, version) for s in segments])
+    def _grpo(self, seg: Segment) -> GRPOSegment:
+        """GRPO advantages and kept rows of one whole segment (returns after reward_scale)."""
+        return grpo_segment(self._t(seg.rewards) * self.reward_scale, self._t(seg.terminated),
+                            self._t(seg.truncated), self._t(seg.group_ids), self.cfg.group_filter)
+
+    def prepare(self, segments: list[Segment], version: int, grpo: list[GRPOSegment] | None = None) -> Batch:
+        """Kept rows of the segments: lag <= max_policy_lag, and in GRPO mode the valid steps of kept
+        groups (``grpo``: one per segment, computed here from the segments when not given)."""
+        if grpo is None and self.grpo_mode:
+            grpo = [self._grpo(s) for s in segments]
+        batch = Batch.cat([self._prepare_segment(s, version, g)
+                           for s, g in zip(segments, grpo or [None] * len(segments))])
         keep = lag_mask(batch.lags, self.cfg.max_policy_lag)
+        if grpo is not None:
+            keep &= torch.cat([g.keep.reshape(-1) for g in grpo])
         return batch.select(keep.nonzero().squeeze(-1))
 
+    def _prepare_shard(self, segments: list[Segment], shard: RowShard, version: int,
+                       grpo: list[GRPOSegment] | None = None) -> tuple[Batch, Batch]:
+        """This rank's rows, and one row to run through the model with zero weight when a
+        minibatch has none of them (the loss must still reach every parameter, for DDP)."""
+        parts = [segment_envs(segments[j], cols) for j, cols in shard.parts]
+        sub = None if grpo is None else [grpo_columns(grpo[j], cols) for j, cols in shard.parts]
+        batch = self.prepare(parts, version, sub) if parts else None
+        if batch is not None and len(batch) != len(shard.row_ids):
+            raise RuntimeError(f"rank {self.ranks.rank} prepared {len(batch)} rows, its shard has {len(shard.row_ids)}")
+        if batch is not None and len(batch):
+            return batch, batch.select(torch.zeros(1, dtype=torch.long, device=self.device))
+        # No rows here (fewer env columns than ranks, or all too old): any row of the right shapes.
+        stand_in = self._prepare_segment(segment_envs(segments[0], np.arange(1)), version)
+        first = torch.zeros(1, dtype=torch.long, device=self.device)
+        return (batch if batch is not None else stand_in.select(first[:0])), stand_in.select(first)
+
+    def _shared_permutation(self, n: int) -> torch.Tensor:
+        """Rank 0 draws the minibatch order (from its RNG, as one process would) and every rank uses it."""
+        if self.ranks.is_main:
+            perm = torch.randperm(n, device=self.device)
+        else:
+            perm = torch.empty(n, dtype=torch.long, device=self.device)
+        return self.ranks.broadcast_(perm)
+
+    def _kept_obs(self, segments: list[Segment], version: int, grpo: list[GRPOSegment] | None = None) -> Obs:
+        """Observations of every kept row, in one-process order (rank 0's normalisation update)."""
+        parts = []
+        for j, seg in enumerate(segments):
+            lags = policy_lag(version, self._t(seg.versions)).repeat_interleave(seg.num_envs)
+            keep = lag_mask(lags, self.cfg.max_policy_lag)
+            if grpo is not None:
+                keep &= grpo[j].keep.reshape(-1)
+            parts.append(_index(self._obs(seg.obs), keep.nonzero().squeeze(-1)))
+        return _cat(parts)
+
+    def _update_normalization(self, segments: list[Segment], batch: Batch, version: int,
+                              grpo: list[GRPOSegment] | None = None) -> None:
+        if self.ranks.world_size == 1:
+            self.policy.update_normalization(batch.obs)
+            return
+        if self.ranks.is_main:
+            self.policy.update_normalization(self._kept_obs(segments, version, grpo))
+        self.ranks.broadcast_buffers(self.policy)
+
+    def _minibatch_step(self, mb: Batch, mb_size: int, warmup: bool, sums: dict[str, list[float]],
+                        stand_in: Batch) -> None:
+        """One optimiser step on this rank's rows of a minibatch of `mb_size` rows (all ranks)."""
+        n = len(mb)
+        adv = mb.advantages
+        if self.cfg.norm_adv and not self.grpo_mode:  # GRPO advantages are already normalised per group
+            ((mean, var),) = global_mean_var(self.ranks, adv)
+            adv = normalize_advantages(adv, stats=(mean, var**0.5))
+        rows = mb if n else stand_in
+        logp, entropy, values = self._training_model()(rows.obs, rows.actions, rows.extras, train_actor=not warmup,
+                                                       train_critic=warmup or not self.grpo_mode)
+        if n == 0:  # still a backward pass: DDP needs every rank in every gradient all-reduce
+            loss = 0.0 * (logp.sum() + entropy.sum() + values.sum())
+        else:
+            pg_loss, pg_stats = policy_loss(
+                logp, mb.logp_old, _broadcast(adv, logp), self.cfg.clip_ratio_low, self.cfg.clip_ratio_high,
+                self.cfg.dual_clip, weights=mb.is_weights,
+            )
+            v_loss, v_stats = value_loss(values, mb.values_old, mb.returns, self.cfg.value_clip)
+            if warmup:  # the policy keeps its (SFT) weights until the critic has caught up
+                loss = self.cfg.vf_coef * v_loss
+            elif self.grpo_mode:  # critic-free: no value loss, the value head gets no gradient
+                loss = pg_loss - self.cfg.ent_coef * entropy.mean()
+            else:
+                loss = ppo_total_loss(pg_loss, v_loss, entropy, self.cfg)
+            # A mean over this rank's n rows, weighted by its share: DDP's average over ranks is
+            # then the mean over the whole minibatch.
+            loss = loss * (self.ranks.world_size * n / mb_size)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = nn.utils.clip_grad_norm_(self.optimizer.param_groups[0]["params"], self.cfg.max_grad_norm)
+        if n:
+            for key, val in zip(MINIBATCH_STATS, (
+                pg_loss.item(), pg_stats["approx_kl"], pg_stats["clip_fraction"],
+                pg_stats.get("dual_clip_fraction", 0.0), float(grad_norm), entropy.mean().item(),
+                v_loss.item(), v_stats["value_clip_ratio"],
+            )):
+                if self.grpo_mode and key.startswith("train/critic/"):
+                    continue
+                acc = sums.setdefault(key, [0.0, 0.0])
+                acc[0] += val * n
+                acc[1] += n
+        self.optimizer.step()
+
+    def _reduce_stats(self, sums: dict[str, list[float]]) -> dict[str, float]:
+        flat = torch.tensor([x for k in MINIBATCH_STATS for x in sums.get(k, [0.0, 0.0])], dtype=torch.float64,
+                            device=self.device)
+        totals = self.ranks.all_reduce_(flat).tolist()
+        return {k: totals[2 * i] / totals[2 * i + 1] for i, k in enumerate(MINIBATCH_STATS) if totals[2 * i + 1] > 0}
+
+    def _batch_stats(self, batch: Batch) -> dict[str, float]:
+        """Rollout statistics over the whole update's kept rows (all ranks)."""
+        returns, values = batch.returns.double(), batch.values_old.double()
+        (r_mean, r_var), (_, res_var), (adv_mean, _), (w_mean, _) = global_mean_var(
+            self.ranks, returns, returns - values, batch.advantages, batch.is_weights)
+        # 1 - Var[R - V] / Var[R] (see algorithms.explained_variance): undefined when Var[R] = 0
+        ev = float("nan") if r_var == 0.0 or np.isnan(r_var) else 1.0 - res_var / r_var
+        return {"train/critic/explained_variance": ev, "rollout/returns_mean": r_mean,
+                "rollout/advantages_mean": adv_mean, "rollout/is_weight_mean": w_mean}
+
     def update(self, segments: list[Segment], version: int) -> dict[str, float]:
-        """One PPO update (epochs x minibatches) on the given segments; returns metrics."""
+        """One PPO update (epochs x minibatches) on the given segments; returns metrics.
+
+        Under torchrun every rank calls it with the same segments (rank 0 broadcasts them) and
+        trains on its shard; the returned metrics cover all ranks.
+        """
         total = sum(s.num_steps * s.num_envs for s in segments)
         lags = torch.cat([policy_lag(version, self._t(s.versions)).repeat_interleave(s.num_envs) for s in segments]).float()
-        lag_stats = {"throughput/policy_lag": lags.mean().item(), "throughput/policy_lag_max": lags.max().item()}
-        batch = self.prepare(segments, version)
-        stats: dict[str, list[float]] = {}
-        if len(batch) == 0:
+        lag_stats = {"throughput/policy_lag": lags.mean().item(), "throughput/policy_lag_max": lags.max().item(),
+                     **policy_lag_counts(lags.long().cpu().numpy(), self.cfg.max_policy_lag)}
+        # GRPO: groups are resolved on whole segments before any sharding (every rank has them all)
+        grpo = [self._grpo(s) for s in segments] if self.grpo_mode else None
+        if grpo is not None:
+            lag_stats.update(grpo_stats(grpo, [self._t(s.group_ids) for s in segments]))
+        shard = shard_rows(segments, version, self.cfg.max_policy_lag, self.ranks.rank, self.ranks.world_size,
+                           None if grpo is None else [g.keep.cpu().numpy() for g in grpo])
+        if shard.num_rows == 0:
             return {"train/dropped_samples": float(total), **lag_stats}
-        mb_size = max(1, len(batch) // self.cfg.num_minibatches)
+        self._training_model()  # before prepare: a resumed run's weights reach every rank first
+        batch, stand_in = self._prepare_shard(segments, shard, version, grpo)
+        mb_size = max(1, shard.num_rows // self.cfg.num_minibatches)
+        # where[i]: the local position of one-process row i, or -1 where another rank holds it
+        where = torch.full((shard.num_rows,), -1, dtype=torch.long, device=self.device)
+        where[torch.as_tensor(shard.row_ids, device=self.device)] = torch.arange(len(batch), device=self.device)
         warmup = self.updates < self.cfg.critic_warmup_updates
         self.updates += 1
+        sums: dict[str, list[float]] = {}
         for _ in range(self.cfg.update_epochs):
-            perm = torch.randperm(len(batch), device=self.device)
-            for start in range(0, len(batch) - mb_size + 1, mb_size):
-                mb = batch.select(perm[start : start + mb_size])
-                adv = normalize_advantages(mb.advantages) if self.cfg.norm_adv else mb.advantages
-                logp, entropy, values = self.policy.evaluate(mb.obs, mb.actions, mb.extras)
-                pg_loss, pg_stats = policy_loss(
-                    logp, mb.logp_old, _broadcast(adv, logp), self.cfg.clip_ratio_low, self.cfg.clip_ratio_high,
-                    self.cfg.dual_clip, weights=mb.is_weights,
-                )
-                v_loss, v_stats = value_loss(values, mb.values_old, mb.returns, self.cfg.value_clip)
-                if warmup:  # the policy keeps its (SFT) weights until the critic has caught up
-                    loss = self.cfg.vf_coef * v_loss
-                else:
-                    loss = ppo_total_loss(pg_loss, v_loss, entropy, self.cfg)
-                self.optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                grad_norm = nn.utils.clip_grad_norm_(self.optimizer.param_groups[0]["params"], self.cfg.max_grad_norm)
-                for key, val in {
-                    "train/actor/policy_loss": pg_loss.item(),
-                    "train/actor/approx_kl": pg_stats["approx_kl"],
-                    "train/actor/clip_fraction": pg_stats["clip_fraction"],
-                    "train/actor/dual_clip_fraction": pg_stats.get("dual_clip_fraction", 0.0),
-                    "train/actor/grad_norm": float(grad_norm),
-                    "train/actor/entropy": entropy.mean().item(),
-                    "train/critic/value_loss": v_loss.item(),
-                    "train/critic/value_clip_ratio": v_stats["value_clip_ratio"],
-                }.items():
-                    stats.setdefault(key, []).append(val)
-                self.optimizer.step()
+            perm = self._shared_permutation(shard.num_rows)
+            for start in range(0, shard.num_rows - mb_size + 1, mb_size):
+                local = where[perm[start : start + mb_size]]
+                self._minibatch_step(batch.select(local[local >= 0]), mb_size, warmup, sums, stand_in)
         # Whitening stats move after the update, so the log-probs above were computed with the
         # same normalisation the behaviour policy used (lag-0 ratios start at exactly 1).
-        self.policy.update_normalization(batch.obs)
-        out = {k: float(np.mean(v)) for k, v in stats.items()}
-        out["train/critic/explained_variance"] = explained_variance(batch.values_old, batch.returns)
-        out["rollout/returns_mean"] = batch.returns.mean().item()
-        out["rollout/advantages_mean"] = batch.advantages.mean().item()
-        out["rollout/is_weight_mean"] = batch.is_weights.mean().item()
+        self._update_normalization(segments, batch, version, grpo)
+        out = self._reduce_stats(sums)
+        out.update(self._batch_stats(batch))
+        if self.grpo_mode:  # no critic to explain anything
+            out.pop("train/critic/explained_variance", None)
         out.update(lag_stats)  # over every received sample, the dropped ones included
-        out["train/dropped_samples"] = float(total - len(batch))
+        out["train/dropped_samples"] = float(total - shard.num_rows)
         out["train/critic_warmup"] = float(warmup)
-        out["train/samples"] = float(len(batch))
+        out["train/samples"] = float(shard.num_rows)
         return out

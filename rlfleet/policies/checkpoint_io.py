@@ -25,9 +25,12 @@ from rlfleet.policies.registry import make_policy
 log = logging.getLogger(__name__)
 
 
+def cpu_state_dict(policy: nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().cpu().contiguous() for k, v in policy.state_dict().items()}
+
+
 def state_dict_bytes(policy: nn.Module) -> bytes:
-    tensors = {k: v.detach().cpu().contiguous() for k, v in policy.state_dict().items()}
-    return save(tensors)
+    return save(cpu_state_dict(policy))
 
 
 def checksum(data: bytes) -> str:
@@ -36,14 +39,18 @@ def checksum(data: bytes) -> str:
 
 def load_state_dict_bytes(policy: nn.Module, data: bytes) -> None:
     """Load weights received over the wire; a shape mismatch is a clear error."""
-    incoming = st_load(data)
-    _check_compatible(policy, incoming)
-    policy.load_state_dict(incoming)
+    load_tensors(policy, st_load(data))
 
 
-def _check_compatible(policy: nn.Module, incoming: dict[str, torch.Tensor]) -> None:
+def load_tensors(policy: nn.Module, incoming: dict[str, torch.Tensor], partial: bool = False) -> None:
+    """Load all tensors, or with `partial` a subset (a delta from the learner); mismatches are clear errors."""
+    _check_compatible(policy, incoming, partial)
+    policy.load_state_dict(incoming, strict=not partial)
+
+
+def _check_compatible(policy: nn.Module, incoming: dict[str, torch.Tensor], partial: bool = False) -> None:
     own = policy.state_dict()
-    missing = sorted(set(own) - set(incoming))
+    missing = [] if partial else sorted(set(own) - set(incoming))
     extra = sorted(set(incoming) - set(own))
     wrong = sorted(k for k in set(own) & set(incoming) if own[k].shape != incoming[k].shape)
     if missing or extra or wrong:

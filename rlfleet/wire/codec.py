@@ -6,6 +6,7 @@ wrong, so a server can answer with that error and keep serving.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -22,25 +23,35 @@ Tensors = dict[str, "np.ndarray | list[str]"]
 
 
 class WireFormatError(ValueError):
-    """A message that cannot be a valid tensor: rejected with a clear reason."""
+    """A message that cannot be a valid tensor: rejected with a clear reason.
+
+    `reason` is a short fixed label (never built from the input) so servers can count
+    rejections by kind without unbounded metric labels.
+    """
+
+    def __init__(self, message: str, reason: str = "malformed"):
+        super().__init__(message)
+        self.reason = reason
 
 
 def _check_dtype(dtype: str, name: str) -> np.dtype:
     if dtype not in ALLOWED_DTYPES:
         raise WireFormatError(
-            f"tensor {name!r}: unknown dtype {dtype!r} (allowed: {', '.join(sorted(ALLOWED_DTYPES))})"
+            f"tensor {name!r}: unknown dtype {dtype!r} (allowed: {', '.join(sorted(ALLOWED_DTYPES))})",
+            reason="bad_dtype",
         )
     return np.dtype(dtype).newbyteorder("<")
 
 
 def _check_shape(shape: Sequence[int], name: str) -> tuple[int, ...]:
     if any(d < 0 for d in shape):
-        raise WireFormatError(f"tensor {name!r}: negative dimension in shape {list(shape)}")
+        raise WireFormatError(f"tensor {name!r}: negative dimension in shape {list(shape)}", reason="bad_shape")
     return tuple(int(d) for d in shape)
 
 
 def expected_nbytes(dtype: np.dtype, shape: tuple[int, ...]) -> int:
-    return int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    """Exact (Python int) size: a huge declared shape must not wrap around in int64."""
+    return math.prod(shape) * dtype.itemsize
 
 
 def array_from_buffer(
@@ -52,20 +63,24 @@ def array_from_buffer(
     shp = _check_shape(shape, name)
     need = expected_nbytes(dt, shp)
     if need > max_bytes:
-        raise WireFormatError(f"tensor {name!r}: {need} bytes exceeds the limit of {max_bytes}")
+        raise WireFormatError(f"tensor {name!r}: {need} bytes exceeds the limit of {max_bytes}", reason="too_large")
     got = memoryview(data).nbytes
     if got != need:
         raise WireFormatError(
             f"tensor {name!r}: {got} bytes of data for dtype {dtype} and shape {list(shp)} "
-            f"(expected {need})"
+            f"(expected {need})",
+            reason="size_mismatch",
         )
-    return np.frombuffer(data, dtype=dt).reshape(shp)
+    try:
+        return np.frombuffer(data, dtype=dt).reshape(shp)
+    except ValueError as exc:  # e.g. an empty tensor whose other dims overflow numpy's index type
+        raise WireFormatError(f"tensor {name!r}: shape {list(shp)} is not representable: {exc}", reason="bad_shape") from exc
 
 
 def _as_contiguous(arr: np.ndarray, name: str) -> np.ndarray:
     arr = np.asarray(arr)
     if arr.dtype.name not in ALLOWED_DTYPES:
-        raise WireFormatError(f"tensor {name!r}: dtype {arr.dtype} cannot be sent")
+        raise WireFormatError(f"tensor {name!r}: dtype {arr.dtype} cannot be sent", reason="bad_dtype")
     if arr.dtype.byteorder == ">":
         arr = arr.astype(arr.dtype.newbyteorder("<"))
     return arr if arr.flags.c_contiguous else np.ascontiguousarray(arr)  # keeps 0-d arrays 0-d
@@ -94,12 +109,13 @@ def encode_map(tensors: Mapping[str, np.ndarray | Sequence[str]]) -> tensor_pb2.
 def decode_map(msg: tensor_pb2.TensorMap, max_bytes: int = DEFAULT_MAX_TENSOR_BYTES) -> Tensors:
     if msg.schema_version != SCHEMA_VERSION:
         raise WireFormatError(
-            f"unsupported tensor schema version {msg.schema_version} (this build speaks {SCHEMA_VERSION})"
+            f"unsupported tensor schema version {msg.schema_version} (this build speaks {SCHEMA_VERSION})",
+            reason="schema_version",
         )
     out: Tensors = {}
     for t in msg.tensors:
         if t.name in out:
-            raise WireFormatError(f"tensor {t.name!r} appears twice")
+            raise WireFormatError(f"tensor {t.name!r} appears twice", reason="duplicate_tensor")
         out[t.name] = decode_tensor(t, max_bytes)
     for name, lst in msg.strings.items():
         out[name] = list(lst.values)
@@ -127,24 +143,26 @@ def decode_frames(
     frames: Sequence[bytes | memoryview], max_bytes: int = DEFAULT_MAX_TENSOR_BYTES
 ) -> Tensors:
     if not frames:
-        raise WireFormatError("empty message: expected a header frame")
+        raise WireFormatError("empty message: expected a header frame", reason="protocol")
     header = tensor_pb2.TensorMap()
     try:
         header.ParseFromString(bytes(frames[0]))
     except Exception as exc:  # protobuf raises DecodeError; report it as a wire error
-        raise WireFormatError(f"unreadable tensor header: {exc}") from exc
+        raise WireFormatError(f"unreadable tensor header: {exc}", reason="undecodable") from exc
     if header.schema_version != SCHEMA_VERSION:
         raise WireFormatError(
-            f"unsupported tensor schema version {header.schema_version} (this build speaks {SCHEMA_VERSION})"
+            f"unsupported tensor schema version {header.schema_version} (this build speaks {SCHEMA_VERSION})",
+            reason="schema_version",
         )
     if len(frames) - 1 != len(header.tensors):
         raise WireFormatError(
-            f"header names {len(header.tensors)} tensors but {len(frames) - 1} data frames came"
+            f"header names {len(header.tensors)} tensors but {len(frames) - 1} data frames came",
+            reason="protocol",
         )
     out: Tensors = {}
     for t, data in zip(header.tensors, frames[1:]):
         if t.name in out:
-            raise WireFormatError(f"tensor {t.name!r} appears twice")
+            raise WireFormatError(f"tensor {t.name!r} appears twice", reason="duplicate_tensor")
         out[t.name] = array_from_buffer(t.name, t.dtype, t.shape, data, max_bytes)
     for name, lst in header.strings.items():
         out[name] = list(lst.values)
@@ -157,18 +175,19 @@ def require(
 ) -> np.ndarray:
     """Fetch a tensor a message must carry, checking dtype, shape (None = any) and NaN/inf."""
     if name not in tensors:
-        raise WireFormatError(f"missing tensor {name!r} (got: {', '.join(sorted(tensors)) or 'none'})")
+        raise WireFormatError(f"missing tensor {name!r} (got: {', '.join(sorted(tensors)) or 'none'})",
+                              reason="missing_tensor")
     arr = tensors[name]
     if not isinstance(arr, np.ndarray):
-        raise WireFormatError(f"{name!r} must be a tensor, not a list of strings")
+        raise WireFormatError(f"{name!r} must be a tensor, not a list of strings", reason="bad_dtype")
     if dtype is not None and arr.dtype.name != dtype:
-        raise WireFormatError(f"tensor {name!r}: dtype {arr.dtype.name}, expected {dtype}")
+        raise WireFormatError(f"tensor {name!r}: dtype {arr.dtype.name}, expected {dtype}", reason="bad_dtype")
     if shape is not None:
         if len(shape) != arr.ndim or any(s is not None and s != d for s, d in zip(shape, arr.shape)):
             want = ["*" if s is None else s for s in shape]
-            raise WireFormatError(f"tensor {name!r}: shape {list(arr.shape)}, expected {want}")
+            raise WireFormatError(f"tensor {name!r}: shape {list(arr.shape)}, expected {want}", reason="bad_shape")
     if finite and arr.dtype.kind == "f" and not np.isfinite(arr).all():
-        raise WireFormatError(f"tensor {name!r} contains NaN or inf")
+        raise WireFormatError(f"tensor {name!r} contains NaN or inf", reason="non_finite")
     return arr
 
 

@@ -1,4 +1,4 @@
-"""gRPC servers and channels with the project's defaults: loopback, health, reflection, limits."""
+"""gRPC servers and channels with the project's defaults: loopback, token/TLS, health, reflection, limits."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -8,30 +8,25 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-MAX_MESSAGE_BYTES = 64 * 1024 * 1024
-_OPTIONS = [
-    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.so_reuseport", 0),
-]
+from rlfleet.wire.auth import (MAX_MESSAGE_BYTES, AuthConfig, add_server_port, check_bind_host, grpc_options,
+                               resolve, secure_channel, server_interceptors)
 
-
-def check_bind_host(host: str) -> None:
-    """Only loopback until the token/TLS work lands: refuse to expose an unauthenticated server."""
-    if host not in ("127.0.0.1", "localhost", "::1") and not host.startswith("127."):
-        raise ValueError(
-            f"refusing to bind {host!r}: rlfleet servers bind to loopback (127.0.0.1) by default "
-            "and authentication for other addresses is not available yet"
-        )
+__all__ = ["MAX_MESSAGE_BYTES", "check_bind_host", "make_channel", "start_grpc_server"]
 
 
 def start_grpc_server(
     host: str, port: int, register: Sequence[Callable[[grpc.Server], None]], service_names: Sequence[str],
-    max_workers: int = 32,
+    max_workers: int = 32, auth: AuthConfig | None = None,
 ) -> tuple[grpc.Server, int]:
-    """Start a server with the given servicers plus health checking and reflection; returns the bound port."""
-    check_bind_host(host)
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=_OPTIONS)
+    """Start a server with the given servicers plus health checking and reflection; returns the bound port.
+
+    Non-loopback hosts need a token (`rlfleet.wire.auth`); with one, every call but health checks
+    must carry it. `auth` defaults to the process-wide settings.
+    """
+    cfg = resolve(auth)
+    check_bind_host(host, cfg)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), interceptors=server_interceptors(cfg),
+                         options=[*grpc_options(cfg), ("grpc.so_reuseport", 0)])
     for add in register:
         add(server)
     health_servicer = health.HealthServicer()
@@ -40,12 +35,13 @@ def start_grpc_server(
         health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
     reflection.enable_server_reflection([*service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
-    bound = server.add_insecure_port(f"{host}:{port}")
+    bound = add_server_port(server, f"{host}:{port}", cfg)
     if bound == 0:
         raise OSError(f"could not bind gRPC server to {host}:{port}")
     server.start()
     return server, bound
 
 
-def make_channel(address: str) -> grpc.Channel:
-    return grpc.insecure_channel(address, options=_OPTIONS[:2])
+def make_channel(address: str, auth: AuthConfig | None = None) -> grpc.Channel:
+    """A channel with the message size limit, the token on every call and TLS where configured."""
+    return secure_channel(address, auth)

@@ -25,10 +25,12 @@ S, D, K, SIZE, E = 39, 4, 4, 32, 6
 OBS_SPEC = observation_spec(EnvConfig(image_size=SIZE), S)
 
 
-@pytest.fixture(params=["tiny_oft", "tiny_pi0"])
+@pytest.fixture(params=["tiny_oft", "tiny_pi0", "tiny_pi0/sde", "tiny_pi05/noise"])
 def served(request):
     torch.manual_seed(0)
-    policy = make_policy({"name": request.param, "depth": 1, "logprob_type": "action"}, S, D, K, image_size=SIZE)
+    name, _, flow_rl = request.param.partition("/")  # flow policies: Flow-SDE and Flow-Noise extras too
+    settings = {"name": name, "depth": 1, "logprob_type": "action", **({"flow_rl": flow_rl} if flow_rl else {})}
+    policy = make_policy(settings, S, D, K, image_size=SIZE)
     srv = InferenceServer(PolicyRunner(policy, version=3, obs_spec=OBS_SPEC), "127.0.0.1", 0, 0,
                           max_batch=64, max_wait_ms=2)
     thread = threading.Thread(target=srv.serve, daemon=True)

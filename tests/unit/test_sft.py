@@ -86,3 +86,13 @@ def test_run_sft_writes_a_checkpoint_the_fleet_can_load(tmp_path):
         policy_from_config({"model_path": str(out)}, 39, 4, 4, 64)
     with pytest.raises(ValueError, match="holds a 'tiny_oft' policy"):
         policy_from_config({"name": "tiny_pi0", "model_path": str(out)}, 39, 4, 4, 32)
+
+
+def test_sft_cache_is_shared_by_runs_that_differ_only_in_sampling():
+    from rlfleet.config import load_config
+    from rlfleet.data.bootstrap import sft_folder
+
+    base = sft_folder(load_config("metaworld_quickstart_tinyoft"))
+    assert sft_folder(load_config("metaworld_quickstart_tinyoft", ["policy.temperature=1.0", "policy.logprob_type=token"])) == base
+    assert sft_folder(load_config("metaworld_quickstart_tinyoft", ["policy.dim=32"])) != base
+    assert sft_folder(load_config("metaworld_quickstart_tinyoft", ["sft.steps=10"])) != base

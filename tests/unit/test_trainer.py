@@ -24,15 +24,6 @@ EXPECTED_KEYS = {
 }
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    # tiny matrices: extra intra-op threads only add contention on a busy 2-core machine
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def make_policy(seed: int = 0, hidden=(32, 32)) -> GaussianMLPPolicy:
     torch.manual_seed(seed)
     return GaussianMLPPolicy(S, D, K, PolicyConfig(hidden_sizes=list(hidden)))
@@ -124,8 +115,13 @@ def test_all_samples_too_old_means_no_update():
     trainer = PPOTrainer(policy, PPOConfig(max_policy_lag=1))
     seg = make_segment(policy, 4, 3, versions=[0, 0, 1, 1])
     before = params_of(policy)
-    assert trainer.update([seg], version=5) == {
+    metrics = trainer.update([seg], version=5)
+    assert {k: v for k, v in metrics.items() if not k.startswith("throughput/policy_lag_count/")} == {
         "train/dropped_samples": 12.0, "throughput/policy_lag": 4.5, "throughput/policy_lag_max": 5.0}
+    # per-lag sample counts: every lag up to max_policy_lag (zeros too), plus the larger ones seen
+    assert {k: v for k, v in metrics.items() if k.startswith("throughput/policy_lag_count/")} == {
+        "throughput/policy_lag_count/0": 0.0, "throughput/policy_lag_count/1": 0.0,
+        "throughput/policy_lag_count/4": 6.0, "throughput/policy_lag_count/5": 6.0}
     for name, value in params_of(policy).items():
         assert torch.equal(before[name], value), name
 

@@ -355,8 +355,8 @@ class MetaWorldEnv(ChunkedEnv):
         _install_fast_rotation()
         with _quiet_gym():
             self._envs = [_make_raw_env(t, cfg.max_episode_steps) for t in self._env_tasks]
-        if cfg.reward_type not in ("dense", "success"):
-            raise ValueError(f"reward_type must be 'dense' or 'success', got {cfg.reward_type!r}")
+        if cfg.reward_type not in ("dense", "success", "success_once"):
+            raise ValueError(f"reward_type must be 'dense', 'success' or 'success_once', got {cfg.reward_type!r}")
         size = cfg.image_size
         if size < 0 or size > 1024:
             raise ValueError(f"image_size must be 0 (no images) or 1..1024, got {size}")
@@ -364,6 +364,7 @@ class MetaWorldEnv(ChunkedEnv):
         self._images = np.zeros((num_envs, size, size, 3), np.uint8) if size else None
 
         self._rngs: list[np.random.Generator] | None = None  # per-env episode-seed generators
+        self._experts: list[Any] | None = None  # scripted experts, built on first use (DAgger)
         self._states = np.zeros((num_envs, STATE_DIM), dtype=np.float32)
         self._ep_return = np.zeros(num_envs, dtype=np.float64)
         self._ep_length = np.zeros(num_envs, dtype=np.int32)
@@ -402,6 +403,54 @@ class MetaWorldEnv(ChunkedEnv):
 
     def chunk_step(self, actions: np.ndarray) -> StepResult:
         """Run K substeps per env; see the module docstring of `rlfleet.envs.api` for auto-reset rules."""
+        return self._chunk_step(actions)
+
+    # --- MetaWorld's scripted experts (DAgger labels) ---------------------------------------------
+
+    def expert_actions(self) -> np.ndarray:
+        """The scripted expert's action at every env's current state, float32 [B, D] in [-1, 1].
+
+        The expert (`metaworld.policies.ENV_POLICY_MAP[task]`, stateless) reads the same 39-dim
+        observation as `obs["states"]` (float32, cast to float64) and its output is clipped, exactly
+        as `rlfleet.data.demos.rollout_expert` records demos, so DAgger labels and demo actions are
+        the same function of the observation.
+        """
+        return np.stack([self._expert_action(i, self._states[i]) for i in range(self._num_envs)])
+
+    def expert_chunk_step(self, actions: np.ndarray, use_expert: np.ndarray) -> tuple[StepResult, np.ndarray, np.ndarray]:
+        """`chunk_step` that also labels every visited state with the scripted expert's action.
+
+        Env i executes, at each of its K substeps, the expert's action at the state it is in
+        (queried on the fly) when `use_expert[i]`, else `actions[i, k]`. Returns the step result,
+        `labels` [B, K, D] (labels[i, k] = expert action at the state before substep k: for an
+        expert-executed chunk exactly the chunk it ran, for a student chunk what the expert would
+        have done at each state the student visited) and the `executed` actions [B, K, D]. Substeps
+        skipped after an episode ended are padded with the last label / executed action (as
+        `rlfleet.data.sft.action_chunks` pads at episode ends).
+        """
+        use_expert = np.asarray(use_expert, dtype=bool)
+        if use_expert.shape != (self._num_envs,):
+            raise ValueError(f"use_expert must be {self._num_envs} bools, got shape {use_expert.shape}")
+        labels = np.zeros((self._num_envs, self._cfg.chunk_size, ACTION_DIM), np.float32)
+        executed = np.zeros_like(labels)
+        result = self._chunk_step(actions, use_expert, labels, executed)
+        return result, labels, executed
+
+    def _expert_action(self, i: int, state: np.ndarray) -> np.ndarray:
+        if self._experts is None:
+            from metaworld.policies import ENV_POLICY_MAP  # after MUJOCO_GL is set (module top)
+
+            missing = sorted({t for t in self._env_tasks if t not in ENV_POLICY_MAP})
+            if missing:
+                raise ValueError(f"MetaWorld has no scripted expert for {missing}")
+            self._experts = [ENV_POLICY_MAP[t]() for t in self._env_tasks]
+        with warnings.catch_warnings():  # the experts warn whenever an action exceeds [-1, 1]; we clip
+            warnings.filterwarnings("ignore", message=r"Constant\(s\) may be too high")
+            action = self._experts[i].get_action(np.asarray(state, np.float32).astype(np.float64))
+        return np.clip(np.asarray(action, np.float32), -1.0, 1.0)
+
+    def _chunk_step(self, actions: np.ndarray, use_expert: np.ndarray | None = None,
+                    labels: np.ndarray | None = None, executed: np.ndarray | None = None) -> StepResult:
         if self._rngs is None:
             raise RuntimeError("call reset() before chunk_step()")
         B, K, D = self._num_envs, self._cfg.chunk_size, ACTION_DIM
@@ -425,9 +474,23 @@ class MetaWorldEnv(ChunkedEnv):
         final_obs = self._blank_obs()
 
         for i, env in enumerate(self._envs):
+            state = self._states[i]  # float32, what the policy sees (the expert reads the same)
             for k in range(K):
-                obs, reward, _, _, info = env.step(actions[i, k])
-                rewards[i, k] = reward if dense else float(info["success"])
+                action = actions[i, k]
+                if labels is not None:
+                    labels[i, k] = self._expert_action(i, state)
+                    if use_expert is not None and use_expert[i]:
+                        action = labels[i, k]
+                    executed[i, k] = action
+                obs, reward, _, _, info = env.step(action)
+                if labels is not None:
+                    state = obs.astype(np.float32)
+                if dense:
+                    rewards[i, k] = reward
+                elif self._cfg.reward_type == "success_once":  # the episode's return is success_once (0/1)
+                    rewards[i, k] = float(info["success"] and not self._ep_success[i])
+                else:
+                    rewards[i, k] = float(info["success"])
                 self._ep_return[i] += rewards[i, k]
                 self._ep_length[i] += 1
                 if info["success"]:
@@ -442,6 +505,9 @@ class MetaWorldEnv(ChunkedEnv):
                     if self._images is not None:
                         final_obs["main_images"][i] = self._renderers[i].render()
                     obs = self._reset_one(i)
+                    if labels is not None:  # skipped substeps: pad with the last label / action
+                        labels[i, k + 1:] = labels[i, k]
+                        executed[i, k + 1:] = executed[i, k]
                     break
             self._states[i] = obs
             if self._images is not None:

@@ -21,6 +21,7 @@ VLA_NAMES = ("tiny_oft", "tiny_pi0", "tiny_pi05")
 _IMAGE_ENCODERS = ("cnn", "vit")
 _TEXT_ENCODERS = ("builtin", "minilm")
 LOGPROB_TYPES = ("token", "action", "chunk")
+FLOW_RL_MODES = ("gaussian", "sde", "noise")  # see rlfleet/algorithms/flow.py
 CNN_GRID = 4  # the CNN pools to a 4x4 grid: 16 image tokens at any image size
 VIT_PATCH = 16
 MINILM_DIM = 384
@@ -45,6 +46,13 @@ class VLAConfig:
     num_denoise_steps: int = 4  # flow policies: Euler steps from noise to action
     flow_hidden: int = 128  # flow policies: width of the action expert
     init_log_std: float = -1.0  # flow policies: PPO exploration noise around the ODE output
+    # Flow policies' stochastic policy for RL: gaussian (learned std around the ODE output),
+    # sde (Flow-SDE, piRL: one random denoise step of the marginal-preserving SDE) or
+    # noise (Flow-Noise, ReinFlow: a learned std on every denoise step).
+    flow_rl: str = "gaussian"
+    sde_a: float = 0.5  # Flow-SDE noise level a: sigma(s) = a sqrt((1 - s) / s)
+    noise_min_std: float = 0.08  # Flow-Noise: bounds of the learned per-step std
+    noise_max_std: float = 0.16
     freeze_backbone: bool = False  # train only the heads (action expert, value head, log_std)
     value_after_vlm: bool = False  # critic on the VLM prefix feature (pi05 forces True)
     # The value loss does not reach the shared backbone/expert: with a fresh critic on an SFT
@@ -63,6 +71,7 @@ class VLAConfig:
         choice("image_encoder", _IMAGE_ENCODERS)
         choice("text_encoder", _TEXT_ENCODERS)
         choice("logprob_type", LOGPROB_TYPES)
+        choice("flow_rl", FLOW_RL_MODES)
         for field in ("dim", "depth", "heads", "max_text_len", "num_denoise_steps", "flow_hidden"):
             if getattr(self, field) < 1:
                 raise ValueError(f"{field} must be >= 1, got {getattr(self, field)}")
@@ -78,6 +87,10 @@ class VLAConfig:
             raise ValueError(f"temperature must be > 0, got {self.temperature}")
         if not -5.0 <= self.init_log_std <= 1.0:
             raise ValueError(f"init_log_std must be in [-5, 1] (the log_std clamp), got {self.init_log_std}")
+        if not self.sde_a > 0:
+            raise ValueError(f"sde_a must be > 0, got {self.sde_a}")
+        if not 0 < self.noise_min_std <= self.noise_max_std:
+            raise ValueError(f"need 0 < noise_min_std <= noise_max_std, got {self.noise_min_std}, {self.noise_max_std}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
         if not self.unnorm_key:

@@ -9,11 +9,31 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class SpecRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("session_id", "num_envs", "env_offset", "seed", "chunk_size")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    NUM_ENVS_FIELD_NUMBER: _ClassVar[int]
+    ENV_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    num_envs: int
+    env_offset: int
+    seed: int
+    chunk_size: int
+    def __init__(self, session_id: _Optional[str] = ..., num_envs: _Optional[int] = ..., env_offset: _Optional[int] = ..., seed: _Optional[int] = ..., chunk_size: _Optional[int] = ...) -> None: ...
+
+class ObservationSpec(_message.Message):
+    __slots__ = ("key", "dtype", "shape")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    dtype: str
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, key: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class EnvSpecReply(_message.Message):
-    __slots__ = ("num_envs", "state_dim", "action_dim", "chunk_size", "max_episode_steps", "task_names", "action_low", "action_high")
+    __slots__ = ("num_envs", "state_dim", "action_dim", "chunk_size", "max_episode_steps", "task_names", "action_low", "action_high", "task_list", "observations", "env_name")
     NUM_ENVS_FIELD_NUMBER: _ClassVar[int]
     STATE_DIM_FIELD_NUMBER: _ClassVar[int]
     ACTION_DIM_FIELD_NUMBER: _ClassVar[int]
@@ -22,6 +42,9 @@ class EnvSpecReply(_message.Message):
     TASK_NAMES_FIELD_NUMBER: _ClassVar[int]
     ACTION_LOW_FIELD_NUMBER: _ClassVar[int]
     ACTION_HIGH_FIELD_NUMBER: _ClassVar[int]
+    TASK_LIST_FIELD_NUMBER: _ClassVar[int]
+    OBSERVATIONS_FIELD_NUMBER: _ClassVar[int]
+    ENV_NAME_FIELD_NUMBER: _ClassVar[int]
     num_envs: int
     state_dim: int
     action_dim: int
@@ -30,19 +53,26 @@ class EnvSpecReply(_message.Message):
     task_names: _containers.RepeatedScalarFieldContainer[str]
     action_low: float
     action_high: float
-    def __init__(self, num_envs: _Optional[int] = ..., state_dim: _Optional[int] = ..., action_dim: _Optional[int] = ..., chunk_size: _Optional[int] = ..., max_episode_steps: _Optional[int] = ..., task_names: _Optional[_Iterable[str]] = ..., action_low: _Optional[float] = ..., action_high: _Optional[float] = ...) -> None: ...
+    task_list: _containers.RepeatedScalarFieldContainer[str]
+    observations: _containers.RepeatedCompositeFieldContainer[ObservationSpec]
+    env_name: str
+    def __init__(self, num_envs: _Optional[int] = ..., state_dim: _Optional[int] = ..., action_dim: _Optional[int] = ..., chunk_size: _Optional[int] = ..., max_episode_steps: _Optional[int] = ..., task_names: _Optional[_Iterable[str]] = ..., action_low: _Optional[float] = ..., action_high: _Optional[float] = ..., task_list: _Optional[_Iterable[str]] = ..., observations: _Optional[_Iterable[_Union[ObservationSpec, _Mapping]]] = ..., env_name: _Optional[str] = ...) -> None: ...
 
 class ResetRequest(_message.Message):
-    __slots__ = ("seeds",)
+    __slots__ = ("seeds", "session_id")
     SEEDS_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     seeds: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, seeds: _Optional[_Iterable[int]] = ...) -> None: ...
+    session_id: str
+    def __init__(self, seeds: _Optional[_Iterable[int]] = ..., session_id: _Optional[str] = ...) -> None: ...
 
 class ChunkStepRequest(_message.Message):
-    __slots__ = ("actions",)
+    __slots__ = ("actions", "session_id")
     ACTIONS_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     actions: _tensor_pb2.Tensor
-    def __init__(self, actions: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ...) -> None: ...
+    session_id: str
+    def __init__(self, actions: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., session_id: _Optional[str] = ...) -> None: ...
 
 class StepReply(_message.Message):
     __slots__ = ("obs", "step")
@@ -51,3 +81,13 @@ class StepReply(_message.Message):
     obs: _tensor_pb2.TensorMap
     step: _tensor_pb2.TensorMap
     def __init__(self, obs: _Optional[_Union[_tensor_pb2.TensorMap, _Mapping]] = ..., step: _Optional[_Union[_tensor_pb2.TensorMap, _Mapping]] = ...) -> None: ...
+
+class CloseRequest(_message.Message):
+    __slots__ = ("session_id",)
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    def __init__(self, session_id: _Optional[str] = ...) -> None: ...
+
+class CloseReply(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...

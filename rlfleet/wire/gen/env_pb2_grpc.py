@@ -50,6 +50,11 @@ class EnvServiceStub:
                 request_serializer=rlfleet_dot_v1_dot_env__pb2.ChunkStepRequest.SerializeToString,
                 response_deserializer=rlfleet_dot_v1_dot_env__pb2.StepReply.FromString,
                 _registered_method=True)
+        self.Close = channel.unary_unary(
+                '/rlfleet.v1.EnvService/Close',
+                request_serializer=rlfleet_dot_v1_dot_env__pb2.CloseRequest.SerializeToString,
+                response_deserializer=rlfleet_dot_v1_dot_env__pb2.CloseReply.FromString,
+                _registered_method=True)
 
 
 class EnvServiceServicer:
@@ -73,6 +78,12 @@ class EnvServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Close(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_EnvServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -90,6 +101,11 @@ def add_EnvServiceServicer_to_server(servicer, server):
                     servicer.ChunkStep,
                     request_deserializer=rlfleet_dot_v1_dot_env__pb2.ChunkStepRequest.FromString,
                     response_serializer=rlfleet_dot_v1_dot_env__pb2.StepReply.SerializeToString,
+            ),
+            'Close': grpc.unary_unary_rpc_method_handler(
+                    servicer.Close,
+                    request_deserializer=rlfleet_dot_v1_dot_env__pb2.CloseRequest.FromString,
+                    response_serializer=rlfleet_dot_v1_dot_env__pb2.CloseReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -173,6 +189,33 @@ class EnvService:
             '/rlfleet.v1.EnvService/ChunkStep',
             rlfleet_dot_v1_dot_env__pb2.ChunkStepRequest.SerializeToString,
             rlfleet_dot_v1_dot_env__pb2.StepReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Close(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rlfleet.v1.EnvService/Close',
+            rlfleet_dot_v1_dot_env__pb2.CloseRequest.SerializeToString,
+            rlfleet_dot_v1_dot_env__pb2.CloseReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -100,25 +100,31 @@ class WeightAnnouncement(_message.Message):
     def __init__(self, version: _Optional[int] = ..., checksum: _Optional[str] = ..., size_bytes: _Optional[int] = ..., final: _Optional[bool] = ...) -> None: ...
 
 class PullRequest(_message.Message):
-    __slots__ = ("version", "max_chunk_bytes")
+    __slots__ = ("version", "max_chunk_bytes", "delta", "base_version")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     MAX_CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DELTA_FIELD_NUMBER: _ClassVar[int]
+    BASE_VERSION_FIELD_NUMBER: _ClassVar[int]
     version: int
     max_chunk_bytes: int
-    def __init__(self, version: _Optional[int] = ..., max_chunk_bytes: _Optional[int] = ...) -> None: ...
+    delta: bool
+    base_version: int
+    def __init__(self, version: _Optional[int] = ..., max_chunk_bytes: _Optional[int] = ..., delta: _Optional[bool] = ..., base_version: _Optional[int] = ...) -> None: ...
 
 class WeightChunk(_message.Message):
-    __slots__ = ("version", "checksum", "total_size", "index", "num_chunks", "data")
+    __slots__ = ("version", "checksum", "total_size", "index", "num_chunks", "data", "base_version")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     CHECKSUM_FIELD_NUMBER: _ClassVar[int]
     TOTAL_SIZE_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
     NUM_CHUNKS_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
+    BASE_VERSION_FIELD_NUMBER: _ClassVar[int]
     version: int
     checksum: str
     total_size: int
     index: int
     num_chunks: int
     data: bytes
-    def __init__(self, version: _Optional[int] = ..., checksum: _Optional[str] = ..., total_size: _Optional[int] = ..., index: _Optional[int] = ..., num_chunks: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+    base_version: int
+    def __init__(self, version: _Optional[int] = ..., checksum: _Optional[str] = ..., total_size: _Optional[int] = ..., index: _Optional[int] = ..., num_chunks: _Optional[int] = ..., data: _Optional[bytes] = ..., base_version: _Optional[int] = ...) -> None: ...

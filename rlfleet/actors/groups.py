@@ -1,0 +1,110 @@
+"""The actor side of GRPO: whole-episode segments and grouped, seeded resets.
+
+In GRPO mode (``algorithm.adv_type: grpo``) every segment is one episode long,
+``T = max_episode_steps / chunk_size`` chunk steps, and every env of a pipeline stage is reset
+with the stage's last step of each segment (the worker's ``step_reset`` command), so the next
+segment starts at an episode start. A group is G envs of one stage that run the same task and
+are reset with the same seed: same initial state, different sampled actions. Groups never span
+stages (each stage builds its own segments), so a group never spans segments.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+def episode_rollout_len(max_episode_steps: int, chunk_size: int) -> int:
+    """T = max_episode_steps / chunk_size: the chunk steps of one full episode."""
+    if chunk_size < 1 or max_episode_steps % chunk_size:
+        raise ValueError(
+            f"GRPO segments hold whole episodes: env.max_episode_steps ({max_episode_steps}) must be a "
+            f"multiple of env.chunk_size ({chunk_size})"
+        )
+    return max_episode_steps // chunk_size
+
+
+def check_stage_rows(num_envs: int, num_stages: int, group_size: int) -> None:
+    """Each pipeline stage must hold whole groups."""
+    if group_size < 2:
+        raise ValueError(f"algorithm.group_size must be >= 2 for GRPO, got {group_size}")
+    if num_envs % num_stages or (num_envs // num_stages) % group_size:
+        raise ValueError(
+            f"GRPO groups must not span pipeline stages: actor.num_envs ({num_envs}) / "
+            f"actor.pipeline_stage_num ({num_stages}) must be a multiple of algorithm.group_size ({group_size})"
+        )
+
+
+@dataclass
+class StageGroups:
+    """Group label of each row of one stage (rows relative to the stage's first row)."""
+
+    group_ids: np.ndarray  # [rows] int64, 0 .. num_groups-1
+
+    @property
+    def num_groups(self) -> int:
+        return int(self.group_ids.max()) + 1 if len(self.group_ids) else 0
+
+
+def stage_groups(task_ids: np.ndarray, group_size: int, stage: int = 0) -> StageGroups:
+    """Rows with the same task, in row order, form groups of ``group_size``.
+
+    Why by task: an env's task is fixed by the adapter (MetaWorld cycles tasks over env
+    indices), and a group must share its task as well as its seed. Every task's row count in
+    the stage must be a multiple of G; the error says how to size the stage.
+    """
+    task_ids = np.asarray(task_ids)
+    out = np.full(len(task_ids), -1, np.int64)
+    next_group = 0
+    for task in dict.fromkeys(task_ids.tolist()):  # first-appearance order: deterministic
+        rows = np.flatnonzero(task_ids == task)
+        if len(rows) % group_size:
+            n_tasks = len(set(task_ids.tolist()))
+            raise ValueError(
+                f"GRPO groups need G={group_size} envs of the same task in each pipeline stage; task id "
+                f"{task} has {len(rows)} envs in stage {stage}. Make actor.num_envs / actor.pipeline_stage_num "
+                f"a multiple of group_size x tasks per stage ({group_size} x {n_tasks})"
+            )
+        for k in range(0, len(rows), group_size):
+            out[rows[k : k + group_size]] = next_group
+            next_group += 1
+    return StageGroups(out)
+
+
+def group_seeds(base_seed: int, actor_index: int, stage: int, round_index: int, num_groups: int) -> np.ndarray:
+    """One 63-bit episode seed per group: SeedSequence([base, actor, stage, round, group]).
+
+    Distinct (up to 2^-63-chance collisions) across actors, stages, segments (``round_index``
+    counts a stage's segments) and groups; reproducible run to run.
+    """
+    out = np.empty(num_groups, np.int64)
+    for g in range(num_groups):
+        words = np.random.SeedSequence([base_seed, actor_index, stage, round_index, g]).generate_state(2, np.uint32)
+        out[g] = np.int64(((int(words[0]) << 32) | int(words[1])) >> 1)
+    return out
+
+
+class GroupedResets:
+    """Seeds for an actor's stage resets: env row r of stage s gets the seed of its group."""
+
+    def __init__(self, stage_rows: list[tuple[int, int]], task_ids: np.ndarray, group_size: int,
+                 base_seed: int, actor_index: int):
+        self.stage_rows = stage_rows
+        self.base_seed, self.actor_index = base_seed, actor_index
+        self.groups = [stage_groups(task_ids[lo:hi], group_size, s) for s, (lo, hi) in enumerate(stage_rows)]
+        self.rounds = [0] * len(stage_rows)  # segments started per stage
+
+    def next_seeds(self, stage: int, out: np.ndarray) -> None:
+        """Write the stage's seeds for its next segment into ``out`` (all E rows) and count the round."""
+        lo, hi = self.stage_rows[stage]
+        g = self.groups[stage]
+        seeds = group_seeds(self.base_seed, self.actor_index, stage, self.rounds[stage], g.num_groups)
+        out[lo:hi] = seeds[g.group_ids]
+        self.rounds[stage] += 1
+
+    def all_seeds(self) -> np.ndarray:
+        """Seeds for every row (the first reset of all stages)."""
+        out = np.zeros(self.stage_rows[-1][1], np.int64)
+        for s in range(len(self.stage_rows)):
+            self.next_seeds(s, out)
+        return out

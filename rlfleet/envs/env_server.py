@@ -1,0 +1,254 @@
+"""EnvService: any registered env served over gRPC, so actors on other hosts (or in other
+languages) can step it as `env.name=remote://HOST:PORT`.
+
+The server hosts one env batch per client session (an actor's env workers each open their own,
+sized and offset like the local env they replace). Bad input is answered with a clear gRPC
+status and counted; it never takes the server down or corrupts a session.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+import grpc
+import numpy as np
+
+from rlfleet.envs.api import ChunkedEnv, EnvConfig, observation_spec
+from rlfleet.envs.env_messages import reset_reply, spec_reply, step_reply
+from rlfleet.envs.registry import make_env
+from rlfleet.wire import codec
+from rlfleet.wire.gen import env_pb2, env_pb2_grpc
+from rlfleet.wire.grpc_server import start_grpc_server
+
+log = logging.getLogger(__name__)
+SERVICE_NAME = "rlfleet.v1.EnvService"
+
+
+@dataclass
+class EnvServerConfig:
+    """What to serve and how much of it: sessions are bounded so a leaking client cannot eat the host."""
+
+    env: EnvConfig = field(default_factory=EnvConfig)
+    num_envs: int = 1  # batch size of a session whose client does not ask for one
+    max_envs: int = 256  # envs across all sessions; more is RESOURCE_EXHAUSTED
+    session_idle_s: float = 600.0  # a session idle this long is closed when another needs its room
+    host: str = "127.0.0.1"
+    port: int = 0
+
+
+class RequestError(Exception):
+    """A call rejected with a gRPC status; the server and the session stay as they were."""
+
+    def __init__(self, code: grpc.StatusCode, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass
+class _Session:
+    env: ChunkedEnv
+    settings: tuple[int, int, int, int]  # (num_envs, env_offset, seed, chunk_size)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    was_reset: bool = False
+    last_used: float = field(default_factory=time.monotonic)
+    closed: bool = False
+
+
+class EnvServicer(env_pb2_grpc.EnvServiceServicer):
+    """One env batch per session id, made through the registry from the server's EnvConfig."""
+
+    def __init__(self, cfg: EnvServerConfig):
+        self.cfg = cfg
+        self.sessions: dict[str, _Session] = {}
+        self.errors: Counter[str] = Counter()  # rejected calls by status code name
+        self.calls: Counter[str] = Counter()
+        self._lock = threading.Lock()  # the session table; env construction also happens under it
+
+    # --- RPCs -------------------------------------------------------------------------------
+
+    def GetSpec(self, request: env_pb2.SpecRequest, context: grpc.ServicerContext) -> env_pb2.EnvSpecReply:
+        return self._serve("GetSpec", context, lambda: self._open(request))
+
+    def Reset(self, request: env_pb2.ResetRequest, context: grpc.ServicerContext) -> env_pb2.StepReply:
+        return self._serve("Reset", context, lambda: self._reset(request))
+
+    def ChunkStep(self, request: env_pb2.ChunkStepRequest, context: grpc.ServicerContext) -> env_pb2.StepReply:
+        return self._serve("ChunkStep", context, lambda: self._step(request))
+
+    def Close(self, request: env_pb2.CloseRequest, context: grpc.ServicerContext) -> env_pb2.CloseReply:
+        return self._serve("Close", context, lambda: self._close_session(request.session_id))
+
+    # --- implementation ---------------------------------------------------------------------
+
+    def _serve(self, rpc: str, context: grpc.ServicerContext, handler):
+        self.calls[rpc] += 1
+        try:
+            return handler()
+        except RequestError as exc:
+            self._reject(rpc, context, exc.code, str(exc))
+        except (codec.WireFormatError, ValueError) as exc:  # the env's own input checks
+            self._reject(rpc, context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except Exception as exc:  # a simulator failure: report it, keep serving
+            log.exception("%s failed", rpc)
+            self._reject(rpc, context, grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}")
+
+    def _reject(self, rpc: str, context: grpc.ServicerContext, code: grpc.StatusCode, message: str) -> None:
+        self.errors[code.name] += 1
+        log.warning("rejected %s (%s): %s", rpc, code.name, message)
+        context.abort(code, message)
+
+    def _open(self, request: env_pb2.SpecRequest) -> env_pb2.EnvSpecReply:
+        n = request.num_envs or self.cfg.num_envs
+        k = request.chunk_size or self.cfg.env.chunk_size
+        if n < 1 or request.env_offset < 0 or k < 1:
+            raise RequestError(grpc.StatusCode.INVALID_ARGUMENT,
+                               f"num_envs and chunk_size must be >= 0 and env_offset >= 0, got "
+                               f"{request.num_envs}, {request.chunk_size}, {request.env_offset}")
+        settings = (n, int(request.env_offset), int(request.seed), k)
+        with self._lock:
+            old = self.sessions.get(request.session_id)
+            if old is not None and old.settings == settings:
+                old.last_used = time.monotonic()
+                return self._describe(old.env)
+            self._make_room(n, replacing=old)
+            env_cfg = dataclasses.replace(self.cfg.env, seed=settings[2], chunk_size=k)
+            env = make_env(env_cfg, n, env_offset=settings[1])
+            if old is not None:
+                self._retire(request.session_id, old)
+            self.sessions[request.session_id] = _Session(env, settings)
+        log.info("session %r: %d envs from index %d, seed %d, chunk %d (%d sessions)",
+                 request.session_id, n, settings[1], settings[2], k, len(self.sessions))
+        return self._describe(env)
+
+    def _describe(self, env: ChunkedEnv) -> env_pb2.EnvSpecReply:
+        obs_spec = observation_spec(self.cfg.env, env.spec.state_dim)
+        return spec_reply(env.spec, env.task_list, obs_spec, self.cfg.env.name)
+
+    def _make_room(self, n: int, replacing: _Session | None) -> None:
+        """Close idle sessions until n more envs fit under max_envs (caller holds the lock)."""
+        def in_use() -> int:
+            return sum(s.settings[0] for s in self.sessions.values() if s is not replacing)
+
+        if in_use() + n <= self.cfg.max_envs:
+            return
+        now = time.monotonic()
+        for sid, s in sorted(self.sessions.items(), key=lambda kv: kv[1].last_used):
+            if s is not replacing and now - s.last_used > self.cfg.session_idle_s:
+                log.info("closing session %r, idle for %.0fs", sid, now - s.last_used)
+                self._retire(sid, s)
+                if in_use() + n <= self.cfg.max_envs:
+                    return
+        raise RequestError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                           f"{n} more envs would exceed this server's limit of {self.cfg.max_envs} "
+                           f"({in_use()} in use by {len(self.sessions)} sessions); close sessions or raise --max-envs")
+
+    def _retire(self, sid: str, session: _Session) -> None:
+        self.sessions.pop(sid, None)
+        with session.lock:  # let a call in flight finish first
+            session.closed = True
+            session.env.close()
+
+    def _session(self, sid: str) -> _Session:
+        with self._lock:
+            session = self.sessions.get(sid)
+        if session is None:
+            raise RequestError(grpc.StatusCode.FAILED_PRECONDITION,
+                               f"no open session {sid!r}: call GetSpec with this session_id first")
+        session.last_used = time.monotonic()
+        return session
+
+    def _reset(self, request: env_pb2.ResetRequest) -> env_pb2.StepReply:
+        session = self._session(request.session_id)
+        n = session.settings[0]
+        seeds = np.asarray(request.seeds, dtype=np.int64) if len(request.seeds) else None
+        if seeds is not None and seeds.shape != (n,):
+            raise RequestError(grpc.StatusCode.INVALID_ARGUMENT,
+                               f"got {len(request.seeds)} seeds for a session of {n} envs (send {n}, or none)")
+        with session.lock:
+            self._check_open(session, request.session_id)
+            obs = session.env.reset(seeds)
+            session.was_reset = True
+        return reset_reply(obs)
+
+    def _step(self, request: env_pb2.ChunkStepRequest) -> env_pb2.StepReply:
+        session = self._session(request.session_id)
+        spec = session.env.spec
+        if not request.HasField("actions"):
+            raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, "ChunkStep needs an `actions` tensor")
+        actions = codec.decode_tensor(request.actions)
+        actions = codec.require({"actions": actions}, "actions", "float32",
+                                (spec.num_envs, spec.chunk_size, spec.action_dim), finite=True)
+        with session.lock:
+            self._check_open(session, request.session_id)
+            if not session.was_reset:
+                raise RequestError(grpc.StatusCode.FAILED_PRECONDITION,
+                                   f"session {request.session_id!r}: call Reset before ChunkStep")
+            result = session.env.chunk_step(actions)
+        return step_reply(result)
+
+    @staticmethod
+    def _check_open(session: _Session, sid: str) -> None:
+        if session.closed:
+            raise RequestError(grpc.StatusCode.FAILED_PRECONDITION, f"session {sid!r} was closed")
+
+    def _close_session(self, sid: str) -> env_pb2.CloseReply:
+        with self._lock:
+            session = self.sessions.get(sid)
+            if session is not None:
+                self._retire(sid, session)
+        return env_pb2.CloseReply()
+
+    def close(self) -> None:
+        """Close every session's envs (server shutdown)."""
+        with self._lock:
+            for sid, session in list(self.sessions.items()):
+                self._retire(sid, session)
+
+
+def check_env_config(cfg: EnvServerConfig) -> None:
+    """Build (and close) one env so a bad config fails at start-up, not at the first client."""
+    if cfg.num_envs < 1 or cfg.max_envs < cfg.num_envs:
+        raise ValueError(f"need 1 <= num_envs <= max_envs, got {cfg.num_envs} and {cfg.max_envs}")
+    make_env(cfg.env, 1).close()
+
+
+def serve_env(cfg: EnvServerConfig) -> tuple[grpc.Server, int, EnvServicer]:
+    """Start EnvService (with health and reflection) for `cfg.env`; returns (server, bound port, servicer)."""
+    check_env_config(cfg)
+    servicer = EnvServicer(cfg)
+    server, port = start_grpc_server(
+        cfg.host, cfg.port, [lambda s: env_pb2_grpc.add_EnvServiceServicer_to_server(servicer, s)], [SERVICE_NAME]
+    )
+    return server, port, servicer
+
+
+def env_config(name: str, task: str | None = None, overrides: list[str] | None = None) -> EnvConfig:
+    """EnvConfig from `--env`, `--task` and `key=value` overrides, type-checked like recipe overrides."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    bad = [o for o in overrides or [] if "=" not in o]
+    if bad:
+        raise ValueError(f"env overrides must look like key=value (EnvConfig fields), got {bad}")
+    try:
+        cfg = OmegaConf.merge(OmegaConf.structured(EnvConfig), OmegaConf.from_dotlist(list(overrides or [])))
+    except OmegaConfBaseException as exc:
+        raise ValueError(f"bad env override: {exc}".splitlines()[0]) from exc
+    cfg.name = name
+    if task:
+        cfg.task = task
+    return EnvConfig(**OmegaConf.to_container(cfg))  # type: ignore[arg-type]
+
+
+def write_address_file(path: str, address: str) -> None:
+    """`{"env": "HOST:PORT"}`, written atomically so a watcher never reads half a file."""
+    import json
+    from pathlib import Path
+
+    tmp = Path(path + ".tmp")
+    tmp.write_text(json.dumps({"env": address}))
+    tmp.replace(path)

@@ -1,0 +1,42 @@
+"""A learner rank other than 0 under torchrun: it trains in lockstep and does nothing else.
+
+It binds no port and writes no file: it builds the policy from the config rank 0 sends, then
+runs the same PPO update on its share of each batch of segments rank 0 broadcasts, until rank 0
+says the run is over. Checkpoints, TensorBoard, weight publishing and evaluation are rank 0's.
+"""
+from __future__ import annotations
+
+import logging
+import signal
+
+import torch
+from omegaconf import OmegaConf
+
+from rlfleet.config import as_dict, config_from_yaml
+from rlfleet.learner.distributed import DDPRanks
+from rlfleet.learner.trainer import PPOTrainer
+from rlfleet.policies.checkpoint_io import policy_from_config
+
+log = logging.getLogger(__name__)
+
+
+def run_follower(ranks: DDPRanks) -> int:
+    """Train until rank 0 stops; returns the number of updates taken part in."""
+    # Ctrl-C or SIGTERM from torchrun: rank 0 finishes its update, checkpoints and tells us to stop.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    cfg = config_from_yaml(ranks.receive_config())
+    torch.manual_seed(cfg.runner.seed)
+    dims = cfg.model_dims
+    # The architecture only: DDP replaces these weights with rank 0's at the first update.
+    policy = policy_from_config(as_dict(cfg.policy), dims.state_dim, dims.action_dim, cfg.env.chunk_size,
+                                cfg.env.image_size)
+    trainer = PPOTrainer(policy, OmegaConf.to_object(cfg.algorithm), cfg.learner.reward_scale,
+                         ranks.device(cfg.learner.device), ranks)
+    updates = 0
+    while (received := ranks.receive_update()) is not None:
+        segments, version = received
+        trainer.update(segments, version)
+        updates += 1
+    log.info("learner rank %d done: %d updates", ranks.rank, updates)
+    return updates

@@ -1,0 +1,164 @@
+"""`cluster.component_placement`: which devices each role gets when roles are spawned together.
+
+RLinf's grammar, with RLinf's component names:
+
+    component_placement:          component_placement:          component_placement:
+      env,rollout,actor: all        env: 0-1                      env: 0-3
+                                    rollout: 2-5                  rollout: 4-7
+                                    actor: 6-7                    actor: 0-7
+      (collocated)                  (disaggregated)               (hybrid)
+
+`env` are the simulator actors (rlfleet actor processes), `rollout` the inference servers and
+`actor` the learner ranks (RLinf's "actor" is the trained model, not an rlfleet actor). A value
+is `all`, one index, a range `a-b` (inclusive) or a comma list of those. Each listed device gets
+one instance of the role: `rollout: 4-7` starts four inference servers, `actor: 0-7` an
+8-rank learner under torchrun.
+
+The mode follows from the overlap between the learner's and the inference servers' devices:
+none is disaggregated, identical sets are collocated, anything else hybrid. Where they share a
+device the inference server hands its weights back to the CPU while it is idle (the learner's
+update phase) so the learner has the memory.
+
+Without CUDA the devices are process slots on this host: the plan keeps the same shape (how
+many learner ranks, inference servers and actor processes) and says so in its message.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+COMPONENTS = ("env", "rollout", "actor")
+ROLE_OF = {"env": "actors", "rollout": "inference servers", "actor": "learner ranks"}
+
+
+class PlacementError(ValueError):
+    """A component_placement that cannot be satisfied (bad syntax, unknown role, no such device)."""
+
+
+def parse_devices(spec: str | int, num_devices: int) -> list[int]:
+    """'all' | 3 | '0-3' | '0,2,4-5' -> sorted distinct device indices, each < num_devices."""
+    if isinstance(spec, bool):
+        raise PlacementError(f"bad device list {spec!r}")
+    if isinstance(spec, int):
+        parts = [str(spec)]
+    else:
+        text = str(spec).strip()
+        if text == "all":
+            return list(range(num_devices))
+        parts = [p.strip() for p in text.split(",")]
+    devices: set[int] = set()
+    for part in parts:
+        devices.update(_parse_range(part, spec))
+    out = sorted(devices)
+    if not out:
+        raise PlacementError(f"device list {spec!r} is empty")
+    if out[-1] >= num_devices:
+        raise PlacementError(f"device {out[-1]} in {spec!r} does not exist: this host has {num_devices} "
+                             f"device(s), numbered 0-{num_devices - 1}")
+    return out
+
+
+def _parse_range(part: str, spec) -> range:
+    lo, sep, hi = part.partition("-")
+    try:
+        start = int(lo)
+        stop = int(hi) if sep else start
+    except ValueError:
+        raise PlacementError(f"bad device list {spec!r}: {part!r} is not an index or a range a-b") from None
+    if start < 0 or stop < start:
+        raise PlacementError(f"bad device range {part!r} in {spec!r}")
+    return range(start, stop + 1)
+
+
+@dataclass
+class PlacementPlan:
+    """Devices per role; `device_kind` is 'cuda' or 'cpu' (process slots)."""
+
+    env: list[int]
+    rollout: list[int]
+    actor: list[int]
+    device_kind: str
+    mode: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        learner, inference = set(self.actor), set(self.rollout)
+        if not learner & inference:
+            self.mode = "disaggregated"
+        elif learner == inference:
+            self.mode = "collocated"
+        else:
+            self.mode = "hybrid"
+
+    @property
+    def num_learner_ranks(self) -> int:
+        return len(self.actor)
+
+    @property
+    def num_inference_servers(self) -> int:
+        return len(self.rollout)
+
+    @property
+    def num_actors(self) -> int:
+        return len(self.env)
+
+    def shares_device(self, inference_device: int) -> bool:
+        """Whether an inference server's device is also a learner rank's (offload while idle)."""
+        return inference_device in self.actor
+
+    def device_name(self, index: int) -> str:
+        return f"cuda:{index}" if self.device_kind == "cuda" else "cpu"
+
+    def visible_devices(self, index: int) -> dict[str, str]:
+        """Environment for a process pinned to one device (nothing to pin on CPU)."""
+        return {"CUDA_VISIBLE_DEVICES": str(index)} if self.device_kind == "cuda" else {}
+
+    def describe(self) -> str:
+        lines = [f"placement: {self.mode}"]
+        for comp in COMPONENTS:
+            devs = getattr(self, comp)
+            lines.append(f"  {comp:8s} -> {len(devs)} {ROLE_OF[comp]} on {self.device_kind} {_ranges(devs)}")
+        if self.device_kind == "cpu":
+            lines.append("  no CUDA device here: device indices are process slots on this host "
+                         "(one process per index, all on the CPU)")
+        return "\n".join(lines)
+
+
+def _ranges(devs: list[int]) -> str:
+    out, start = [], devs[0]
+    for prev, cur in zip(devs, devs[1:] + [None]):
+        if cur != prev + 1:
+            out.append(f"{start}" if start == prev else f"{start}-{prev}")
+            start = cur
+    return ",".join(out)
+
+
+def plan_placement(spec: Mapping[str, str | int], num_devices: int, device_kind: str) -> PlacementPlan:
+    """Resolve a component_placement mapping; every component must be placed exactly once."""
+    if num_devices < 1:
+        raise PlacementError("component_placement needs at least one device (or process slot)")
+    found: dict[str, list[int]] = {}
+    for key, value in spec.items():
+        if value is None:  # YAML flow style splits an unquoted `{env,rollout: all}` at the comma
+            raise PlacementError(f"component_placement gives {key!r} no devices; in flow style or on the "
+                                 "command line quote a comma-joined key: \"{'env,rollout,actor': all}\"")
+        for comp in (c.strip() for c in str(key).split(",")):
+            if comp not in COMPONENTS:
+                raise PlacementError(f"unknown component {comp!r} in component_placement; "
+                                     f"use {', '.join(COMPONENTS)} (RLinf's names)")
+            if comp in found:
+                raise PlacementError(f"component {comp!r} is placed twice in component_placement")
+            found[comp] = parse_devices(value, num_devices)
+    missing = [c for c in COMPONENTS if c not in found]
+    if missing:
+        raise PlacementError(f"component_placement does not place {', '.join(missing)}; "
+                             "give every one of env, rollout, actor (e.g. 'env,rollout,actor: all')")
+    return PlacementPlan(found["env"], found["rollout"], found["actor"], device_kind)
+
+
+def detect_devices(num_slots: int) -> tuple[int, str]:
+    """(number of devices, kind): the CUDA devices if any, else `num_slots` CPU process slots."""
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.cuda.device_count(), "cuda"
+    return max(1, num_slots), "cpu"

@@ -1,0 +1,1 @@
+"""Operations telemetry: the Prometheus endpoint of each role and structured (JSON) logs."""

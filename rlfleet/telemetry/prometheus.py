@@ -1,0 +1,229 @@
+"""Prometheus endpoint of each role: a per-process registry served over HTTP.
+
+The collectors read the counters a role already keeps, at scrape time, so the training,
+batching and stepping loops pay nothing for being observed; only the inference server's
+batch-size histogram is pushed (one observe() per batch). Metric names: `rlfleet_<role>_...`;
+the learner mirrors its TensorBoard scalars as gauges (`train/actor/approx_kl` ->
+`rlfleet_learner_train_actor_approx_kl`). docs/operations.md lists them all.
+"""
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+import math
+import re
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client import (CollectorRegistry, Counter, Histogram, Info, PlatformCollector, ProcessCollector,
+                               start_http_server)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from rlfleet.wire.auth import is_loopback
+
+DEFAULT_HOST = "127.0.0.1"
+PER_TASK_PREFIX = "env/success_once/"  # per-task scalars become one family with a `task` label
+# scalars the learner also writes to TensorBoard but that are exported live (not as of the last update)
+LEARNER_LIVE_KEYS = frozenset({"queue/ingest_depth", "queue/rejected_segments", "learner/version", "actors/alive"})
+
+log = logging.getLogger(__name__)
+
+
+def metric_name(role: str, key: str) -> str:
+    """A TensorBoard key as a Prometheus name: 'train/actor/approx_kl' -> 'rlfleet_learner_train_actor_approx_kl'."""
+    return re.sub(r"[^a-zA-Z0-9]+", "_", f"rlfleet_{role}_{key}").strip("_")
+
+
+def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, value=float(value))
+
+
+def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+    return CounterMetricFamily(name, doc, value=float(value))
+
+
+def _by_label(name: str, doc: str, label: str, counts: Mapping[str, int]) -> CounterMetricFamily:
+    """A counter family with one sample per key of `counts` (reasons, RPC names: a small fixed set)."""
+    family = CounterMetricFamily(name, doc, labels=[label])
+    for key, n in sorted(counts.items()):
+        family.add_metric([key], float(n))
+    return family
+
+
+def scalar_gauges(role: str, scalars: Mapping[str, float], skip: Iterable[str] = ()) -> Iterator[GaugeMetricFamily]:
+    """TensorBoard-style scalars as gauges; non-finite values are left out, as TensorBoard leaves them out."""
+    skipped = set(skip)
+    per_task = GaugeMetricFamily(metric_name(role, PER_TASK_PREFIX + "by_task"),
+                                 "env/success_once per task over recent episodes", labels=["task"])
+    for key, value in sorted(scalars.items()):
+        if key in skipped or value is None or not math.isfinite(float(value)):
+            continue
+        if key.startswith(PER_TASK_PREFIX):
+            per_task.add_metric([key[len(PER_TASK_PREFIX):]], float(value))
+        else:
+            yield _gauge(metric_name(role, key), f"{key} (as last written to TensorBoard)", value)
+    if per_task.samples:
+        yield per_task
+
+
+class LearnerCollector(Collector):
+    """The learner's counters, queue and the scalars of its last update (a `rlfleet.learner.run.Learner`)."""
+
+    def __init__(self, learner: Any):
+        self.learner = learner
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        lr = self.learner
+        ingest = lr.ingest
+        yield _gauge("rlfleet_learner_policy_version", "version of the newest published weights", lr.counters.version)
+        yield _counter("rlfleet_learner_env_steps", "env steps received from actors", lr.counters.env_steps)
+        yield _counter("rlfleet_learner_updates", "PPO updates done", lr.counters.update)
+        yield _gauge("rlfleet_learner_ingest_queue_depth", "segments waiting in the ingest queue", ingest.qsize())
+        yield _gauge("rlfleet_learner_ingest_queue_capacity", "ingest queue bound (segments)",
+                     lr.cfg.learner.ingest_queue_size)
+        yield _counter("rlfleet_learner_accepted_segments", "segments accepted into the ingest queue", ingest.accepted)
+        yield _by_label("rlfleet_learner_rejected_segments", "trajectory pushes rejected as malformed", "reason",
+                        ingest.rejected_by_reason())
+        yield _counter("rlfleet_learner_duplicate_segments", "retried pushes acknowledged without re-queueing",
+                       ingest.duplicates)
+        yield _gauge("rlfleet_learner_actors_alive", "actors that sent a heartbeat recently",
+                     lr.servicer.alive_clients("actor"))
+        yield from scalar_gauges("learner", lr.last_stats, skip=LEARNER_LIVE_KEYS)
+
+
+class InferenceCollector(Collector):
+    """An inference server's counters (a `rlfleet.inference_server.server.InferenceServer`)."""
+
+    def __init__(self, server: Any):
+        self.server = server
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        s = self.server
+        yield _counter("rlfleet_inference_batches", "policy forward passes", s.runner.batches)
+        yield _counter("rlfleet_inference_rows", "observation rows answered", s.runner.rows)
+        yield _by_label("rlfleet_inference_rejected_requests",
+                        "requests answered with an error (malformed input, protocol, overload, policy failure)",
+                        "reason", s.rejected_requests())
+        yield _gauge("rlfleet_inference_pending_requests", "requests waiting for a batch", s.batcher.pending())
+        yield _gauge("rlfleet_inference_policy_version", "version of the weights being served", s.runner.version)
+        yield _gauge("rlfleet_inference_shm_clients", "actors attached through shared memory", len(s.zmq.blocks))
+
+
+def batch_size_buckets(max_batch: int) -> tuple[float, ...]:
+    """Powers of two up to max_batch, and max_batch itself: full batches land in the last bucket."""
+    edges, b = [], 1
+    while b < max_batch:
+        edges.append(float(b))
+        b *= 2
+    return (*edges, float(max_batch), math.inf)
+
+
+def batch_observer(registry: CollectorRegistry, max_batch: int) -> Callable[[list], None]:
+    """A callback for InferenceServer.on_batch: rows per batch as a histogram, and a request counter."""
+    sizes = Histogram("rlfleet_inference_batch_size", "rows per policy batch", registry=registry,
+                      buckets=batch_size_buckets(max_batch))
+    requests = Counter("rlfleet_inference_requests", "requests answered in a batch", registry=registry)
+
+    def observe(batch: list) -> None:
+        sizes.observe(sum(r.rows for r in batch))
+        requests.inc(len(batch))
+
+    return observe
+
+
+class ActorCollector(Collector):
+    """An actor's live counts (an `rlfleet.actors.actor.ActorCounters`)."""
+
+    def __init__(self, counters: Any):
+        self.counters = counters
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        c = self.counters
+        yield _counter("rlfleet_actor_env_steps", "env steps taken (chunk steps x chunk size)", c.env_steps)
+        yield _counter("rlfleet_actor_segments", "trajectory segments handed to the learner link", c.segments)
+        yield _counter("rlfleet_actor_episodes", "episodes finished", c.episodes)
+        yield _counter("rlfleet_actor_successful_episodes", "finished episodes with success_once", c.successes)
+
+
+class EnvServerCollector(Collector):
+    """An env server's calls, rejected calls and open sessions (an `rlfleet.envs.env_server.EnvServicer`)."""
+
+    def __init__(self, servicer: Any):
+        self.servicer = servicer
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        s = self.servicer
+        yield _by_label("rlfleet_env_server_calls", "EnvService calls received", "rpc", dict(s.calls))
+        yield _by_label("rlfleet_env_server_rejected_calls",
+                        "calls answered with an error, by gRPC status (bad input, simulator failure)", "code",
+                        dict(s.errors))
+        sessions = list(s.sessions.values())
+        yield _gauge("rlfleet_env_server_sessions", "open client sessions", len(sessions))
+        yield _gauge("rlfleet_env_server_envs", "env instances held by open sessions",
+                     sum(session.env.spec.num_envs for session in sessions))
+
+
+def _package_version() -> str:
+    try:
+        return importlib.metadata.version("rlfleet")
+    except importlib.metadata.PackageNotFoundError:  # running from a source tree that was never installed
+        return "unknown"
+
+
+def role_registry(role: str, **info: str) -> CollectorRegistry:
+    """A private registry (never the global one) with process metrics and an rlfleet_info{role=...} line."""
+    registry = CollectorRegistry()
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    Info("rlfleet", "the role this process plays", registry=registry).info(
+        {"role": role, "version": _package_version(), **{k: str(v) for k, v in info.items()}})
+    return registry
+
+
+@dataclass
+class MetricsEndpoint:
+    """A running /metrics HTTP server; close() stops it."""
+
+    server: Any
+    thread: threading.Thread
+    host: str
+    port: int
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class MetricsPortError(ValueError):
+    """The metrics endpoint could not bind (port in use, bad address): a start-up error, not a crash."""
+
+
+def serve_metrics(registry: CollectorRegistry, port: int, host: str = DEFAULT_HOST) -> MetricsEndpoint:
+    """Serve GET /metrics from a daemon thread; loopback unless another host is asked for explicitly."""
+    if not is_loopback(host):
+        log.warning("metrics endpoint bound to %s: it is unauthenticated (read-only numbers, no control)", host)
+    try:
+        server, thread = start_http_server(port, addr=host, registry=registry)
+    except OSError as exc:
+        raise MetricsPortError(f"cannot serve metrics on {host}:{port}: {exc.strerror or exc}") from exc
+    endpoint = MetricsEndpoint(server, thread, host, server.server_port)
+    log.info("prometheus metrics on http://%s/metrics", endpoint.address)
+    return endpoint
+
+
+def start_role_metrics(role: str, port: int, collectors: Iterable[Collector] = (), host: str = DEFAULT_HOST,
+                       registry: CollectorRegistry | None = None, **info: str) -> MetricsEndpoint | None:
+    """The usual case for a role: registry + its collectors + HTTP server; None when port is 0 (disabled)."""
+    if not port:
+        return None
+    registry = registry or role_registry(role, **info)
+    for collector in collectors:
+        registry.register(collector)
+    return serve_metrics(registry, port, host)

@@ -1,0 +1,342 @@
+"""Seeded fuzzing of every front end that takes bytes from the network.
+
+A real inference server (gRPC Act stream and ZeroMQ) and a real learner (PushTrajectory) on
+loopback get a few hundred randomly malformed messages: random bytes, truncated protobufs,
+wrong dtypes and shapes, NaN/inf, oversized and negative dims, byte counts that do not match,
+unknown policy versions, broken chunking. Every one must get a clear error (an error reply, a
+rejected ack, or INVALID_ARGUMENT / RESOURCE_EXHAUSTED), be counted by reason, and leave the
+server serving valid requests afterwards. RLFLEET_FUZZ_SEED=N explores other seeds (default 0).
+"""
+from __future__ import annotations
+
+import os
+import struct
+import threading
+
+import grpc
+import numpy as np
+import pytest
+import torch
+import zmq
+from conftest import TINY
+
+from rlfleet.config import run_observation_spec
+from rlfleet.inference_server.policy_runner import PolicyRunner
+from rlfleet.inference_server.server import InferenceServer
+from rlfleet.policies.gaussian_mlp import GaussianMLPPolicy, PolicyConfig
+from rlfleet.wire import codec
+from rlfleet.wire.gen import inference_pb2, inference_pb2_grpc, learner_pb2, learner_pb2_grpc, tensor_pb2
+from rlfleet.wire.segment import Segment
+
+S, D, K = 7, 3, 2
+SEED = int(os.environ.get("RLFLEET_FUZZ_SEED", "0"))
+CASES = 120  # per front end; the generators cycle through every kind of damage
+BIG = 65 * 1024 * 1024  # over the 64 MB gRPC message limit
+REASONS = {"undecodable", "bad_dtype", "bad_shape", "non_finite", "too_large", "size_mismatch", "missing_tensor",
+           "schema_version", "duplicate_tensor", "protocol"}
+
+
+# ---- malformed observation maps (shared by gRPC and ZeroMQ) ------------------------------------
+
+def _tensor(name: str, dtype: str, shape: list[int], data: bytes) -> tensor_pb2.Tensor:
+    return tensor_pb2.Tensor(name=name, dtype=dtype, shape=shape, data=data)
+
+
+def bad_obs(rng: np.random.Generator, i: int) -> tensor_pb2.TensorMap:
+    """The i-th damaged observation (TensorMap with data inline); kinds cycle, details are random."""
+    b = int(rng.integers(1, 9))
+    good = rng.normal(size=(b, S)).astype(np.float32)
+    m = tensor_pb2.TensorMap(schema_version=codec.SCHEMA_VERSION)
+    kind = i % 12
+    if kind == 0:  # a dtype the policy does not take
+        dt = str(rng.choice(["float64", "int32", "uint8", "bool", "float16", "int64"]))
+        arr = good.astype(dt)
+        m.tensors.append(_tensor("states", dt, list(arr.shape), arr.tobytes()))
+    elif kind == 1:  # a dtype nobody knows
+        dt = str(rng.choice(["complex64", "object", "", "float33", "<f4", "U8"]))
+        m.tensors.append(_tensor("states", dt, [b, S], good.tobytes()))
+    elif kind == 2:  # wrong shape
+        shape = [[b], [b, S + int(rng.integers(1, 4))], [b, S, 1], [0, S], []][int(rng.integers(0, 5))]
+        arr = np.zeros(shape, np.float32)
+        m.tensors.append(_tensor("states", "float32", shape, arr.tobytes()))
+    elif kind == 3:  # NaN / inf
+        good[int(rng.integers(0, b)), int(rng.integers(0, S))] = rng.choice([np.nan, np.inf, -np.inf])
+        m.tensors.append(_tensor("states", "float32", [b, S], good.tobytes()))
+    elif kind == 4:  # oversized dims with little data
+        m.tensors.append(_tensor("states", "float32", [int(2 ** rng.integers(31, 62)), S], good.tobytes()))
+    elif kind == 5:  # negative dims
+        m.tensors.append(_tensor("states", "float32", [-int(rng.integers(1, 2 ** 40)), S], good.tobytes()))
+    elif kind == 6:  # a declared size the bytes do not fill (or overfill)
+        m.tensors.append(_tensor("states", "float32", [b + int(rng.integers(1, 10 ** 6)), S], good.tobytes()))
+    elif kind == 7:
+        m.tensors.append(_tensor("states", "float32", [b, S], good.tobytes()[: -int(rng.integers(1, 4 * S))]))
+    elif kind == 8:  # the policy's key missing
+        m.tensors.append(_tensor(str(rng.choice(["state", "obs", "main_images", "STATES"])), "float32", [b, S],
+                                 good.tobytes()))
+    elif kind == 9:  # the same tensor twice
+        m.tensors.extend([_tensor("states", "float32", [b, S], good.tobytes())] * 2)
+    elif kind == 10:  # a schema this build does not speak
+        m.schema_version = int(rng.choice([0, 2, 99, 2 ** 31]))
+        m.tensors.append(_tensor("states", "float32", [b, S], good.tobytes()))
+    else:  # text where a tensor belongs
+        m.strings["states"].values.extend(["a"] * b)
+    return m
+
+
+def random_bytes(rng: np.random.Generator, max_len: int = 200) -> bytes:
+    return rng.integers(0, 256, size=int(rng.integers(1, max_len)), dtype=np.uint8).tobytes()
+
+
+def truncated(rng: np.random.Generator, payload: bytes) -> bytes:
+    return payload[: int(rng.integers(1, len(payload)))]
+
+
+# ---- the inference server ------------------------------------------------------------------
+
+@pytest.fixture
+def inference_server():
+    torch.manual_seed(0)
+    policy = GaussianMLPPolicy(S, D, K, PolicyConfig(hidden_sizes=[16]))
+    srv = InferenceServer(PolicyRunner(policy, version=3), "127.0.0.1", 0, 0, max_batch=64, max_wait_ms=1)
+    thread = threading.Thread(target=srv.serve, daemon=True)
+    thread.start()
+    yield srv
+    srv.stop()
+    thread.join(10)
+
+
+def _valid_act(stub) -> inference_pb2.ActResponse:
+    obs = codec.encode_map({"states": np.zeros((2, S), np.float32)})
+    (reply,) = list(stub.Act(iter([inference_pb2.ActRequest(request_id=77, obs=obs)]), timeout=30))
+    return reply
+
+
+def _grpc_case(rng: np.random.Generator, i: int) -> bytes:
+    valid = inference_pb2.ActRequest(request_id=i + 1, obs=codec.encode_map({"states": np.zeros((3, S), np.float32)}))
+    if i % 7 == 0:
+        return random_bytes(rng)
+    if i % 7 == 1:
+        return truncated(rng, valid.SerializeToString())
+    return inference_pb2.ActRequest(request_id=i + 1, obs=bad_obs(rng, i)).SerializeToString()
+
+
+def test_grpc_inference_front_end_rejects_every_malformed_request(inference_server):
+    rng = np.random.default_rng([SEED, 7])
+    raw_act = None
+    with grpc.insecure_channel(inference_server.address) as ch:
+        raw_act = ch.stream_stream("/rlfleet.v1.InferenceService/Act", request_serializer=None,
+                                   response_deserializer=inference_pb2.ActResponse.FromString)
+        codes = {}
+        for i in range(CASES):
+            try:
+                replies = list(raw_act(iter([_grpc_case(rng, i)]), timeout=30))
+            except grpc.RpcError as exc:
+                assert exc.code() == grpc.StatusCode.INVALID_ARGUMENT, (i, exc.code(), exc.details())
+                assert "undecodable" in exc.details()
+                codes[exc.code().name] = codes.get(exc.code().name, 0) + 1
+                continue
+            assert len(replies) == 1 and replies[0].error, (i, replies)  # one answer, and it is an error
+            codes["error_reply"] = codes.get("error_reply", 0) + 1
+        assert codes.get("INVALID_ARGUMENT", 0) > 0 and codes.get("error_reply", 0) > 0
+        counted = inference_server.rejected_requests()
+        assert sum(counted.values()) == CASES, counted
+        assert set(counted) <= REASONS | {"internal"} and "internal" not in counted, counted
+
+        with pytest.raises(grpc.RpcError) as big:  # over the message limit: refused by gRPC itself
+            list(raw_act(iter([b"\x0a" + b"\xff" * BIG]), timeout=60))
+        assert big.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        reply = _valid_act(inference_pb2_grpc.InferenceServiceStub(ch))  # still serving
+    assert reply.error == "" and reply.policy_version == 3
+    assert codec.decode_map(reply.outputs)["actions"].shape == (2, K, D)
+
+
+def _zmq_case(rng: np.random.Generator, i: int) -> list[bytes]:
+    rid = struct.pack("<Q", i + 1)
+    kind = i % 10
+    if kind == 0:  # noise
+        return [random_bytes(rng, 40) for _ in range(int(rng.integers(1, 5)))]
+    if kind == 1:  # act with a garbage or truncated header
+        header = codec.encode_frames({"states": np.zeros((2, S), np.float32)})[0]
+        head = random_bytes(rng) if rng.random() < 0.5 else truncated(rng, header)
+        return [b"act", rid, b"\0", head, b"\0" * (8 * S)]
+    if kind == 2:  # frames that do not match the header
+        frames = codec.encode_frames({"states": np.zeros((2, S), np.float32)})
+        return [b"act", rid, b"\0", frames[0], *([bytes(frames[1])] * int(rng.choice([0, 2, 3])))]
+    if kind == 3:  # no or a bad deterministic flag
+        return [b"act", rid, *([b"\0\0"] if rng.random() < 0.5 else [])]
+    if kind == 4:  # act_shm without attach, or with a bad row frame
+        return [b"act_shm", rid, struct.pack("<qqq", -1, 2 ** 40, 0)[: int(rng.choice([24, 16, 3]))]]
+    if kind == 5:  # attach: bad JSON, missing keys, a block that does not exist, nonsense layout
+        payload = [random_bytes(rng), b"{}", b'{"shm_name": "rlfleet_nope", "layout": {}}',
+                   b'{"shm_name": "rlfleet_nope_%d", "layout": {"actions": [[4, 2], "float32"], '
+                   b'"logprobs": [[4], "float32"], "values": [[4], "float32"]}}' % i,
+                   b'{"shm_name": 5, "layout": {"actions": [[-1], "complex"]}}'][int(rng.integers(0, 5))]
+        return [b"attach", rid, payload]
+    if kind == 6:  # too short
+        return [b"act"]
+    # a well-framed act whose tensor is damaged (header + raw frames from a bad TensorMap)
+    m = bad_obs(rng, i)
+    header = tensor_pb2.TensorMap(schema_version=m.schema_version)
+    header.strings.MergeFrom(m.strings)
+    data = []
+    for t in m.tensors:
+        header.tensors.append(tensor_pb2.Tensor(name=t.name, dtype=t.dtype, shape=t.shape))
+        data.append(t.data)
+    return [b"act", rid, b"\0", header.SerializeToString(), *data]
+
+
+def test_zmq_inference_front_end_rejects_every_malformed_request(inference_server):
+    rng = np.random.default_rng([SEED, 11])
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(inference_server.zmq.endpoint)
+    try:
+        for i in range(CASES):
+            frames = _zmq_case(rng, i)
+            sock.send_multipart(frames)
+            assert sock.poll(30_000), f"case {i} got no answer: {frames[:2]}"
+            reply = sock.recv_multipart()
+            assert reply[0] == b"error" and reply[2], (i, frames[:2], reply)
+            want = frames[1] if len(frames) >= 2 and frames[0] in (b"act", b"act_shm", b"attach") else None
+            if want is not None:
+                assert reply[1] == want, i  # the answer names the request it refuses
+        counted = inference_server.rejected_requests()
+        assert sum(counted.values()) == CASES, counted
+        assert "internal" not in counted and len(set(counted) & REASONS) >= 6, counted
+        frames = codec.encode_frames({"states": np.ones((2, S), np.float32)})  # still serving
+        sock.send_multipart([b"act", struct.pack("<Q", 999), b"\1", *frames])
+        assert sock.poll(30_000)
+        reply = sock.recv_multipart()
+    finally:
+        sock.close()
+    assert reply[0] == b"result" and struct.unpack("<q", reply[2])[0] == 3
+    assert codec.decode_frames(reply[3:])["actions"].shape == (2, K, D)
+
+
+# ---- the learner ----------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def learner(tmp_path_factory):
+    from rlfleet.config import load_config
+    from rlfleet.learner.run import Learner
+
+    run = tmp_path_factory.mktemp("fuzz_learner")
+    cfg = load_config("metaworld_reach_ppo", [*TINY, f"runner.logger.log_path={run}", "runner.total_env_steps=1000"])
+    ln = Learner(cfg, run)  # a real learner: its own servicer, checks and gRPC registration, no training
+    yield ln
+    ln.servicer.stop_event.set()
+    ln.close()
+
+
+def _obs(spec: dict, lead: tuple[int, ...], rng: np.random.Generator) -> dict:
+    return {k: (rng.normal(size=(*lead, *shape)) * 50).astype(dtype) for k, (shape, dtype) in spec.items()}
+
+
+def _segment_tensors(ln, rng: np.random.Generator) -> dict:
+    """A valid segment for the learner's run (its env's observation keys, its policy's shapes)."""
+    d, T, B = ln.cfg.model_dims, 4, 2
+    spec = run_observation_spec(ln.cfg)
+    n = lambda *shape: rng.normal(size=shape).astype(np.float32)  # noqa: E731
+    seg = Segment(
+        obs=_obs(spec, (T, B), rng), actions=n(T, B, ln.cfg.env.chunk_size, d.action_dim),
+        logprobs=n(T, B, *d.logprob_shape), values=n(T, B), rewards=n(T, B),
+        terminated=np.zeros((T, B), bool), truncated=np.zeros((T, B), bool),
+        final_obs={k: np.zeros_like(v) for k, v in _obs(spec, (T, B), rng).items()}, next_obs=_obs(spec, (B,), rng),
+        versions=np.zeros(T, np.int64), task_ids=np.zeros(B, np.int64), env_steps=np.array(T * B, np.int64),
+        ep_returns=np.zeros(0, np.float32), ep_lengths=np.zeros(0, np.int32), ep_success=np.zeros(0, bool),
+        ep_task_ids=np.zeros(0, np.int64), extras={},
+    )
+    return seg.to_tensors()
+
+
+def _damaged_segment(ln, rng: np.random.Generator, i: int) -> bytes:
+    t = _segment_tensors(ln, rng)
+    kind = i % 9
+    if kind == 0:
+        return random_bytes(rng, 2000)
+    if kind == 1:
+        return truncated(rng, codec.encode_map(t).SerializeToString())
+    name = str(rng.choice([k for k in t if t[k].size > 0]))  # emptied or reshaped, an empty one stays valid
+    if kind == 2:  # wrong dtype
+        t[name] = t[name].astype(np.float64 if t[name].dtype != np.float64 else np.int8)
+    elif kind == 3:  # wrong shape
+        t[name] = np.zeros((*t[name].shape, 2), t[name].dtype) if rng.random() < 0.5 else t[name].reshape(-1)[:1]
+    elif kind == 4:  # NaN / inf in a float field
+        name = str(rng.choice(["actions", "logprobs", "values", "rewards", "obs.states", "next_obs.states",
+                               "final_obs.states"]))
+        t[name] = t[name].copy()
+        t[name].reshape(-1)[int(rng.integers(0, t[name].size))] = rng.choice([np.nan, np.inf])
+    elif kind == 5:  # policy versions this learner never published
+        t["versions"] = np.full(4, int(rng.choice([-1, -(2 ** 40), 10 ** 6, 2 ** 62])), np.int64)
+    elif kind == 6:  # a tensor missing, or a well-formed segment of another run (other action size)
+        if rng.random() < 0.5:
+            t.pop(name)
+        else:
+            t["actions"] = np.zeros((*t["actions"].shape[:3], t["actions"].shape[3] + 2), np.float32)
+    else:  # oversized / negative dims or a byte count that does not match, declared in the raw message
+        m = codec.encode_map(t)
+        victim = m.tensors[int(rng.integers(0, len(m.tensors)))]
+        shape = [int(rng.choice([2 ** 45, -3, 10 ** 6]))] + list(victim.shape[1:])
+        del victim.shape[:]
+        victim.shape.extend(shape)
+        return m.SerializeToString()
+    return codec.encode_map(t).SerializeToString()
+
+
+def _chunks(payload: bytes, segment_id: int, client: str = "fuzzer", size: int = 1 << 20):
+    pieces = codec.split_chunks(payload, size)
+    return [learner_pb2.TrajectoryChunk(client_id=client, segment_id=segment_id, chunk_index=i,
+                                        num_chunks=len(pieces), payload=bytes(p)) for i, p in enumerate(pieces)]
+
+
+def _broken_chunking(ln, rng: np.random.Generator, i: int) -> list:
+    chunks = _chunks(codec.encode_map(_segment_tensors(ln, rng)).SerializeToString(), 10_000 + i, size=256)
+    kind = i % 4
+    if kind == 0:  # one chunk missing
+        del chunks[int(rng.integers(0, len(chunks)))]
+    elif kind == 1:  # out of order
+        chunks[0], chunks[1] = chunks[1], chunks[0]
+    elif kind == 2:  # chunks of different segments in one push
+        chunks[-1].segment_id += 1
+    else:  # no chunks promised
+        chunks = [learner_pb2.TrajectoryChunk(client_id="fuzzer", segment_id=10_000 + i, num_chunks=0)]
+    return chunks
+
+
+def test_learner_ingest_rejects_every_malformed_push(learner):
+    rng = np.random.default_rng([SEED, 5])
+    ln = learner
+    with grpc.insecure_channel(ln.address) as ch:
+        stub = learner_pb2_grpc.LearnerServiceStub(ch)
+        raw_push = ch.stream_unary("/rlfleet.v1.LearnerService/PushTrajectory", request_serializer=None,
+                                   response_deserializer=learner_pb2.PushAck.FromString)
+        reasons_seen = set()
+        for i in range(CASES):
+            try:
+                if i % 10 == 9:  # the chunk message itself is garbage
+                    ack = raw_push(iter([random_bytes(rng, 300)]), timeout=30)
+                elif i % 10 == 8:
+                    ack = stub.PushTrajectory(iter(_broken_chunking(ln, rng, i)), timeout=30)
+                else:
+                    ack = stub.PushTrajectory(iter(_chunks(_damaged_segment(ln, rng, i), 1 + i)), timeout=30)
+            except grpc.RpcError as exc:
+                assert exc.code() == grpc.StatusCode.INVALID_ARGUMENT, (i, exc.code(), exc.details())
+                reasons_seen.add("undecodable")
+                continue
+            assert not ack.accepted and ack.error, (i, ack)
+        counted = ln.servicer.rejected_requests()
+        assert sum(counted.values()) == CASES and ln.ingest.rejected == CASES, counted
+        assert {"undecodable", "unknown_policy_version", "non_finite", "bad_dtype", "bad_shape", "protocol",
+                "missing_tensor", "run_mismatch"} <= set(counted), counted
+        assert "internal" not in counted, counted
+        assert ln.ingest.accepted == 0 and ln.ingest.qsize() == 0  # nothing slipped through
+
+        # over the message limit: refused by gRPC itself (the handler may also see an empty push, and count it)
+        with pytest.raises(grpc.RpcError) as big:
+            raw_push(iter([b"\x2a" + b"\xff" * BIG]), timeout=60)
+        assert big.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+        ack = stub.PushTrajectory(iter(_chunks(codec.encode_map(_segment_tensors(ln, rng)).SerializeToString(), 5_000_000)),
+                                  timeout=30)
+    assert ack.accepted and not ack.duplicate, ack  # and a valid segment still goes in
+    assert ln.ingest.accepted == 1 and ln.ingest.accounting()["accepted_env_steps"] == 8
