@@ -36,9 +36,21 @@ def _learner_launcher(plan: PlacementPlan | None) -> tuple[tuple[str, ...], dict
     if plan is None or plan.num_learner_ranks == 1:
         env = plan.visible_devices(plan.actor[0]) if plan else {}
         return ("-m", "rlfleet.cli", "learner"), env
-    env = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, plan.actor))} if plan.device_kind == "cuda" else {}
+    env = plan.visible_devices(*plan.actor)
     return ("-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={plan.num_learner_ranks}",
             "-m", "rlfleet.learner"), env
+
+
+def _child_config(cfg: DictConfig, plan: PlacementPlan | None) -> DictConfig:
+    """The config the roles load: the placement is already applied here, and a child whose
+    CUDA_VISIBLE_DEVICES is masked must not check it again against the devices it can see."""
+    if plan is None:
+        return cfg
+    child = cfg.copy()
+    child.cluster.component_placement = {}
+    if plan.device_kind == "cuda" and plan.num_learner_ranks == 1:
+        child.learner.device = "cuda:0"  # the one device left visible to it (torchrun ranks pick their own)
+    return child
 
 
 def _inference_addresses(addresses: list[str], actor_index: int) -> str:
@@ -141,13 +153,18 @@ def _supervise(learner: subprocess.Popen, supervisor: ActorSupervisor, every_s: 
             return
         except subprocess.TimeoutExpired:
             supervisor.poll()
+            if supervisor.procs and len(supervisor.given_up) == len(supervisor.procs):
+                learner.send_signal(signal.SIGINT)  # no data will come: checkpoint and stop
+                learner.wait()
+                raise RuntimeError("every actor crashed more than actor.max_restarts times; "
+                                   "see the run folder's logs/actor*.log")
 
 
 def _run_fleet(cfg: DictConfig, run_dir: Path, ports: dict[str, int], metrics_host: str,
                plan: PlacementPlan | None = None) -> dict:
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     cfg_file = run_dir / "launch_config.yaml"
-    cfg_file.write_text(to_yaml(cfg))
+    cfg_file.write_text(to_yaml(_child_config(cfg, plan)))
     addr_dir = run_dir / "addresses"
     addr_dir.mkdir(exist_ok=True)
     for old in addr_dir.glob("*.json"):

@@ -24,6 +24,7 @@ many learner ranks, inference servers and actor processes) and says so in its me
 """
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -108,9 +109,13 @@ class PlacementPlan:
     def device_name(self, index: int) -> str:
         return f"cuda:{index}" if self.device_kind == "cuda" else "cpu"
 
-    def visible_devices(self, index: int) -> dict[str, str]:
-        """Environment for a process pinned to one device (nothing to pin on CPU)."""
-        return {"CUDA_VISIBLE_DEVICES": str(index)} if self.device_kind == "cuda" else {}
+    def visible_devices(self, *indices: int) -> dict[str, str]:
+        """Environment for a process pinned to these devices (nothing to pin on CPU). Indices count
+        the devices this process sees, so a parent's own CUDA_VISIBLE_DEVICES mask is honoured."""
+        if self.device_kind != "cuda":
+            return {}
+        parent = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+        return {"CUDA_VISIBLE_DEVICES": ",".join(parent[i] if parent else str(i) for i in indices)}
 
     def describe(self) -> str:
         lines = [f"placement: {self.mode}"]

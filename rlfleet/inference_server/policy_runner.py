@@ -84,7 +84,14 @@ class PolicyRunner:
 
     @torch.no_grad()
     def run(self, batch: list[InferenceRequest]) -> None:
-        self.restore()
+        try:
+            self.restore()
+        except RuntimeError as exc:  # e.g. out of GPU memory while a collocated learner holds it
+            log.exception("could not move the weights back to %s", self.device)
+            self.errors += len(batch)
+            for r in batch:
+                r.fail(f"inference server could not load its weights on {self.device}: {exc}")
+            return
         for deterministic in (False, True):
             group = [r for r in batch if r.deterministic == deterministic]
             if not group:

@@ -70,8 +70,6 @@ class WeightSubscriber:
         self.delta = delta
         self.finished = threading.Event()
         self.bytes_received = 0
-        # The full weights of `known`, kept so a delta can be applied on top of them.
-        self._state: dict[str, torch.Tensor] = st_load(initial.data)
         self._pending: WeightUpdate | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -93,10 +91,6 @@ class WeightSubscriber:
         """Fold a pull into the full state and into the update the batching loop will take."""
         incoming = st_load(pulled.data)
         complete = pulled.base_version == -1
-        if complete:
-            self._state = incoming
-        else:
-            self._state.update(incoming)
         self.bytes_received += len(pulled.data)
         with self._lock:
             if complete or self._pending is None:
@@ -122,10 +116,10 @@ class WeightSubscriber:
                         self._apply(pull_weights(self.stub, ann.version, self.known if self.delta else None))
                     if self._stop.is_set():
                         break
-            except (grpc.RpcError, ValueError) as exc:
+            except Exception as exc:  # noqa: BLE001 - a dead watcher would serve stale weights forever
                 if self._stop.is_set():
                     break
-                reason = exc.code() if isinstance(exc, grpc.RpcError) else exc
+                reason = exc.code() if isinstance(exc, grpc.RpcError) else repr(exc)
                 log.warning("weight watch interrupted (%s); retrying in %.1fs", reason, backoff)
                 time.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)

@@ -107,15 +107,19 @@ class WeightPublisher:
             known = self._tracked_since is not None and self._tracked_since <= base_version <= cur.version
             if not known:
                 return cur
-            if base_version not in self._deltas:
-                changed = [n for n, v in self._changed_at.items() if v > base_version]
-                full = st_load(cur.data)
-                data = st_save({n: full[n] for n in changed})
-                self._deltas[base_version] = WeightVersion(cur.version, data, checksum(data), base_version,
-                                                           tuple(changed))
+            if base_version in self._deltas:
+                return self._deltas[base_version]
+            changed = [n for n, v in self._changed_at.items() if v > base_version]
+        # Building the bytes takes a while for a big model: not under the lock the trainer publishes with.
+        full = st_load(cur.data)
+        data = st_save({n: full[n] for n in changed})
+        delta = WeightVersion(cur.version, data, checksum(data), base_version, tuple(changed))
+        with self._cond:
+            if self._current is cur:  # still the current version: share it with the next pullers
+                self._deltas[base_version] = delta
                 while len(self._deltas) > self.DELTA_CACHE:
                     self._deltas.popitem(last=False)
-            return self._deltas[base_version]
+        return delta
 
     def wait_newer(self, known_version: int, timeout: float) -> WeightVersion | None:
         """The current weights once their version exceeds known_version, else None on timeout/finish."""

@@ -102,3 +102,24 @@ def test_runner_offload_is_a_no_op_on_cpu():
     runner = PolicyRunner(make_policy({"name": "gaussian_mlp"}, 4, 2, 1), 0, "cpu")
     runner.offload()
     assert not runner.offloaded and next(runner.policy.parameters()).device == torch.device("cpu")
+
+
+def test_visible_devices_honour_the_parents_mask(monkeypatch):
+    plan = plan_placement({"env": 0, "rollout": 1, "actor": "2-3"}, 4, "cuda")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert plan.visible_devices(2, 3) == {"CUDA_VISIBLE_DEVICES": "2,3"}
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
+    assert plan.visible_devices(1) == {"CUDA_VISIBLE_DEVICES": "5"}
+    assert plan.visible_devices(2, 3) == {"CUDA_VISIBLE_DEVICES": "6,7"}
+
+
+def test_roles_get_the_config_without_the_placement_to_recheck():
+    """A child sees only its own devices: it must not validate the whole plan again."""
+    from rlfleet.launcher import _child_config
+
+    cfg = load_config("metaworld_reach_ppo", ["cluster.cpu_slots=4", "cluster.component_placement={env: 0-3, rollout: 0, actor: 1}"])
+    child = _child_config(cfg, resolve_placement(cfg))
+    assert not child.cluster.component_placement and cfg.cluster.component_placement
+    assert child.learner.device == "cpu"  # CPU slots: nothing to move
+    gpu = _child_config(cfg, plan_placement({"env": "0-3", "rollout": 0, "actor": 1}, 4, "cuda"))
+    assert gpu.learner.device == "cuda:0"  # the one device its CUDA_VISIBLE_DEVICES leaves
