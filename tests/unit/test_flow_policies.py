@@ -33,14 +33,6 @@ NORM_STATS = {"action": {"q01": [-2.0, -0.5, 0.0], "q99": [2.0, 0.5, 3.0]},
               "state": {"q01": [-1.5, -1.0, 0.0, -0.2], "q99": [1.5, 2.0, 0.5, 0.2]}}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)

@@ -31,15 +31,6 @@ CLASSES = {"tiny_oft": TinyOFTPolicy, "tiny_pi0": TinyPi0Policy, "tiny_pi05": Ti
 TEXTS = ["push the red block to the goal", "open the drawer", "press the button"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: one thread is as fast, and immune to oversubscription on a busy 2-core box."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
