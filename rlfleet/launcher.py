@@ -99,9 +99,11 @@ def evaluate_start(cfg: DictConfig) -> dict[str, float]:
     return evaluate_policy(policy, eval_env_config(cfg), cfg.eval.episodes_per_task, seed=cfg.eval.seed)
 
 
-def metrics_ports(base: int, num_actors: int) -> dict[str, int]:
-    """Local mode's metrics ports: learner `base`, inference `base+1`, actor i `base+2+i`; all 0 when base is 0."""
-    names = ["learner", "inference", *(f"actor{i}" for i in range(num_actors))]
+def metrics_ports(base: int, num_actors: int, num_inference: int = 1) -> dict[str, int]:
+    """Local mode's metrics ports: learner `base`, inference `base+1`, actor i `base+2+i`, then any
+    further inference servers (inference1, ...); all 0 when base is 0."""
+    names = ["learner", "inference", *(f"actor{i}" for i in range(num_actors)),
+             *(f"inference{j}" for j in range(1, num_inference))]
     if base and base + len(names) - 1 > 65535:
         raise ValueError(f"metrics ports {base}..{base + len(names) - 1} do not fit below 65536")
     return {name: base + i if base else 0 for i, name in enumerate(names)}
@@ -137,7 +139,8 @@ def train_local(cfg: DictConfig, metrics_port: int = 0, metrics_host: str = "127
     if cfg.eval.before:
         print("evaluating the starting policy ...", file=sys.stderr, flush=True)
         before = evaluate_start(cfg)
-    summary = _run_fleet(cfg, run_dir, metrics_ports(metrics_port, cfg.actor.num_actors), metrics_host, plan)
+    ports = metrics_ports(metrics_port, cfg.actor.num_actors, plan.num_inference_servers if plan else 1)
+    summary = _run_fleet(cfg, run_dir, ports, metrics_host, plan)
     if before is not None and summary:
         summary["eval_before"] = before
         summary["eval_before_mean"] = sum(before.values()) / len(before)

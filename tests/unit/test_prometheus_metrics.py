@@ -76,5 +76,7 @@ def test_port_zero_means_no_endpoint_and_a_taken_port_is_a_clear_error():
 def test_local_mode_gives_each_role_its_own_port():
     assert metrics_ports(9100, 2) == {"learner": 9100, "inference": 9101, "actor0": 9102, "actor1": 9103}
     assert set(metrics_ports(0, 3).values()) == {0}
+    assert metrics_ports(9100, 1, num_inference=3) == {"learner": 9100, "inference": 9101, "actor0": 9102,
+                                                       "inference1": 9103, "inference2": 9104}
     with pytest.raises(ValueError):
         metrics_ports(65535, 1)
