@@ -86,7 +86,7 @@ class _ZmqClientBase:
 
     def _recv_for(self, req_id: int) -> list:
         if req_id in self._early:
-            return self._early.pop(req_id)
+            return self._checked(self._early.pop(req_id))
         waited = 0
         while True:
             if not self.sock.poll(200):
@@ -100,11 +100,20 @@ class _ZmqClientBase:
                 continue
             frames = self.sock.recv_multipart(copy=False)
             got = struct.unpack("<Q", frames[1].bytes)[0]
-            if frames[0].bytes == b"error":
-                raise InferenceError("inference server rejected a request: " + frames[2].bytes.decode(errors="replace"))
             if got == req_id:
-                return frames
-            self._early[got] = frames
+                return self._checked(frames)
+            if frames[0].bytes == b"error" and got not in self._outstanding():
+                self._checked(frames)  # an error for no request of ours (e.g. refused auth): say so now
+            self._early[got] = frames  # another stage's answer, or its error: that stage's wait takes it
+
+    def _outstanding(self) -> set[int]:
+        return {rid for rid, _, _ in self._pending.values()}
+
+    @staticmethod
+    def _checked(frames: list) -> list:
+        if frames[0].bytes == b"error":
+            raise InferenceError("inference server rejected a request: " + frames[2].bytes.decode(errors="replace"))
+        return frames
 
     def _peer_lost(self) -> bool:
         lost = False

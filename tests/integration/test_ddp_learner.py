@@ -8,7 +8,7 @@ import socket
 import subprocess
 import sys
 
-from conftest import TINY
+from role_processes import TINY
 
 
 def _free_port() -> int:

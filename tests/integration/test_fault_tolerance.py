@@ -18,7 +18,7 @@ import grpc
 import numpy as np
 import pytest
 import torch
-from conftest import TINY
+from role_processes import TINY
 
 from rlfleet.actors.inference_client import InferenceError
 from rlfleet.actors.inference_failover import FailoverInferenceClient, connect_fleet, parse_addresses

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 import zmq
-from conftest import TINY
+from role_processes import TINY
 
 from rlfleet.config import run_observation_spec
 from rlfleet.inference_server.policy_runner import PolicyRunner

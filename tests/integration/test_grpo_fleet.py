@@ -9,7 +9,7 @@ import sys
 
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from conftest import TINY
+from role_processes import TINY
 
 GRPO = [
     "algorithm.adv_type=grpo", "algorithm.group_size=2", "algorithm.group_filter=[-1000000.0,1000000.0]",

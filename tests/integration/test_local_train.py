@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 
-from conftest import TINY
+from role_processes import TINY
 
 
 def _cli(*args, **kw):

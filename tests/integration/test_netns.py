@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from conftest import TINY, Roles
+from role_processes import TINY, Roles
 
 
 def _ip(*args: str) -> None:

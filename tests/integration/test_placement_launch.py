@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from conftest import TINY
+from role_processes import TINY
 
 
 def test_collocated_placement_on_cpu_slots(tmp_path):
