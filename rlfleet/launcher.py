@@ -109,11 +109,11 @@ def metrics_ports(base: int, num_actors: int, num_inference: int = 1) -> dict[st
     return {name: base + i if base else 0 for i, name in enumerate(names)}
 
 
-def _render_device(plan: PlacementPlan | None, devices: list[int], index: int) -> dict[str, str] | None:
+def _render_device(plan: PlacementPlan | None, index: int) -> dict[str, str] | None:
     """MuJoCo's EGL renderer of actor `index` on its placed GPU (nothing to choose on CPU)."""
     if plan is None or plan.device_kind != "cuda":
         return None
-    return {"MUJOCO_EGL_DEVICE_ID": str(devices[index % len(devices)])}
+    return {"MUJOCO_EGL_DEVICE_ID": str(plan.env[index % len(plan.env)])}
 
 
 def _metrics_flags(ports: dict[str, int], name: str, host: str) -> list[str]:
@@ -195,11 +195,10 @@ def _run_fleet(cfg: DictConfig, run_dir: Path, ports: dict[str, int], metrics_ho
                                logs / f"{name}.log", extra_env=plan.visible_devices(device) if plan else None)
             children.append(inference)
             inference_addrs.append(_wait_address(addr_dir / f"{name}.json", inference, "inference"))
-        env_devices = plan.env if plan else []
         supervisor = ActorSupervisor(  # a stable id per index: the run's per-actor counts survive restarts
             lambda i: _spawn(["actor", "--learner", learner_addr, "--inference", _inference_addresses(inference_addrs, i),
                               "--index", str(i), "--id", f"actor{i}", *_metrics_flags(ports, f"actor{i}", metrics_host)],
-                             logs / f"actor{i}.log", extra_env=_render_device(plan, env_devices, i)),
+                             logs / f"actor{i}.log", extra_env=_render_device(plan, i)),
             cfg.actor.num_actors, RestartPolicy(cfg.actor.max_restarts, cfg.actor.restart_backoff_s), run_dir / "pids")
         _supervise(learner, supervisor)
     except KeyboardInterrupt:

@@ -361,30 +361,6 @@ def test_env_workers_reset_groups_to_identical_states():
         pool.close()
 
 
-def test_success_once_reward_makes_the_return_the_episode_success():
-    """reward_type=success_once: 1 on the first solved step only, so the return is 0 or 1."""
-    from metaworld.policies import ENV_POLICY_MAP
-
-    from rlfleet.envs.api import EnvConfig
-    from rlfleet.envs.metaworld.env import MetaWorldEnv
-
-    cfg = EnvConfig(task="reach-v3", max_episode_steps=60, chunk_size=1, reward_type="success_once")
-    with MetaWorldEnv(cfg, 1) as env:
-        expert = ENV_POLICY_MAP["reach-v3"]()
-        obs = env.reset(np.array([3]))
-        rewards, successes = [], []
-        for _ in range(60):
-            action = np.clip(expert.get_action(obs["states"][0]), -1, 1).astype(np.float32)
-            res = env.chunk_step(action.reshape(1, 1, 4))
-            rewards.append(float(res.rewards[0, 0]))
-            successes.append(bool(res.success[0]))
-            obs = res.obs
-    assert sum(successes) > 1  # solved on several steps ...
-    first = successes.index(True)
-    assert rewards == [float(t == first) for t in range(60)]  # ... rewarded once
-    assert res.episode_done[0] and res.episode_return[0] == 1.0 and res.episode_success_once[0]
-
-
 def test_grpo_learns_a_contextual_bandit():
     """Groups of G one-step episodes from the same state, reward -|a - target(s)|^2: with only
     group-relative advantages (no critic) the deterministic action must move to the target."""

@@ -246,22 +246,37 @@ def test_pixel_observations_and_instructions() -> None:
         assert not np.array_equal(res.final_obs["main_images"], res.obs["main_images"])
 
 
-def test_success_reward_counts_solved_steps() -> None:
-    """reward_type=success: reward 1 exactly on the steps info['success'] is set, else 0."""
+def _expert_rewards(reward_type: str, steps: int = 60):
+    """Rewards and success flags of reach-v3's scripted expert, one action per step, seed 3."""
     from metaworld.policies import ENV_POLICY_MAP
 
-    cfg = EnvConfig(task="reach-v3", max_episode_steps=60, chunk_size=1, reward_type="success")
+    cfg = EnvConfig(task="reach-v3", max_episode_steps=steps, chunk_size=1, reward_type=reward_type)
     with MetaWorldEnv(cfg, 1) as env:
         expert = ENV_POLICY_MAP["reach-v3"]()
         obs = env.reset(np.array([3]))
         rewards, successes = [], []
-        for _ in range(60):
+        for _ in range(steps):
             action = np.clip(expert.get_action(obs["states"][0]), -1, 1).astype(np.float32)
             res = env.chunk_step(action.reshape(1, 1, 4))
             rewards.append(float(res.rewards[0, 0]))
             successes.append(bool(res.success[0]))
             obs = res.obs
+    return rewards, successes, res
+
+
+def test_success_reward_counts_solved_steps() -> None:
+    """reward_type=success: reward 1 exactly on the steps info['success'] is set, else 0."""
+    rewards, successes, _ = _expert_rewards("success")
     assert set(rewards) <= {0.0, 1.0} and sum(rewards) > 0
     assert rewards == [float(s) for s in successes]
+
+
+def test_success_once_reward_is_one_at_the_first_solved_step() -> None:
+    """reward_type=success_once: 1 on the first solved step only, so the return is 0 or 1."""
+    rewards, successes, res = _expert_rewards("success_once")
+    assert sum(successes) > 1  # solved on several steps ...
+    first = successes.index(True)
+    assert rewards == [float(t == first) for t in range(60)]  # ... rewarded once
+    assert res.episode_done[0] and res.episode_return[0] == 1.0 and res.episode_success_once[0]
     with pytest.raises(ValueError, match="reward_type"):
         MetaWorldEnv(EnvConfig(task="reach-v3", reward_type="shaped"), 1)
