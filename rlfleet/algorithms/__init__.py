@@ -32,6 +32,7 @@ from rlfleet.algorithms.off_policy import lag_mask, policy_lag, truncated_import
 from rlfleet.algorithms.ppo import (
     PPOConfig,
     explained_variance,
+    kl_to_reference,
     policy_loss,
     ppo_total_loss,
     value_loss,
@@ -55,6 +56,7 @@ __all__ = [
     "gaussian_log_prob",
     "group_relative_advantages",
     "intervention_gate",
+    "kl_to_reference",
     "lag_mask",
     "mix_policies",
     "normalize_advantages",

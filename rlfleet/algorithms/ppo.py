@@ -67,6 +67,9 @@ class PPOConfig:
     # min(pi_old/mu, rho_bar)) or "vtrace" (IMPALA targets and advantages, rlfleet.algorithms.vtrace).
     off_policy: str = "truncated_is"
     vtrace_c_bar: float = 1.0  # V-trace trace cutting c_bar (rho_bar is `rho_bar`)
+    # KL(pi || pi_ref) penalty to the starting (SFT) policy, as RLinf's kl_beta and GRPO's beta:
+    # keeps RL fine-tuning from pulling a shared backbone away from tasks it already solves.
+    kl_beta: float = 0.0
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.clip_ratio_low < 1.0:
@@ -89,6 +92,8 @@ class PPOConfig:
             raise ValueError(f"adv_type must be 'gae' or 'grpo', got {self.adv_type!r}")
         if self.off_policy not in ("truncated_is", "vtrace"):
             raise ValueError(f"off_policy must be 'truncated_is' or 'vtrace', got {self.off_policy!r}")
+        if self.kl_beta < 0.0:
+            raise ValueError(f"kl_beta must be >= 0, got {self.kl_beta}")
         if self.vtrace_c_bar <= 0.0:
             raise ValueError(f"vtrace_c_bar must be > 0, got {self.vtrace_c_bar}")
         if self.adv_type == "grpo":
@@ -215,6 +220,19 @@ def explained_variance(values: Tensor, returns: Tensor) -> float:
     if var_r == 0.0 or math.isnan(var_r):
         return float("nan")
     return 1.0 - (r - v).var(unbiased=False).item() / var_r
+
+
+def kl_to_reference(logp: Tensor, logp_ref: Tensor) -> Tensor:
+    """Per-element estimate of KL(pi_theta || pi_ref) from actions sampled by (nearly) pi_theta.
+
+        log r = log pi_ref(a|s) - log pi_theta(a|s)
+        KL   ~= exp(log r) - log r - 1           (Schulman's k3: unbiased, always >= 0)
+
+    As in GRPO (Shao et al. 2024, "DeepSeekMath", eq. 4), where it is added to the loss with
+    weight beta. ``logp_ref`` is a constant (the frozen reference policy's log-prob).
+    """
+    log_r = logp_ref.detach() - logp
+    return torch.exp(log_r) - log_r - 1.0
 
 
 def ppo_total_loss(pg_loss: Tensor, v_loss: Tensor, entropy: Tensor, cfg: PPOConfig) -> Tensor:

@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 from rlfleet.config import as_dict, config_from_yaml
 from rlfleet.learner.distributed import DDPRanks
 from rlfleet.learner.trainer import PPOTrainer
-from rlfleet.policies.checkpoint_io import policy_from_config
+from rlfleet.policies.checkpoint_io import policy_from_config, reference_policy
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +32,7 @@ def run_follower(ranks: DDPRanks) -> int:
     policy = policy_from_config(as_dict(cfg.policy), dims.state_dim, dims.action_dim, cfg.env.chunk_size,
                                 cfg.env.image_size)
     trainer = PPOTrainer(policy, OmegaConf.to_object(cfg.algorithm), cfg.learner.reward_scale,
-                         ranks.device(cfg.learner.device), ranks)
+                         ranks.device(cfg.learner.device), ranks, reference=reference_policy(cfg, policy))
     updates = 0
     while (received := ranks.receive_update()) is not None:
         segments, version = received

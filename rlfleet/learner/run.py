@@ -1,6 +1,7 @@
 """The learner process: serve LearnerService, train on what arrives, publish, checkpoint, evaluate."""
 from __future__ import annotations
 
+
 import dataclasses
 import json
 import logging
@@ -27,7 +28,7 @@ from rlfleet.learner.metrics import EpisodeWindow, MetricsWriter, make_progress
 from rlfleet.learner.service import LearnerServicer
 from rlfleet.learner.trainer import PPOTrainer
 from rlfleet.learner.weight_publisher import WeightPublisher, tensor_digests
-from rlfleet.policies.checkpoint_io import cpu_state_dict, model_config, policy_from_config
+from rlfleet.policies.checkpoint_io import cpu_state_dict, model_config, policy_from_config, reference_policy
 from rlfleet.telemetry.prometheus import LearnerCollector, MetricsPortError, start_role_metrics
 from rlfleet.wire.gen import learner_pb2_grpc
 from rlfleet.wire.grpc_decoding import add_servicer
@@ -90,7 +91,8 @@ class Learner:
         self.model_config = model_config(as_dict(cfg.policy), dims.state_dim, dims.action_dim, cfg.env.chunk_size,
                                          as_dict(cfg.env), cfg.env.image_size)
         self.trainer = PPOTrainer(self.policy, OmegaConf.to_object(cfg.algorithm), cfg.learner.reward_scale,
-                                  self.ranks.device(cfg.learner.device), self.ranks)
+                                  self.ranks.device(cfg.learner.device), self.ranks,
+                                  reference=reference_policy(cfg, self.policy))
         if self.trainer.grpo_mode:  # fail here rather than in every actor (rlfleet.actors.groups)
             episode_rollout_len(cfg.env.max_episode_steps, cfg.env.chunk_size)
             check_stage_rows(cfg.actor.num_envs, cfg.actor.pipeline_stage_num, cfg.algorithm.group_size)

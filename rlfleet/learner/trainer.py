@@ -22,6 +22,7 @@ from rlfleet.algorithms import (
     PPOConfig,
     bootstrap_next_values,
     compute_gae,
+    kl_to_reference,
     lag_mask,
     normalize_advantages,
     policy_lag,
@@ -53,6 +54,7 @@ class Batch:
     advantages: torch.Tensor
     returns: torch.Tensor
     lags: torch.Tensor
+    logp_ref: torch.Tensor  # the reference (SFT) policy's log-prob; zeros without a KL penalty
 
     def __len__(self) -> int:
         return int(self.actions.shape[0])
@@ -87,7 +89,7 @@ def _broadcast(adv: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 MINIBATCH_STATS = (
     "train/actor/policy_loss", "train/actor/approx_kl", "train/actor/clip_fraction",
     "train/actor/dual_clip_fraction", "train/actor/grad_norm", "train/actor/entropy",
-    "train/critic/value_loss", "train/critic/value_clip_ratio",
+    "train/critic/value_loss", "train/critic/value_clip_ratio", "train/actor/kl_ref",
 )
 
 
@@ -119,8 +121,12 @@ class PPOTrainer:
     EVAL_ROWS = 512
 
     def __init__(self, policy: nn.Module, cfg: PPOConfig, reward_scale: float = 1.0, device: str = "cpu",
-                 ranks: Ranks | None = None):
+                 ranks: Ranks | None = None, reference: nn.Module | None = None):
         self.policy = policy.to(device)
+        if cfg.kl_beta > 0 and reference is None:
+            raise ValueError("algorithm.kl_beta > 0 needs a reference policy (the SFT checkpoint)")
+        # Frozen; only its log-probs are used (the KL penalty to the starting policy).
+        self.reference = reference.to(device).eval().requires_grad_(False) if cfg.kl_beta > 0 else None
         self.cfg = cfg
         self.reward_scale = reward_scale
         self.device = device
@@ -148,12 +154,13 @@ class PPOTrainer:
     def _obs(self, obs: dict[str, np.ndarray], flat: bool = True) -> Obs:
         return {k: _flat(self._t(v)) if flat else self._t(v) for k, v in obs.items()}
 
-    def _evaluate(self, obs: Obs, actions: torch.Tensor, extras: dict[str, torch.Tensor]):
-        """policy.evaluate over many rows, in pieces of EVAL_ROWS."""
+    def _evaluate(self, obs: Obs, actions: torch.Tensor, extras: dict[str, torch.Tensor],
+                  policy: nn.Module | None = None):
+        """policy.evaluate (of the trained policy unless given) over many rows, in pieces of EVAL_ROWS."""
         n, outs = actions.shape[0], []
         for i in range(0, n, self.EVAL_ROWS):
             sl = slice(i, i + self.EVAL_ROWS)
-            outs.append(self.policy.evaluate({k: v[sl] for k, v in obs.items()}, actions[sl],
+            outs.append((policy or self.policy).evaluate({k: v[sl] for k, v in obs.items()}, actions[sl],
                                              {k: v[sl] for k, v in extras.items()}))
         return tuple(torch.cat(parts) for parts in zip(*outs))
 
@@ -173,6 +180,8 @@ class PPOTrainer:
 
         logp_old, _, values = self._evaluate(obs, actions, extras)
         values = values.reshape(T, B)
+        logp_ref = (self._evaluate(obs, actions, extras, self.reference)[0] if self.reference is not None
+                    else torch.zeros_like(logp_old))
         terminated, truncated = self._t(seg.terminated), self._t(seg.truncated)
         if grpo is None:  # GRPO has no critic, so no bootstrap values
             last_value = self._value(self._obs(seg.next_obs, flat=False))
@@ -205,7 +214,7 @@ class PPOTrainer:
                 advantages, returns = compute_gae(rewards, values, next_values, dones, self.cfg.gamma,
                                                   self.cfg.gae_lambda)
         return Batch(obs, actions, extras, logp_old, is_weights, values.reshape(-1),
-                     advantages.reshape(-1), returns.reshape(-1), lags)
+                     advantages.reshape(-1), returns.reshape(-1), lags, logp_ref)
 
     def _grpo(self, seg: Segment) -> GRPOSegment:
         """GRPO advantages and kept rows of one whole segment (returns after reward_scale)."""
@@ -293,6 +302,9 @@ class PPOTrainer:
                 loss = pg_loss - self.cfg.ent_coef * entropy.mean()
             else:
                 loss = ppo_total_loss(pg_loss, v_loss, entropy, self.cfg)
+            kl_ref = kl_to_reference(logp, mb.logp_ref).mean() if self.reference is not None else logp.new_zeros(())
+            if not warmup and self.reference is not None:
+                loss = loss + self.cfg.kl_beta * kl_ref
             # A mean over this rank's n rows, weighted by its share: DDP's average over ranks is
             # then the mean over the whole minibatch.
             loss = loss * (self.ranks.world_size * n / mb_size)
@@ -303,9 +315,10 @@ class PPOTrainer:
             for key, val in zip(MINIBATCH_STATS, (
                 pg_loss.item(), pg_stats["approx_kl"], pg_stats["clip_fraction"],
                 pg_stats.get("dual_clip_fraction", 0.0), float(grad_norm), entropy.mean().item(),
-                v_loss.item(), v_stats["value_clip_ratio"],
+                v_loss.item(), v_stats["value_clip_ratio"], kl_ref.item(),
             )):
-                if self.grpo_mode and key.startswith("train/critic/"):
+                if (self.grpo_mode and key.startswith("train/critic/")) or (
+                        key == "train/actor/kl_ref" and self.reference is None):
                     continue
                 acc = sums.setdefault(key, [0.0, 0.0])
                 acc[0] += val * n

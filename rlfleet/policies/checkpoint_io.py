@@ -6,6 +6,7 @@ policy from the folder alone, so the learner and the inference server load the s
 """
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import logging
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from omegaconf import OmegaConf
 from safetensors.torch import load as st_load
 from safetensors.torch import load_file, save, save_file
 from torch import nn
@@ -137,3 +139,15 @@ def policy_from_config(policy_cfg: Mapping[str, Any], state_dim: int, action_dim
     policy, _ = load_checkpoint(model_path, overrides=policy_cfg)
     log.info("loaded policy weights from %s", model_path)
     return policy
+
+
+def reference_policy(cfg: Any, policy: nn.Module) -> nn.Module | None:
+    """The frozen policy RL is kept near (`algorithm.kl_beta` > 0): the checkpoint at
+    `policy.model_path` (the SFT policy, also after a resume), else a copy of the fresh weights."""
+    if not cfg.algorithm.get("kl_beta", 0.0):
+        return None
+    if not cfg.policy.get("model_path"):
+        return copy.deepcopy(policy)
+    dims = cfg.model_dims
+    return policy_from_config(OmegaConf.to_container(cfg.policy, resolve=True), dims.state_dim, dims.action_dim, cfg.env.chunk_size,
+                              cfg.env.image_size)

@@ -1,0 +1,70 @@
+"""The KL penalty to the reference (SFT) policy: the estimator against exact categorical KLs, and
+its effect in `PPOTrainer` (it keeps the trained policy closer to the reference)."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from rlfleet.algorithms import PPOConfig, kl_to_reference
+from rlfleet.learner.trainer import PPOTrainer
+from test_ddp_trainer import make_policy, update_segments
+
+
+def test_k3_estimator_matches_exact_categorical_kl():
+    gen = torch.Generator().manual_seed(0)
+    pi = torch.softmax(torch.randn(6, generator=gen), 0)
+    ref = torch.softmax(torch.randn(6, generator=gen), 0)
+    exact = float((pi * (pi.log() - ref.log())).sum())  # KL(pi || ref), written out
+    actions = torch.multinomial(pi, 200_000, replacement=True, generator=gen)
+    estimate = kl_to_reference(pi.log()[actions], ref.log()[actions]).mean().item()
+    assert estimate == pytest.approx(exact, rel=0.03)
+
+
+def test_k3_is_zero_on_the_reference_and_nonnegative():
+    logp = torch.randn(50)
+    assert torch.equal(kl_to_reference(logp, logp), torch.zeros(50))
+    assert (kl_to_reference(logp, logp + torch.randn(50)) >= 0).all()
+
+
+def test_k3_gradient_points_towards_the_reference():
+    logp = torch.tensor([-1.0, -2.0], requires_grad=True)
+    kl_to_reference(logp, torch.tensor([-1.5, -1.5])).sum().backward()
+    # above the reference: lower it (positive gradient); below it: raise it
+    assert logp.grad[0] > 0 and logp.grad[1] < 0
+
+
+def _distance_after_updates(kl_beta: float) -> float:
+    torch.manual_seed(3)
+    policy = make_policy(0)
+    reference = copy.deepcopy(policy)
+    cfg = PPOConfig(update_epochs=4, num_minibatches=2, lr=3e-2, max_policy_lag=4, kl_beta=kl_beta)
+    trainer = PPOTrainer(policy, cfg, reference=reference)
+    for version in range(4):
+        stats = trainer.update(update_segments(version), version)
+        assert ("train/actor/kl_ref" in stats) == (kl_beta > 0)
+    batch = trainer.prepare(update_segments(9), 9)
+    with torch.no_grad():
+        logp, _, _ = policy.evaluate(batch.obs, batch.actions, batch.extras)
+        logp_ref, _, _ = reference.evaluate(batch.obs, batch.actions, batch.extras)
+    return kl_to_reference(logp, logp_ref).mean().item()
+
+
+def test_penalty_keeps_policy_near_reference():
+    free, held = _distance_after_updates(0.0), _distance_after_updates(5.0)
+    assert held < 0.5 * free
+
+
+def test_first_update_sees_zero_kl_and_penalty_needs_a_reference():
+    policy = make_policy(0)
+    trainer = PPOTrainer(policy, PPOConfig(update_epochs=1, num_minibatches=1, kl_beta=0.1),
+                         reference=copy.deepcopy(policy))
+    batch = trainer.prepare(update_segments(0), 0)
+    with torch.no_grad():
+        logp, _, _ = policy.evaluate(batch.obs, batch.actions, batch.extras)
+    assert torch.allclose(batch.logp_ref, logp)
+    with pytest.raises(ValueError, match="reference"):
+        PPOTrainer(make_policy(0), PPOConfig(kl_beta=0.1))
+    with pytest.raises(ValueError, match="kl_beta"):
+        PPOConfig(kl_beta=-1.0)
