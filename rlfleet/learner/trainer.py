@@ -341,6 +341,12 @@ class PPOTrainer:
         return {"train/critic/explained_variance": ev, "rollout/returns_mean": r_mean,
                 "rollout/advantages_mean": adv_mean, "rollout/is_weight_mean": w_mean}
 
+    def lr_scale(self, update: int) -> float:
+        """Linear warm-up (i+1)/N over the first N policy updates i; 1 during the critic warm-up."""
+        i = update - self.cfg.critic_warmup_updates
+        n = self.cfg.lr_warmup_updates
+        return 1.0 if i < 0 or n == 0 else min(1.0, (i + 1) / n)
+
     def update(self, segments: list[Segment], version: int) -> dict[str, float]:
         """One PPO update (epochs x minibatches) on the given segments; returns metrics.
 
@@ -366,6 +372,9 @@ class PPOTrainer:
         where = torch.full((shard.num_rows,), -1, dtype=torch.long, device=self.device)
         where[torch.as_tensor(shard.row_ids, device=self.device)] = torch.arange(len(batch), device=self.device)
         warmup = self.updates < self.cfg.critic_warmup_updates
+        lr = self.cfg.lr * self.lr_scale(self.updates)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
         self.updates += 1
         sums: dict[str, list[float]] = {}
         for _ in range(self.cfg.update_epochs):
@@ -383,5 +392,6 @@ class PPOTrainer:
         out.update(lag_stats)  # over every received sample, the dropped ones included
         out["train/dropped_samples"] = float(total - shard.num_rows)
         out["train/critic_warmup"] = float(warmup)
+        out["train/lr"] = lr
         out["train/samples"] = float(shard.num_rows)
         return out

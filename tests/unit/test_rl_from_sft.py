@@ -1,5 +1,5 @@
-"""The KL penalty to the reference (SFT) policy: the estimator against exact categorical KLs, and
-its effect in `PPOTrainer` (it keeps the trained policy closer to the reference)."""
+"""Keeping RL near its SFT start: the KL penalty to the reference policy (the estimator against
+exact categorical KLs, and its effect in `PPOTrainer`) and the learning-rate warm-up."""
 from __future__ import annotations
 
 import copy
@@ -68,3 +68,14 @@ def test_first_update_sees_zero_kl_and_penalty_needs_a_reference():
         PPOTrainer(make_policy(0), PPOConfig(kl_beta=0.1))
     with pytest.raises(ValueError, match="kl_beta"):
         PPOConfig(kl_beta=-1.0)
+
+
+def test_lr_warms_up_linearly_after_the_critic_warmup():
+    cfg = PPOConfig(update_epochs=1, num_minibatches=1, lr=1e-3, critic_warmup_updates=2, lr_warmup_updates=4)
+    trainer = PPOTrainer(make_policy(0), cfg)
+    assert [trainer.lr_scale(i) for i in range(8)] == [1.0, 1.0, 0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
+    lrs = [trainer.update(update_segments(v), v)["train/lr"] for v in range(4)]
+    assert lrs == pytest.approx([1e-3, 1e-3, 2.5e-4, 5e-4])
+    assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(5e-4)
+    with pytest.raises(ValueError, match="lr_warmup_updates"):
+        PPOConfig(lr_warmup_updates=-1)
