@@ -24,6 +24,10 @@ system-deps:
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	    apt-get update -qq && apt-get install -y -qq libegl1 libegl-mesa0 libgl1-mesa-dri libglx-mesa0 libopengl0; \
 	  else echo "warning: rendering needs libEGL and Mesa: sudo apt-get install libegl1 libegl-mesa0 libgl1-mesa-dri"; fi; }
+	@# SAPIEN (RoboTwin-style env) renders through Vulkan: Mesa 25 lavapipe on CPU (state-only works without)
+	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  bash deploy/install_lavapipe.sh >/dev/null || echo "warning: no lavapipe; RoboTwin envs run state-only (image_size=0)"; \
+	else dpkg-query -W mesa-vulkan-drivers >/dev/null 2>&1 || echo "note: RoboTwin images need Vulkan: sudo bash deploy/install_lavapipe.sh"; fi
 
 setup: system-deps $(STAMP)
 

@@ -257,14 +257,22 @@ def cmd_collect(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from rlfleet.data.demos import collect_demos
-    from rlfleet.envs.metaworld.env import resolve_tasks
+    from rlfleet.data.env_demos import collect_env_demos
+    from rlfleet.envs.api import EnvConfig
 
-    tasks = resolve_tasks(args.tasks)
     try:
-        summary = collect_demos(Path(args.out), tasks, args.episodes_per_task, image_size=args.image_size,
-                                camera=args.camera, max_episode_steps=args.max_episode_steps,
-                                num_workers=args.workers, seed=args.seed, keep_failed=args.keep_failed,
-                                overwrite=args.overwrite)
+        if args.env == "metaworld":
+            from rlfleet.envs.metaworld.env import resolve_tasks
+
+            summary = collect_demos(Path(args.out), resolve_tasks(args.tasks), args.episodes_per_task,
+                                    image_size=args.image_size, camera=args.camera,
+                                    max_episode_steps=args.max_episode_steps, num_workers=args.workers,
+                                    seed=args.seed, keep_failed=args.keep_failed, overwrite=args.overwrite)
+        else:  # envs with built-in experts (robotwin, calvin): one lockstep batch
+            cfg = EnvConfig(name=args.env, task=args.tasks, max_episode_steps=args.max_episode_steps,
+                            image_size=args.image_size)
+            summary = collect_env_demos(Path(args.out), cfg, args.episodes_per_task, seed=args.seed,
+                                        keep_failed=args.keep_failed, overwrite=args.overwrite)
     except FileExistsError as exc:  # main() only maps FileNotFoundError / ValueError to exit code 2
         logging.getLogger("rlfleet").error("%s", exc)
         return 2
@@ -418,13 +426,15 @@ def build_parser() -> argparse.ArgumentParser:
                     help="sample actions as in training (seeded) instead of the deterministic policy")
     ev.set_defaults(func=cmd_eval)
 
-    co = sub.add_parser("collect", help="record scripted-expert demonstrations (MetaWorld) to a dataset folder")
-    co.add_argument("--tasks", required=True, help="a task, MT10/MT25/MT50, or a comma-separated list")
+    co = sub.add_parser("collect", help="record scripted-expert demonstrations to a dataset folder")
+    co.add_argument("--env", default="metaworld", help="metaworld, robotwin or calvin")
+    co.add_argument("--tasks", required=True, help="env.task: a task, MT10/MT25/MT50, a comma-separated list; "
+                    "robotwin: e.g. place_empty_cup:randomized; calvin: scene variants, e.g. D or ABC")
     co.add_argument("--episodes-per-task", type=int, default=20, help="successful episodes wanted per task")
     co.add_argument("--out", required=True, help="dataset folder to create (see docs/datasets.md)")
     co.add_argument("--image-size", type=int, default=64, help="camera frame side in pixels; 0: states only")
-    co.add_argument("--camera", default="corner", help="MetaWorld camera for main_images")
-    co.add_argument("--max-episode-steps", type=int, default=150)
+    co.add_argument("--camera", default="corner", help="camera for main_images (MetaWorld)")
+    co.add_argument("--max-episode-steps", type=int, default=150, help="episode limit (calvin chains: 1800)")
     co.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1), help="worker processes")
     co.add_argument("--seed", type=int, default=0, help="seed block (demo seeds never overlap eval seeds)")
     co.add_argument("--keep-failed", action="store_true", help="also write failed expert episodes, flagged")

@@ -35,6 +35,8 @@ class RunnerConfig:
     checkpoint_every: int = 50  # updates
     seed: int = 0
     resume: bool = False
+    # Evaluate policy.model_path (or the bootstrapped SFT checkpoint) and stop: RLinf's *_eval recipes
+    only_eval: bool = False
 
 
 @dataclass

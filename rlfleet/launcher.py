@@ -99,6 +99,20 @@ def evaluate_start(cfg: DictConfig) -> dict[str, float]:
     return evaluate_policy(policy, eval_env_config(cfg), cfg.eval.episodes_per_task, seed=cfg.eval.seed)
 
 
+def evaluate_only(cfg: DictConfig, run_dir: Path) -> dict:
+    """`runner.only_eval`: the success table of the starting policy, also as JSON and Markdown."""
+    from rlfleet.eval_report import success_table, write_report
+
+    if not cfg.policy.get("model_path"):
+        raise ValueError("runner.only_eval needs policy.model_path (or demos.bootstrap: true)")
+    success = evaluate_start(cfg)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_report(success_table(success), run_dir, name="eval", title=f"Evaluation of {cfg.policy.model_path}")
+    summary = {"eval_success": success, "eval_success_mean": sum(success.values()) / len(success)}
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
 def metrics_ports(base: int, num_actors: int, num_inference: int = 1) -> dict[str, int]:
     """Local mode's metrics ports: learner `base`, inference `base+1`, actor i `base+2+i`, then any
     further inference servers (inference1, ...); all 0 when base is 0."""
@@ -127,6 +141,8 @@ def train_local(cfg: DictConfig, metrics_port: int = 0, metrics_host: str = "127
     run_dir = Path(cfg.runner.logger.log_path)
     if needs_bootstrap(cfg):
         cfg.policy.model_path = str(ensure_sft_checkpoint(cfg))
+    if cfg.runner.only_eval:
+        return evaluate_only(cfg, run_dir)
     if cfg.dagger.enabled:  # imitation with the scripted experts, in this process (no fleet)
         from rlfleet.data.dagger_loop import run_dagger
 

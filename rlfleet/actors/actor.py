@@ -57,7 +57,9 @@ def run_actor(cfg: DictConfig, actor_index: int, client_id: str, learner_address
         check_stage_rows(E, S, cfg.algorithm.group_size)
     stop_event = stop_event or threading.Event()
     counters = counters if counters is not None else ActorCounters()
-    pool = EnvWorkerPool(as_dict(cfg.env), E, a.num_workers, S, run_slot_layout(cfg, E), env_offset=actor_index * E)
+    fleet = max(cfg.env.get("fleet_envs", 0), a.num_actors * E, (actor_index + 1) * E)  # actors beyond num_actors too
+    env = {**as_dict(cfg.env), "fleet_envs": fleet}
+    pool = EnvWorkerPool(env, E, a.num_workers, S, run_slot_layout(cfg, E), env_offset=actor_index * E)
     learner = inference = None
     segments, steps, t0 = 0, 0, time.monotonic()
 

@@ -73,15 +73,18 @@ class RolloutBatch:
     episode_tasks: list[str]
 
 
+EXPERT_ENVS = ("metaworld", "robotwin", "calvin")  # envs with expert_chunk_step
+
+
 def collect_rollouts(env: Any, policy: torch.nn.Module, cfg: DAggerConfig, beta: float,
                      rng: np.random.Generator, seeds: np.ndarray) -> RolloutBatch:
     """Roll out the beta-mixture (or the gated student) for `cfg.episodes_per_env` episodes per env.
 
-    `env` must be a `MetaWorldEnv` (it has the scripted experts). Episodes of all envs start
+    `env` must have scripted experts (`expert_chunk_step`: MetaWorld, RoboTwin, CALVIN envs). Episodes of all envs start
     together from `seeds` and never end early, so each env runs exactly T/K chunk steps each.
     """
     if not hasattr(env, "expert_chunk_step"):
-        raise ValueError(f"{type(env).__name__} has no scripted expert (DAgger needs MetaWorld's)")
+        raise ValueError(f"{type(env).__name__} has no scripted expert (expert_chunk_step) for DAgger")
     B, K = env.spec.num_envs, env.spec.chunk_size
     steps = cfg.episodes_per_env * chunks_per_episode(env.spec.max_episode_steps, K)
     names = env.spec.task_names
@@ -215,8 +218,9 @@ def run_dagger(cfg: DictConfig, progress: bool = True) -> dict[str, Any]:
     from rlfleet.policies.checkpoint_io import model_config, policy_from_config
 
     dcfg: DAggerConfig = OmegaConf.to_object(cfg.dagger)
-    if cfg.env.name != "metaworld":
-        raise ValueError(f"DAgger needs MetaWorld's scripted experts; env.name is {cfg.env.name!r}")
+    if cfg.env.name not in EXPERT_ENVS:
+        raise ValueError(f"DAgger needs an env with scripted experts ({', '.join(EXPERT_ENVS)}); "
+                         f"env.name is {cfg.env.name!r}")
     run_dir = Path(cfg.runner.logger.log_path)
     run_dir.mkdir(parents=True, exist_ok=True)
     if not cfg.runner.resume:

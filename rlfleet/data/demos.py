@@ -108,6 +108,9 @@ class DemoEpisode:
     step_success: np.ndarray  # [L] bool: the npz `success` array (info success after step t)
     instruction: np.ndarray  # [128] uint8, encode_instructions of instruction_text
     main_images: np.ndarray | None = None  # [L, H, W, 3] uint8, None for state-only datasets
+    # [L, 128] uint8: per-step instructions where they change within an episode (CALVIN chains,
+    # rlfleet.data.env_demos); None: `instruction` holds for every step
+    step_instructions: np.ndarray | None = None
 
     @property
     def length(self) -> int:
@@ -458,7 +461,7 @@ def load_demos(path: str | Path, only_success: bool = True) -> list[DemoEpisode]
             seed=int(entry["seed"]), success=bool(entry["success"]), success_step=int(entry["success_step"]),
             states=arrays["states"], actions=arrays["actions"], rewards=arrays["rewards"],
             step_success=arrays["success"], instruction=arrays["instruction"],
-            main_images=arrays.get("main_images"),
+            main_images=arrays.get("main_images"), step_instructions=arrays.get("step_instructions"),
         ))
     return episodes
 

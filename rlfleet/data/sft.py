@@ -58,7 +58,9 @@ def build_sft_data(episodes: list[Any], chunk_size: int) -> SFTData:
     for i, ep in enumerate(episodes):
         L = ep.actions.shape[0]
         obs["states"].append(ep.states.astype(np.float32))
-        obs["instructions"].append(np.broadcast_to(ep.instruction, (L, ep.instruction.shape[-1])))
+        per_step = getattr(ep, "step_instructions", None)
+        obs["instructions"].append(per_step if per_step is not None
+                                   else np.broadcast_to(ep.instruction, (L, ep.instruction.shape[-1])))
         if has_images:
             obs["main_images"].append(ep.main_images)
         actions.append(action_chunks(ep.actions.astype(np.float32), chunk_size))

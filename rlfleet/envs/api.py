@@ -35,6 +35,10 @@ class EnvConfig:
     reward_type: str = "dense"
     image_size: int = 0  # side of the square `main_images` camera frame; 0: state-only (no renderer)
     camera: str = "corner"  # simulator camera for `main_images`
+    pool: str = "train"  # CALVIN chains: "train" or the disjoint held-out "eval" pool (others ignore it)
+    # Envs in the whole fleet (actors set it to num_actors x num_envs; 0: this batch alone). Envs that
+    # walk a seed list (RoboTwin) stride by it, so workers and actors never replay each other's seeds.
+    fleet_envs: int = 0
 
 
 INSTRUCTION_BYTES = 128  # fixed width of the `instructions` observation (UTF-8, zero padded)

@@ -1,7 +1,7 @@
 """Name -> factory lookup for simulators, so configs pick a simulator by `EnvConfig.name`.
 
-Factories are registered as callables and the MetaWorld one imports its module lazily: importing
-`rlfleet.envs` stays cheap (no mujoco/metaworld import) for processes that never step an env,
+Factories are registered as callables and the simulator ones import their modules lazily: importing
+`rlfleet.envs` stays cheap (no mujoco/metaworld/pybullet import) for processes that never step an env,
 such as the learner.
 """
 
@@ -59,6 +59,18 @@ def _make_metaworld(cfg: EnvConfig, num_envs: int, env_offset: int) -> ChunkedEn
     return MetaWorldEnv(cfg, num_envs, env_offset=env_offset)
 
 
+def _make_robotwin(cfg: EnvConfig, num_envs: int, env_offset: int) -> ChunkedEnv:
+    from rlfleet.envs.robotwin.env import RoboTwinEnv
+
+    return RoboTwinEnv(cfg, num_envs, env_offset=env_offset, num_total_envs=cfg.fleet_envs or None)
+
+
+def _make_calvin(cfg: EnvConfig, num_envs: int, env_offset: int) -> ChunkedEnv:
+    from rlfleet.envs.calvin.env import CalvinEnv
+
+    return CalvinEnv(cfg, num_envs, env_offset=env_offset)
+
+
 def _make_remote(cfg: EnvConfig, num_envs: int, env_offset: int) -> ChunkedEnv:
     from rlfleet.envs.remote import RemoteEnv
 
@@ -66,4 +78,6 @@ def _make_remote(cfg: EnvConfig, num_envs: int, env_offset: int) -> ChunkedEnv:
 
 
 register_env("metaworld", _make_metaworld)
+register_env("calvin", _make_calvin)  # pybullet playtable, chains of 5 subtasks
+register_env("robotwin", _make_robotwin)
 register_env_scheme("remote", _make_remote)  # any simulator behind EnvService: remote://HOST:PORT

@@ -1,0 +1,64 @@
+"""Demo collection from envs with built-in experts (`rlfleet.data.env_demos`), on the RoboTwin-style
+env (state-only, so no renderer is needed), read back and turned into SFT samples."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rlfleet.data.demos import load_demos, read_index
+from rlfleet.data.env_demos import STOP_AFTER_SUCCESS, collect_env_demos
+from rlfleet.data.sft import build_sft_data
+from rlfleet.envs import registry
+from rlfleet.envs.api import ChunkedEnv, EnvConfig, EnvSpec, decode_instructions
+
+pytest.importorskip("sapien")
+
+TASKS = "click_bell,place_empty_cup"
+
+
+def test_collect_writes_successful_expert_episodes(tmp_path):
+    cfg = EnvConfig(name="robotwin", task=TASKS, max_episode_steps=200)
+    summary = collect_env_demos(tmp_path / "demos", cfg, episodes_per_task=2, progress=False)
+    assert summary == {t: {"episodes": 2, "success": 2, "attempts": 2, "failed": 0} for t in TASKS.split(",")}
+    index = read_index(tmp_path / "demos")
+    assert index["env"]["chunk_size"] == 1
+    seeds = [e["seed"] for e in index["episodes"]]
+    assert len(set(seeds)) == len(seeds) and min(seeds) >= 1_000_000
+    episodes = load_demos(tmp_path / "demos")
+    assert [e.task for e in episodes].count("click_bell") == 2
+    for ep in episodes:
+        # recording stops STOP_AFTER_SUCCESS steps after the first success
+        assert ep.success and ep.length == ep.success_step + 1 + STOP_AFTER_SUCCESS
+        assert ep.step_instructions.shape == (ep.length, 128)
+        assert decode_instructions(ep.step_instructions[:1])[0] == ep.instruction_text
+        assert np.abs(ep.actions).max() <= 1.0
+    data = build_sft_data(episodes, chunk_size=4)
+    assert len(data) == sum(e.length for e in episodes)
+    assert data.obs["instructions"].shape == (len(data), 128)
+
+
+def test_existing_folder_is_kept_unless_overwrite(tmp_path):
+    (tmp_path / "demos").mkdir()
+    cfg = EnvConfig(name="robotwin", task="click_bell", max_episode_steps=100)
+    with pytest.raises(FileExistsError, match="overwrite"):
+        collect_env_demos(tmp_path / "demos", cfg, 1, progress=False)
+
+
+class _NoExpertEnv(ChunkedEnv):
+    spec = EnvSpec(state_dim=1, action_dim=1, chunk_size=1, num_envs=1, max_episode_steps=5, task_names=["t"])
+
+    def reset(self, seeds=None):
+        return {}
+
+    def chunk_step(self, actions):
+        raise AssertionError("not stepped")
+
+    def close(self):
+        pass
+
+
+def test_env_without_experts_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setitem(registry._REGISTRY, "no_expert", lambda cfg, n, off: _NoExpertEnv())
+    with pytest.raises(ValueError, match="no scripted experts"):
+        collect_env_demos(tmp_path / "demos", EnvConfig(name="no_expert"), 1, progress=False)
+    assert not (tmp_path / "demos").exists() and not (tmp_path / "demos.tmp").exists()
