@@ -223,6 +223,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from rlfleet.envs.api import EnvConfig
+    from rlfleet.envs.registry import chain_length
     from rlfleet.eval_report import rich_table, success_table, write_report
     from rlfleet.eval_video import VideoConfig
     from rlfleet.evaluation import evaluate_policy
@@ -240,12 +241,22 @@ def cmd_eval(args: argparse.Namespace) -> int:
         import torch
 
         torch.manual_seed(args.seed)
+    returns: dict[str, list[float]] = {}
     success = evaluate_policy(policy, EnvConfig(**env), args.episodes, seed=args.seed, video_cfg=video, out_dir=out,
-                              deterministic=not args.sample)
+                              deterministic=not args.sample, episode_returns=returns)
     table = success_table(success, {t: args.episodes for t in success})
     mode = "sampled" if args.sample else "deterministic"
     Console().print(rich_table(table, title=f"evaluation of {args.checkpoint} ({args.episodes} episodes per task, {mode})"))
     json_path, md_path = write_report(table, out, name="eval", title=f"Evaluation of {args.checkpoint}")
+    if chain_length(env.get("name", "metaworld")) and env.get("reward_type") in ("success", "dense"):
+        from rlfleet.chain_metrics import chain_markdown, chain_report
+
+        n = chain_length(env["name"])
+        table["chains"] = chain_report(returns, n)  # CALVIN's columns, also in eval.json
+        write_report(table, out, name="eval", title=f"Evaluation of {args.checkpoint}")
+        text = chain_markdown(table["chains"], f"Chains of {args.checkpoint} ({mode})", n)
+        (out / "eval_chain.md").write_text(text)
+        print(text)
     print(f"report: {json_path} {md_path}")
     if args.json:
         print(json.dumps(table))

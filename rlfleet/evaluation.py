@@ -19,7 +19,8 @@ MAX_EVAL_ENVS = 50
 
 def evaluate_policy(policy: nn.Module, env_cfg: EnvConfig, episodes_per_task: int, seed: int = 10_000,
                     video_cfg=None, out_dir: str | Path | None = None, max_envs: int = MAX_EVAL_ENVS,
-                    deterministic: bool = True) -> dict[str, float]:
+                    deterministic: bool = True, episode_returns: dict[str, list[float]] | None = None
+                    ) -> dict[str, float]:
     """Run `episodes_per_task` episodes of each task; returns success rate per task.
 
     Episode j of task i uses seed `seed + j * num_tasks + i` whatever the batching, so every
@@ -27,6 +28,7 @@ def evaluate_policy(policy: nn.Module, env_cfg: EnvConfig, episodes_per_task: in
     (at least one env per task). With `video_cfg.save_video` the first episode of each task is
     written as MP4 under `out_dir`. `deterministic=False` samples actions the way the fleet does
     in training (seeded by torch's global RNG), which is the policy RL actually optimises.
+    `episode_returns`, when given, receives each task's episode returns (CALVIN: subtasks done).
     """
     tasks = task_list(env_cfg)
     per_round = max(1, min(episodes_per_task, max_envs // len(tasks)))
@@ -36,16 +38,19 @@ def evaluate_policy(policy: nn.Module, env_cfg: EnvConfig, episodes_per_task: in
         r = min(per_round, episodes_per_task - done_eps)
         seeds = seed + done_eps * len(tasks) + np.arange(r * len(tasks))
         video = video_cfg if done_eps == 0 else None
-        for task, ok in zip(*_run_episodes(policy, env_cfg, seeds, video, out_dir, deterministic)):
+        for task, ok, ret in zip(*_run_episodes(policy, env_cfg, seeds, video, out_dir, deterministic)):
             results[task].append(ok)
+            if episode_returns is not None:
+                episode_returns.setdefault(task, []).append(float(ret))
         done_eps += r
     return {task: float(np.mean(results[task])) for task in tasks}
 
 
 @torch.no_grad()
 def _run_episodes(policy: nn.Module, env_cfg: EnvConfig, seeds: np.ndarray, video_cfg,
-                  out_dir, deterministic: bool = True) -> tuple[list[str], np.ndarray]:
-    """One episode per env in one env batch (env i runs task i mod num_tasks); success_once per env."""
+                  out_dir, deterministic: bool = True) -> tuple[list[str], np.ndarray, np.ndarray]:
+    """One episode per env in one env batch (env i runs task i mod num_tasks); success_once and
+    return per env."""
     from rlfleet.eval_video import EpisodeRecorder, VideoConfig
 
     n = len(seeds)
@@ -58,6 +63,7 @@ def _run_episodes(policy: nn.Module, env_cfg: EnvConfig, seeds: np.ndarray, vide
         recorder.start(obs.get("main_images"))
         done = np.zeros(n, bool)
         success = np.zeros(n, bool)
+        returns = np.zeros(n, np.float64)
         policy.eval()
         while not done.all():
             out = policy.act(obs_tensors(obs, policy.obs_keys), deterministic=deterministic)
@@ -67,13 +73,14 @@ def _run_episodes(policy: nn.Module, env_cfg: EnvConfig, seeds: np.ndarray, vide
                           episode_length=res.episode_length)
             newly = res.episode_done & ~done
             success[newly] = res.episode_success_once[newly]
+            returns[newly] = res.episode_return[newly]
             done |= res.episode_done
             obs = res.obs
     finally:
         if recorder is not None:
             recorder.close()
         env.close()
-    return names, success
+    return names, success, returns
 
 
 def obs_tensors(obs: dict, keys: tuple[str, ...]) -> dict[str, torch.Tensor]:

@@ -13,14 +13,29 @@ EnvFactory = Callable[[EnvConfig, int, int], ChunkedEnv]
 """(cfg, num_envs, env_offset) -> ChunkedEnv."""
 
 _REGISTRY: dict[str, EnvFactory] = {}
+# Envs whose episode is a chain of instructions scored by how many succeed in a row (CALVIN):
+# name -> chain length, for the avg_num_subtasks / success_len_k metrics (rlfleet.chain_metrics)
+_CHAIN_LENGTHS: dict[str, int] = {}
 _SCHEMES: dict[str, EnvFactory] = {}  # "remote" serves every name "remote://..."
 
 
-def register_env(name: str, factory: EnvFactory) -> None:
-    """Make `factory` available as `EnvConfig.name == name`; re-registering a name replaces it."""
+def register_env(name: str, factory: EnvFactory, chain_length: int = 0) -> None:
+    """Make `factory` available as `EnvConfig.name == name`; re-registering a name replaces it.
+
+    `chain_length` > 0 says an episode is a chain of that many subtasks whose sparse return is
+    the number completed in a row (CALVIN's metrics then apply).
+    """
     if not name:
         raise ValueError("env name must be a non-empty string")
+    if chain_length < 0:
+        raise ValueError(f"chain_length must be >= 0, got {chain_length}")
     _REGISTRY[name] = factory
+    _CHAIN_LENGTHS[name] = chain_length
+
+
+def chain_length(name: str) -> int:
+    """Subtasks per episode of a chained-instruction env (0: an ordinary env)."""
+    return _CHAIN_LENGTHS.get(name, 0)
 
 
 def register_env_scheme(scheme: str, factory: EnvFactory) -> None:

@@ -7,14 +7,16 @@ from pathlib import Path
 import numpy as np
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+from rlfleet.chain_metrics import chain_metrics
 from rlfleet.wire.segment import Segment
 
 
 class EpisodeWindow:
     """The last N finished episodes (overall and per task) for env/* metrics."""
 
-    def __init__(self, task_names: list[str], size: int = 200):
+    def __init__(self, task_names: list[str], size: int = 200, chain_length: int = 0):
         self.task_names = task_names
+        self.chain_length = chain_length  # > 0: returns count subtasks in a row (CALVIN metrics)
         self.recent: deque[tuple[float, int, bool, int]] = deque(maxlen=size)
         self.per_task: dict[int, deque[bool]] = {}
 
@@ -28,6 +30,9 @@ class EpisodeWindow:
             return {}
         arr = np.array([(r, l, s) for r, l, s, _ in self.recent], dtype=np.float64)
         out = {"env/return": arr[:, 0].mean(), "env/episode_len": arr[:, 1].mean(), "env/success_once": arr[:, 2].mean()}
+        if self.chain_length:
+            done = np.clip(np.rint(arr[:, 0]), 0, self.chain_length).astype(np.int64)
+            out.update({f"env/{k}": v for k, v in chain_metrics(done, self.chain_length).items()})
         if len(self.per_task) > 1:
             for task, oks in self.per_task.items():
                 name = self.task_names[task] if task < len(self.task_names) else str(task)

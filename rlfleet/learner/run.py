@@ -16,9 +16,10 @@ from omegaconf import DictConfig, OmegaConf
 from safetensors.torch import save as st_save
 
 from rlfleet.actors.groups import check_stage_rows, episode_rollout_len
+from rlfleet.chain_metrics import chain_markdown, chain_report
 from rlfleet.config import as_dict, eval_env_config, run_observation_spec, to_yaml
 from rlfleet.envs.api import EnvConfig
-from rlfleet.envs.registry import make_env
+from rlfleet.envs.registry import chain_length, make_env
 from rlfleet.evaluation import evaluate_policy, task_list
 from rlfleet.learner.checkpointer import Checkpointer, TrainerCounters
 from rlfleet.learner.distributed import Ranks, SingleRank, join_ranks
@@ -130,8 +131,11 @@ class Learner:
         )
         self.address = f"{cfg.learner.host}:{self.port}"
         self.stop_event = threading.Event()
-        self.episodes = EpisodeWindow(task_list(self.env_cfg))
+        # CALVIN's chain metrics need the subtask count as the return: the sparse reward only
+        chained = chain_length(cfg.env.name) if cfg.env.reward_type in ("success", "dense") else 0
+        self.episodes = EpisodeWindow(task_list(self.env_cfg), chain_length=chained)
         self.last_stats: dict[str, float] = {}
+        self.eval_chain: dict[str, dict[str, float]] = {}  # chained envs: rlfleet.chain_metrics.chain_report
 
     def _gather(self, progress, task) -> list[Segment] | None:
         """Segments until one update's worth of samples; None when asked to stop first."""
@@ -232,8 +236,14 @@ class Learner:
 
     def evaluate(self) -> dict[str, float]:
         video = OmegaConf.to_object(self.cfg.eval.video_cfg)
-        return evaluate_policy(self.policy, eval_env_config(self.cfg), self.cfg.eval.episodes_per_task, seed=self.cfg.eval.seed,
-                               video_cfg=video, out_dir=self.run_dir)
+        returns: dict[str, list[float]] = {}
+        success = evaluate_policy(self.policy, eval_env_config(self.cfg), self.cfg.eval.episodes_per_task,
+                                  seed=self.cfg.eval.seed, video_cfg=video, out_dir=self.run_dir, episode_returns=returns)
+        if self.episodes.chain_length:  # CALVIN's table: success_len_1..5 and avg_num_subtasks
+            self.eval_chain = chain_report(returns, self.episodes.chain_length)
+            (self.run_dir / "eval_chain.md").write_text(
+                chain_markdown(self.eval_chain, f"{self.cfg.runner.experiment_name}: chains", self.episodes.chain_length))
+        return success
 
     def close(self) -> None:
         self.publisher.finish()
@@ -271,6 +281,8 @@ def run_learner(cfg: DictConfig, address_file: str | None = None, metrics_port: 
             time.sleep(0.5)  # let actors see the stop flag and free the cores
             eval_success = learner.evaluate()
             summary["eval_success"] = eval_success
+            if learner.eval_chain:
+                summary["eval_chain"] = learner.eval_chain
             summary["eval_success_mean"] = sum(eval_success.values()) / len(eval_success)
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         return summary
