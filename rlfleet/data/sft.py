@@ -92,6 +92,9 @@ def train_sft(policy: torch.nn.Module, data: SFTData, cfg: SFTConfig, progress: 
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(cfg.steps, 1), eta_min=cfg.lr * 0.1)
     obs_t = {k: torch.from_numpy(v) for k, v in data.obs.items() if k in policy.obs_keys}
+    # Running observation statistics (the MLP's) come from the demos, so the policy learns on the
+    # normalised inputs it will see in RL (VLA policies: a no-op, their statistics are quantiles).
+    policy.update_normalization(obs_t)
     actions_t = torch.from_numpy(data.actions)
     n = len(data)
     history: list[dict[str, float]] = []

@@ -32,7 +32,8 @@ def run_follower(ranks: DDPRanks) -> int:
     policy = policy_from_config(as_dict(cfg.policy), dims.state_dim, dims.action_dim, cfg.env.chunk_size,
                                 cfg.env.image_size)
     trainer = PPOTrainer(policy, OmegaConf.to_object(cfg.algorithm), cfg.learner.reward_scale,
-                         ranks.device(cfg.learner.device), ranks, reference=reference_policy(cfg, policy))
+                         ranks.device(cfg.learner.device), ranks, reference=reference_policy(cfg, policy),
+                         freeze_normalization=bool(cfg.policy.get("model_path")))
     updates = 0
     while (received := ranks.receive_update()) is not None:
         segments, version = received

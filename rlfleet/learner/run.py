@@ -93,7 +93,8 @@ class Learner:
                                          as_dict(cfg.env), cfg.env.image_size)
         self.trainer = PPOTrainer(self.policy, OmegaConf.to_object(cfg.algorithm), cfg.learner.reward_scale,
                                   self.ranks.device(cfg.learner.device), self.ranks,
-                                  reference=reference_policy(cfg, self.policy))
+                                  reference=reference_policy(cfg, self.policy),
+                                  freeze_normalization=bool(cfg.policy.get("model_path")))
         if self.trainer.grpo_mode:  # fail here rather than in every actor (rlfleet.actors.groups)
             episode_rollout_len(cfg.env.max_episode_steps, cfg.env.chunk_size)
             check_stage_rows(cfg.actor.num_envs, cfg.actor.pipeline_stage_num, cfg.algorithm.group_size)

@@ -79,3 +79,15 @@ def test_lr_warms_up_linearly_after_the_critic_warmup():
     assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(5e-4)
     with pytest.raises(ValueError, match="lr_warmup_updates"):
         PPOConfig(lr_warmup_updates=-1)
+
+
+def test_frozen_normalization_keeps_the_starting_statistics():
+    policy = make_policy(0)
+    before = {k: v.clone() for k, v in policy.state_dict().items() if "obs_norm" in k}
+    PPOTrainer(policy, PPOConfig(update_epochs=1, num_minibatches=1), freeze_normalization=True).update(
+        update_segments(0), 0)
+    after = {k: v for k, v in policy.state_dict().items() if "obs_norm" in k}
+    assert before and all(torch.equal(before[k], after[k]) for k in before)
+    moving = make_policy(0)
+    PPOTrainer(moving, PPOConfig(update_epochs=1, num_minibatches=1)).update(update_segments(0), 0)
+    assert not torch.equal(moving.state_dict()["obs_norm.mean"], before["obs_norm.mean"])

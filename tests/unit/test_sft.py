@@ -96,3 +96,15 @@ def test_sft_cache_is_shared_by_runs_that_differ_only_in_sampling():
     assert sft_folder(load_config("metaworld_quickstart_tinyoft", ["policy.temperature=1.0", "policy.logprob_type=token"])) == base
     assert sft_folder(load_config("metaworld_quickstart_tinyoft", ["policy.dim=32"])) != base
     assert sft_folder(load_config("metaworld_quickstart_tinyoft", ["sft.steps=10"])) != base
+
+
+def test_mlp_sft_fits_observation_statistics_to_the_demos():
+    from rlfleet.data.sft import train_sft
+    from rlfleet.policies import GaussianMLPPolicy, PolicyConfig
+
+    data = build_sft_data([_episode(0, 30), _episode(1, 20)], chunk_size=1)
+    data.obs["states"] = data.obs["states"] * 3.0 + 5.0
+    policy = GaussianMLPPolicy(39, 4, 1, PolicyConfig(hidden_sizes=[16]))
+    train_sft(policy, data, SFTConfig(steps=2, batch_size=8), progress=False)
+    np.testing.assert_allclose(policy.obs_norm.mean.numpy(), data.obs["states"].mean(0), atol=1e-3)
+    np.testing.assert_allclose(policy.obs_norm.var.numpy(), data.obs["states"].var(0), rtol=1e-2)
