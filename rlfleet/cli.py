@@ -235,6 +235,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         env["task"] = args.task
     if not env:
         raise SystemExit("the checkpoint does not name its env: pass --task")
+    env["pool"] = "eval"  # held-out episodes where an env keeps them apart (CALVIN's chain pools)
     out = Path(args.out or Path(args.checkpoint) / "eval")
     video = VideoConfig(save_video=args.video, video_base_dir=str(out / "videos"))
     if args.sample:

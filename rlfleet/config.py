@@ -233,8 +233,9 @@ def policy_settings(cfg: DictConfig) -> dict[str, Any]:
 
 
 def eval_env_config(cfg: DictConfig) -> EnvConfig:
-    """The env evaluation runs in: the training env, or `eval.task` (held-out tasks) on it."""
-    env = EnvConfig(**as_dict(cfg.env))
+    """The env evaluation runs in: the training env, or `eval.task` (held-out tasks) on it, with
+    held-out episodes where the env keeps them apart (CALVIN's eval chain pool)."""
+    env = dataclasses.replace(EnvConfig(**as_dict(cfg.env)), pool="eval")
     return dataclasses.replace(env, task=cfg.eval.task) if cfg.eval.task else env
 
 

@@ -93,6 +93,6 @@ def _make_remote(cfg: EnvConfig, num_envs: int, env_offset: int) -> ChunkedEnv:
 
 
 register_env("metaworld", _make_metaworld)
-register_env("calvin", _make_calvin)  # pybullet playtable, chains of 5 subtasks
+register_env("calvin", _make_calvin, chain_length=5)  # pybullet playtable, chains of 5 subtasks
 register_env("robotwin", _make_robotwin)
 register_env_scheme("remote", _make_remote)  # any simulator behind EnvService: remote://HOST:PORT

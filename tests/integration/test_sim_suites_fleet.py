@@ -36,6 +36,9 @@ def test_short_fleet_run_then_eval_only(tmp_path, suite):
     assert res.returncode == 0, res.stderr[-3000:]
     summary = json.loads((run / "summary.json").read_text())
     assert summary["updates"] >= 5 and summary["env_steps"] >= 480
+    if suite == "calvin":  # CALVIN's table: success_len_1..5 and avg_num_subtasks, also as Markdown
+        assert {"avg_num_subtasks", "success_len_5"} <= set(summary["eval_chain"]["all"])
+        assert "avg_num_subtasks" in (run / "eval_chain.md").read_text()
     ckpt = run / "checkpoints" / (run / "checkpoints" / "latest").read_text().strip()
 
     only = tmp_path / "eval_only"

@@ -57,3 +57,4 @@ def test_episode_window_logs_chain_metrics():
 def test_registry_knows_which_envs_chain():
     assert chain_length("metaworld") == 0 and chain_length("robotwin") == 0
     assert chain_length("no-such-env") == 0
+    assert chain_length("calvin") == 5

@@ -62,3 +62,14 @@ def test_env_without_experts_is_refused(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="no scripted experts"):
         collect_env_demos(tmp_path / "demos", EnvConfig(name="no_expert"), 1, progress=False)
     assert not (tmp_path / "demos").exists() and not (tmp_path / "demos.tmp").exists()
+
+
+def test_calvin_chain_demo_switches_instructions(tmp_path):
+    pytest.importorskip("pybullet")
+    cfg = EnvConfig(name="calvin", task="D", max_episode_steps=1800)
+    summary = collect_env_demos(tmp_path / "chains", cfg, episodes_per_task=1, progress=False)
+    assert summary["calvin-D"]["success"] == 1
+    (ep,) = load_demos(tmp_path / "chains")
+    texts = list(dict.fromkeys(decode_instructions(ep.step_instructions)))
+    assert len(texts) == 5 and ep.instruction_text == " | ".join(texts)  # one per subtask of the chain
+    assert ep.rewards.sum() == 5 and ep.states.shape[1] == 39 and ep.actions.shape[1] == 7
