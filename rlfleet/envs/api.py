@@ -59,6 +59,16 @@ def decode_instructions(arr: np.ndarray) -> list[str]:
     return [bytes(row).rstrip(b"\0").decode("utf-8", errors="replace") for row in np.asarray(arr, np.uint8)]
 
 
+def batch_observation(states: np.ndarray, instructions: np.ndarray, task_ids: np.ndarray,
+                      descriptions: list[str], images: np.ndarray | None) -> dict:
+    """The observation dict of an in-process adapter, as copies: the adapter keeps reusing its buffers."""
+    obs = {"states": states.copy(), "instructions": instructions.copy(), "task_ids": task_ids.copy(),
+           "task_descriptions": list(descriptions)}
+    if images is not None:
+        obs["main_images"] = images.copy()
+    return obs
+
+
 def observation_spec(cfg: "EnvConfig", state_dim: int) -> dict[str, tuple[tuple[int, ...], str]]:
     """Per-env shape and dtype of every tensor observation key (what slots and segments carry)."""
     spec: dict[str, tuple[tuple[int, ...], str]] = {

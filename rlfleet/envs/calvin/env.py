@@ -29,7 +29,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rlfleet.envs.api import INSTRUCTION_BYTES, ChunkedEnv, EnvConfig, EnvSpec, StepResult, encode_instructions
+from rlfleet.envs.api import (INSTRUCTION_BYTES, ChunkedEnv, EnvConfig, EnvSpec, StepResult, batch_observation,
+                             encode_instructions)
 from rlfleet.envs.calvin.chains import CHAIN_LENGTH, POOLS, ChainSpec, pool_entry, pool_size
 from rlfleet.envs.calvin.experts import ExpertContext, expert_action
 from rlfleet.envs.calvin.layout import VARIANTS, resolve_variants
@@ -270,15 +271,7 @@ class CalvinEnv(ChunkedEnv):
                           episode_success_once=ep_success, final_obs=final_obs)
 
     def _obs(self) -> dict:
-        obs = {
-            "states": self._states.copy(),
-            "instructions": self._instructions.copy(),
-            "task_ids": self._task_ids.copy(),
-            "task_descriptions": list(self._descriptions),
-        }
-        if self._images is not None:
-            obs["main_images"] = self._images.copy()
-        return obs
+        return batch_observation(self._states, self._instructions, self._task_ids, self._descriptions, self._images)
 
     def _blank_obs(self) -> dict:
         B = self._num_envs

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from rlfleet.envs.api import ChunkedEnv, EnvConfig, EnvSpec, StepResult, encode_instructions
+from rlfleet.envs.api import ChunkedEnv, EnvConfig, EnvSpec, StepResult, batch_observation, encode_instructions
 
 # Offscreen rendering without a display: EGL works on CPU through Mesa's llvmpipe (FACTS.md).
 os.environ.setdefault("MUJOCO_GL", "egl")
@@ -548,15 +548,7 @@ class MetaWorldEnv(ChunkedEnv):
         return obs
 
     def _obs(self) -> dict:
-        obs = {
-            "states": self._states.copy(),
-            "instructions": self._instructions.copy(),
-            "task_ids": self._task_ids.copy(),
-            "task_descriptions": list(self._descriptions),
-        }
-        if self._images is not None:
-            obs["main_images"] = self._images.copy()
-        return obs
+        return batch_observation(self._states, self._instructions, self._task_ids, self._descriptions, self._images)
 
     def _blank_obs(self) -> dict:
         """Zeroed tensor observations, filled in only for envs whose episode ends (`final_obs`)."""

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from rlfleet.envs.api import ChunkedEnv, EnvConfig, EnvSpec, StepResult, encode_instructions
+from rlfleet.envs.api import ChunkedEnv, EnvConfig, EnvSpec, StepResult, batch_observation, encode_instructions
 from rlfleet.envs.robotwin.experts import ScriptedExpert
 from rlfleet.envs.robotwin.scene import ARMS, DualArmScene, require_renderer
 from rlfleet.envs.robotwin.seeds import SPLITS, load_seeds
@@ -277,11 +277,7 @@ class RoboTwinEnv(ChunkedEnv):
         self._started = False
 
     def _obs(self) -> dict:
-        obs = {"states": self._states.copy(), "instructions": self._instructions.copy(),
-               "task_ids": self._task_ids.copy(), "task_descriptions": list(self._descriptions)}
-        if self._images is not None:
-            obs["main_images"] = self._images.copy()
-        return obs
+        return batch_observation(self._states, self._instructions, self._task_ids, self._descriptions, self._images)
 
     def _blank_obs(self) -> dict:
         obs = {"states": np.zeros((self._num_envs, STATE_DIM), np.float32), "instructions": self._instructions.copy()}
