@@ -69,7 +69,7 @@ def test_batch_shapes_auto_reset_and_seed_schedule() -> None:
         assert obs["states"].shape == (B, STATE_DIM) and obs["states"].dtype == np.float32
         assert obs["task_ids"].tolist() == [1, 0, 1]
         train = load_seeds("click_bell", "train", "randomized")
-        assert env.episode_seeds[0] == train[1]  # env 0 of offset 1: global index 1
+        assert env.episode_seeds[0] == train[1 // 2]  # env 0 of offset 1: global index 1, 2 task items
         first = obs["states"].copy()
         done_at = []
         for c in range(3):
@@ -83,8 +83,8 @@ def test_batch_shapes_auto_reset_and_seed_schedule() -> None:
                 assert (res.rewards[:, T - 2 * K:] == 0).all()  # substeps after the end are skipped
                 assert np.abs(res.final_obs["states"]).sum() > 0
         assert done_at == [2]
-        assert env.episode_seeds[0] == train[1 + 4]  # next episode: index + num_total_envs (offset 1 + 3)
-        env.reset(np.array([1, 0, 1]))  # explicit seeds index the seed list
+        assert env.episode_seeds[0] == train[(1 + 4) // 2]  # next episode: index + num_total_envs (offset 1 + 3)
+        env.reset(np.array([1, 0, 1]))  # explicit seeds // 2 items index the seed list
         again = env.reset(np.array([1, 0, 1]))
         np.testing.assert_allclose(again["states"], env.reset(np.array([1, 0, 1]))["states"], atol=1e-5)
         np.testing.assert_allclose(again["states"][0], first[0], atol=1e-5)
@@ -118,5 +118,20 @@ def test_head_camera_images() -> None:
         res = env.chunk_step(np.zeros((2, 2, ACTION_DIM), np.float32))
         res = env.chunk_step(np.zeros((2, 2, ACTION_DIM), np.float32))
         assert res.episode_done.all() and res.final_obs["main_images"].std() > 5
+    finally:
+        env.close()
+
+
+def test_multi_task_evaluation_seeds_reach_every_eval_entry():
+    """evaluate_policy resets env i (task i mod n) with seeds base + j*n + i: each task must get
+    a different list entry for every j (all 20 eval seeds), not every n-th one."""
+    env = RoboTwinEnv(EnvConfig(name="robotwin", task="click_bell:eval,place_empty_cup:eval"), 2)
+    try:
+        seen = [set(), set()]
+        for j in range(20):
+            env.reset(np.array([10_000 + 2 * j, 10_000 + 2 * j + 1]))
+            for i, seed in enumerate(env.episode_seeds):
+                seen[i].add(seed)
+        assert [len(s) for s in seen] == [20, 20]
     finally:
         env.close()

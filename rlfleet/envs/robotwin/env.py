@@ -7,7 +7,9 @@ all ten tasks. setting: `clean` (default) or `randomized`; split: `train` (defau
 
 Seeds. With split `train`/`eval`, episode seeds come from the shipped seed files (solvable by the
 scripted expert; train and eval disjoint) and every seed passed to `reset(seeds)` is an *index*
-into that list (wrapping around), so an evaluator's seeds 0..N-1 mean the first N eval episodes.
+into that list (wrapping around) after division by the number of task items n: with one item an
+evaluator's seeds 0..N-1 mean the first N eval episodes; with n items `evaluate_policy`'s seeds
+base + j*n + i give item i its entries j = 0..N-1, all distinct up to the list length.
 Split `any` uses seeds as given (unfiltered). Without explicit seeds, env i of a batch with
 `env_offset` o (global index g = o + i) plays list entries g + cfg.seed, g + cfg.seed + T,
 g + cfg.seed + 2T, ... where T = `num_total_envs` (default o + num_envs: correct for one process;
@@ -161,7 +163,13 @@ class RoboTwinEnv(ChunkedEnv):
     @property
     def episode_seeds(self) -> list[int]:
         """The raw scene seed each env's current episode was built from (for logs and replays)."""
-        return [s.episode_seed(s.cursor) for s in self._slots]
+        return [s.episode_seed(self._list_index(s)) for s in self._slots]
+
+    def _list_index(self, slot: "_Slot") -> int:
+        """Seed-list entry of a slot's cursor: cursor // (number of task items), because envs (and
+        the evaluator's seeds base + j * n + i) cycle over the n items, so each item walks its own
+        list entry by entry instead of every n-th one. Split `any` takes the cursor as the seed."""
+        return slot.cursor // len(self._task_list) if slot.seeds is not None else slot.cursor
 
     def reset(self, seeds: np.ndarray | None = None) -> dict:
         """New episodes everywhere; `seeds` index the split's seed list (see module docstring)."""
@@ -264,7 +272,7 @@ class RoboTwinEnv(ChunkedEnv):
         slot = self._slots[i]
         if advance:
             slot.cursor += self._stride
-        slot.reset(slot.episode_seed(slot.cursor))
+        slot.reset(slot.episode_seed(self._list_index(slot)))
         self._ep_return[i] = 0.0
         self._ep_length[i] = 0
         self._ep_success[i] = False
