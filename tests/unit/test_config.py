@@ -39,6 +39,15 @@ def test_every_recipe_loads_with_its_values(name):
     assert cfg.runner.logger.log_path == f"runs/{cfg.runner.experiment_name}"
 
 
+@pytest.mark.parametrize("name", RECIPES)
+def test_every_recipe_splits_its_envs_over_stages_and_workers(name):
+    """What an actor checks at start (a calvin recipe once shipped 10 envs over 2 x 2)."""
+    from rlfleet.actors.env_worker import stage_slices
+
+    a = load_config(name).actor
+    stage_slices(a.num_envs, a.pipeline_stage_num, a.num_workers, 0)
+
+
 def test_no_recipe_gives_schema_defaults():
     cfg = load_config(None)
     assert OmegaConf.to_container(cfg, resolve=True) == OmegaConf.to_container(
