@@ -228,6 +228,10 @@ def explained_variance(values: Tensor, returns: Tensor) -> float:
     return 1.0 - (r - v).var(unbiased=False).item() / var_r
 
 
+KL_LOG_RATIO_CLAMP = 20.0
+KL_CLAMP = 10.0
+
+
 def kl_to_reference(logp: Tensor, logp_ref: Tensor) -> Tensor:
     """Per-element estimate of KL(pi_theta || pi_ref) from actions sampled by (nearly) pi_theta.
 
@@ -235,10 +239,12 @@ def kl_to_reference(logp: Tensor, logp_ref: Tensor) -> Tensor:
         KL   ~= exp(log r) - log r - 1           (Schulman's k3: unbiased, always >= 0)
 
     As in GRPO (Shao et al. 2024, "DeepSeekMath", eq. 4), where it is added to the loss with
-    weight beta. ``logp_ref`` is a constant (the frozen reference policy's log-prob).
+    weight beta. ``logp_ref`` is a constant (the frozen reference policy's log-prob). Bounded as
+    verl's low_var_kl (log r to +-20, the estimate to <= 10): with continuous densities (a Flow-SDE
+    step's narrow Gaussian) exp(log r) overflowed to 1e24 on tiny_pi0.
     """
-    log_r = logp_ref.detach() - logp
-    return torch.exp(log_r) - log_r - 1.0
+    log_r = torch.clamp(logp_ref.detach() - logp, -KL_LOG_RATIO_CLAMP, KL_LOG_RATIO_CLAMP)
+    return torch.clamp(torch.exp(log_r) - log_r - 1.0, max=KL_CLAMP)
 
 
 def ppo_total_loss(pg_loss: Tensor, v_loss: Tensor, entropy: Tensor, cfg: PPOConfig) -> Tensor:

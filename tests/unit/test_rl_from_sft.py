@@ -91,3 +91,11 @@ def test_frozen_normalization_keeps_the_starting_statistics():
     moving = make_policy(0)
     PPOTrainer(moving, PPOConfig(update_epochs=1, num_minibatches=1)).update(update_segments(0), 0)
     assert not torch.equal(moving.state_dict()["obs_norm.mean"], before["obs_norm.mean"])
+
+
+def test_k3_stays_finite_for_far_apart_densities():
+    logp = torch.tensor([-500.0, 0.0], requires_grad=True)
+    kl = kl_to_reference(logp, torch.tensor([50.0, 0.0]))
+    assert torch.isfinite(kl).all() and kl[0] == 10.0 and kl[1] == 0.0
+    kl.sum().backward()
+    assert torch.isfinite(logp.grad).all()
