@@ -137,6 +137,7 @@ class PPOTrainer:
         params = [p for p in policy.parameters() if p.requires_grad]
         self.optimizer = torch.optim.Adam(params, lr=cfg.lr, eps=1e-5)
         self.updates = 0  # this process's updates, for the critic warm-up
+        self.nonfinite_steps = 0  # optimiser steps skipped for a non-finite gradient (train/nonfinite_steps)
         self.grpo_mode = cfg.adv_type == "grpo"  # critic-free group-relative advantages
         self._model: nn.Module | None = None  # PolicyEvaluator, DDP-wrapped at the first update
 
@@ -316,6 +317,11 @@ class PPOTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = nn.utils.clip_grad_norm_(self.optimizer.param_groups[0]["params"], self.cfg.max_grad_norm)
+        if not torch.isfinite(grad_norm):  # a NaN/inf loss must never reach the weights (the
+            # norm is of DDP's all-reduced gradients, so every rank skips the same steps)
+            self.optimizer.zero_grad(set_to_none=True)
+            self.nonfinite_steps += 1
+            return
         if n:
             for key, val in zip(MINIBATCH_STATS, (
                 pg_loss.item(), pg_stats["approx_kl"], pg_stats["clip_fraction"],
@@ -398,5 +404,6 @@ class PPOTrainer:
         out["train/dropped_samples"] = float(total - shard.num_rows)
         out["train/critic_warmup"] = float(warmup)
         out["train/lr"] = lr
+        out["train/nonfinite_steps"] = float(self.nonfinite_steps)
         out["train/samples"] = float(shard.num_rows)
         return out

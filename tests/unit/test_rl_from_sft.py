@@ -99,3 +99,14 @@ def test_k3_stays_finite_for_far_apart_densities():
     assert torch.isfinite(kl).all() and kl[0] == 10.0 and kl[1] == 0.0
     kl.sum().backward()
     assert torch.isfinite(logp.grad).all()
+
+
+def test_nonfinite_loss_leaves_the_weights_alone():
+    policy = make_policy(0)
+    before = {k: v.clone() for k, v in policy.state_dict().items()}
+    segments = update_segments(0)
+    segments[0].rewards[...] = float("inf")  # advantages, and so the loss, become non-finite
+    trainer = PPOTrainer(policy, PPOConfig(update_epochs=1, num_minibatches=1, norm_adv=False))
+    stats = trainer.update(segments, 0)
+    assert stats["train/nonfinite_steps"] == 1.0
+    assert all(torch.equal(before[k], v) for k, v in policy.state_dict().items() if "obs_norm" not in k)
