@@ -59,6 +59,14 @@ def decode_instructions(arr: np.ndarray) -> list[str]:
     return [bytes(row).rstrip(b"\0").decode("utf-8", errors="replace") for row in np.asarray(arr, np.uint8)]
 
 
+def check_seeds(seeds: np.ndarray | list, num_envs: int) -> np.ndarray:
+    """`ChunkedEnv.reset` seeds as an int array of one seed per env, or a clear error."""
+    seeds = np.asarray(seeds)
+    if seeds.shape != (num_envs,) or not np.issubdtype(seeds.dtype, np.integer):
+        raise ValueError(f"seeds must be {num_envs} ints, got shape {seeds.shape} dtype {seeds.dtype}")
+    return seeds
+
+
 def batch_observation(states: np.ndarray, instructions: np.ndarray, task_ids: np.ndarray,
                       descriptions: list[str], images: np.ndarray | None) -> dict:
     """The observation dict of an in-process adapter, as copies: the adapter keeps reusing its buffers."""

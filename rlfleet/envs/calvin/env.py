@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from rlfleet.envs.api import (INSTRUCTION_BYTES, ChunkedEnv, EnvConfig, EnvSpec, StepResult, batch_observation,
-                             encode_instructions)
+                             check_seeds, encode_instructions)
 from rlfleet.envs.calvin.chains import CHAIN_LENGTH, POOLS, ChainSpec, pool_entry, pool_size
 from rlfleet.envs.calvin.experts import ExpertContext, expert_action
 from rlfleet.envs.calvin.layout import VARIANTS, resolve_variants
@@ -112,9 +112,7 @@ class CalvinEnv(ChunkedEnv):
     def reset(self, seeds: np.ndarray | None = None) -> dict:
         n = pool_size(self._pool)
         if seeds is not None:
-            seeds = np.asarray(seeds)
-            if seeds.shape != (self._num_envs,) or not np.issubdtype(seeds.dtype, np.integer):
-                raise ValueError(f"seeds must be {self._num_envs} ints, got shape {seeds.shape} dtype {seeds.dtype}")
+            seeds = check_seeds(seeds, self._num_envs)
             self._rngs = [np.random.default_rng(int(s)) for s in seeds]
             first = [int(s) % n for s in seeds]
         else:

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from rlfleet.envs.api import ChunkedEnv, EnvConfig, EnvSpec, StepResult, batch_observation, encode_instructions
+from rlfleet.envs.api import ChunkedEnv, EnvConfig, EnvSpec, StepResult, batch_observation, check_seeds, encode_instructions
 
 # Offscreen rendering without a display: EGL works on CPU through Mesa's llvmpipe (FACTS.md).
 os.environ.setdefault("MUJOCO_GL", "egl")
@@ -386,9 +386,7 @@ class MetaWorldEnv(ChunkedEnv):
         continue each env's generator, so repeated resets do not replay the same episodes.
         """
         if seeds is not None:
-            seeds = np.asarray(seeds)
-            if seeds.shape != (self._num_envs,) or not np.issubdtype(seeds.dtype, np.integer):
-                raise ValueError(f"seeds must be {self._num_envs} ints, got shape {seeds.shape} dtype {seeds.dtype}")
+            seeds = check_seeds(seeds, self._num_envs)
             self._rngs = [np.random.default_rng(int(s)) for s in seeds]
         elif self._rngs is None:
             self._rngs = [

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from rlfleet.envs.api import ChunkedEnv, EnvConfig, EnvSpec, StepResult, batch_observation, encode_instructions
+from rlfleet.envs.api import ChunkedEnv, EnvConfig, EnvSpec, StepResult, batch_observation, check_seeds, encode_instructions
 from rlfleet.envs.robotwin.experts import ScriptedExpert
 from rlfleet.envs.robotwin.scene import ARMS, DualArmScene, require_renderer
 from rlfleet.envs.robotwin.seeds import SPLITS, load_seeds
@@ -174,9 +174,7 @@ class RoboTwinEnv(ChunkedEnv):
     def reset(self, seeds: np.ndarray | None = None) -> dict:
         """New episodes everywhere; `seeds` index the split's seed list (see module docstring)."""
         if seeds is not None:
-            seeds = np.asarray(seeds)
-            if seeds.shape != (self._num_envs,) or not np.issubdtype(seeds.dtype, np.integer):
-                raise ValueError(f"seeds must be {self._num_envs} ints, got shape {seeds.shape} dtype {seeds.dtype}")
+            seeds = check_seeds(seeds, self._num_envs)
             for slot, s in zip(self._slots, seeds):
                 slot.cursor = int(s)
         elif not self._started:
