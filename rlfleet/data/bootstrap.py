@@ -35,8 +35,10 @@ def demos_folder(cfg: DictConfig) -> Path:
 
 
 # Policy settings that only change how RL samples and scores actions (applied when the checkpoint
-# is loaded), so runs that differ only in them share one SFT checkpoint.
-SAMPLING_ONLY_KEYS = ("temperature", "logprob_type")
+# is loaded; SFT does not train the exploration parameters some of them add, see
+# checkpoint_io.exploration_only), so runs that differ only in them share one SFT checkpoint.
+SAMPLING_ONLY_KEYS = ("temperature", "logprob_type", "flow_rl", "sde_a", "noise_min_std", "noise_max_std",
+                      "init_log_std")
 
 
 def sft_folder(cfg: DictConfig) -> Path:

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 from omegaconf import OmegaConf
+from safetensors import safe_open
 from safetensors.torch import load as st_load
 from safetensors.torch import load_file, save, save_file
 from torch import nn
@@ -50,9 +51,18 @@ def load_tensors(policy: nn.Module, incoming: dict[str, torch.Tensor], partial: 
     policy.load_state_dict(incoming, strict=not partial)
 
 
-def _check_compatible(policy: nn.Module, incoming: dict[str, torch.Tensor], partial: bool = False) -> None:
+def exploration_only(policy: nn.Module, names: set[str]) -> set[str]:
+    """The names among `names` that only RL exploration trains (a Flow-Noise net, a Gaussian log-std):
+    SFT leaves them at their initialisation, so an SFT checkpoint of another `flow_rl` mode still
+    starts the run (missing ones keep the fresh init, extra ones are dropped)."""
+    prefixes = tuple(getattr(policy, "exploration_parameters", ()))
+    return {k for k in names if prefixes and k.startswith(prefixes)}
+
+
+def _check_compatible(policy: nn.Module, incoming: dict[str, torch.Tensor], partial: bool = False,
+                      fresh_ok: set[str] | frozenset[str] = frozenset()) -> None:
     own = policy.state_dict()
-    missing = [] if partial else sorted(set(own) - set(incoming))
+    missing = [] if partial else sorted(set(own) - set(incoming) - set(fresh_ok))
     extra = sorted(set(incoming) - set(own))
     wrong = sorted(k for k in set(own) & set(incoming) if own[k].shape != incoming[k].shape)
     if missing or extra or wrong:
@@ -110,11 +120,17 @@ def load_checkpoint(folder: str | Path, overrides: Mapping[str, Any] | None = No
     policy = make_policy(policy_cfg, cfg["state_dim"], cfg["action_dim"], cfg["chunk_size"],
                          image_size=cfg.get("image_size", 0))
     incoming = load_file(Path(folder) / "model.safetensors")
+    own = set(policy.state_dict())
+    fresh = exploration_only(policy, own - set(incoming))
+    for name in exploration_only(policy, set(incoming) - own):  # e.g. a Flow-Noise SFT start for Flow-SDE
+        del incoming[name]
     try:
-        _check_compatible(policy, incoming)
+        _check_compatible(policy, incoming, fresh_ok=fresh)
     except ValueError as exc:
         raise ValueError(f"checkpoint {folder}: {exc}") from exc
-    policy.load_state_dict(incoming)
+    policy.load_state_dict(incoming, strict=not fresh)
+    if fresh:
+        log.info("%s has no %s: they start from their initialisation", folder, sorted(fresh))
     cfg["policy"] = policy_cfg
     return policy, cfg
 
@@ -149,5 +165,11 @@ def reference_policy(cfg: Any, policy: nn.Module) -> nn.Module | None:
     if not cfg.policy.get("model_path"):
         return copy.deepcopy(policy)
     dims = cfg.model_dims
-    return policy_from_config(OmegaConf.to_container(cfg.policy, resolve=True), dims.state_dim, dims.action_dim, cfg.env.chunk_size,
-                              cfg.env.image_size)
+    reference = policy_from_config(OmegaConf.to_container(cfg.policy, resolve=True), dims.state_dim, dims.action_dim,
+                                   cfg.env.chunk_size, cfg.env.image_size)
+    with safe_open(Path(cfg.policy.model_path) / "model.safetensors", framework="pt") as f:
+        saved = set(f.keys())
+    own = policy.state_dict()
+    fresh = exploration_only(reference, set(own) - saved)
+    reference.load_state_dict({k: own[k] for k in fresh}, strict=False)  # the same start as the trained copy
+    return reference

@@ -110,3 +110,70 @@ def test_nonfinite_loss_leaves_the_weights_alone():
     stats = trainer.update(segments, 0)
     assert stats["train/nonfinite_steps"] == 1.0
     assert all(torch.equal(before[k], v) for k, v in policy.state_dict().items() if "obs_norm" not in k)
+
+
+def _sft_checkpoint(folder):
+    """A tiny_pi0 SFT checkpoint (Flow-SDE mode: no exploration parameters), as the SFT bootstrap writes."""
+    from rlfleet.policies.checkpoint_io import model_config, save_checkpoint_folder
+    from test_flow_policies import D, K, SIZE, STATE_DIM, build
+
+    settings = dict(name="tiny_pi0", dim=32, heads=2, depth=1, flow_hidden=32, num_denoise_steps=4)
+    policy = build("tiny_pi0", "sde")
+    save_checkpoint_folder(folder, policy, model_config({**settings, "flow_rl": "sde"}, STATE_DIM, D, K,
+                                                        image_size=SIZE))
+    return policy, settings
+
+
+def test_flow_noise_starts_from_an_sft_checkpoint_without_a_noise_net(tmp_path):
+    from rlfleet.policies.checkpoint_io import load_checkpoint
+
+    sft, _ = _sft_checkpoint(tmp_path / "sft")
+    noisy, cfg = load_checkpoint(tmp_path / "sft", overrides={"flow_rl": "noise"})
+    assert noisy.flow_rl == "noise" and cfg["policy"]["flow_rl"] == "noise"
+    theirs = sft.state_dict()
+    for name, value in noisy.state_dict().items():
+        if name.startswith("noise_net."):
+            assert name not in theirs
+        else:
+            assert torch.equal(value, theirs[name]), name
+
+
+def test_a_checkpoint_missing_other_weights_is_still_an_error(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    from rlfleet.policies.checkpoint_io import load_checkpoint
+
+    _sft_checkpoint(tmp_path / "sft")
+    weights = load_file(tmp_path / "sft" / "model.safetensors")
+    save_file({k: v for k, v in weights.items() if not k.startswith("critic.")}, tmp_path / "sft" / "model.safetensors")
+    with pytest.raises(ValueError, match=r"missing \['critic\."):
+        load_checkpoint(tmp_path / "sft", overrides={"flow_rl": "noise"})
+
+
+def test_flow_noise_reference_shares_the_trained_copys_fresh_noise_net(tmp_path):
+    from omegaconf import OmegaConf
+
+    from rlfleet.policies.checkpoint_io import load_checkpoint, reference_policy
+    from test_flow_policies import D, SIZE, STATE_DIM
+
+    _, settings = _sft_checkpoint(tmp_path / "sft")
+    policy, _ = load_checkpoint(tmp_path / "sft", overrides={"flow_rl": "noise"})
+    cfg = OmegaConf.create({"policy": {**settings, "flow_rl": "noise", "model_path": str(tmp_path / "sft")},
+                            "algorithm": {"kl_beta": 0.1}, "model_dims": {"state_dim": STATE_DIM, "action_dim": D},
+                            "env": {"chunk_size": policy.chunk_size, "image_size": SIZE}})
+    reference = reference_policy(cfg, policy)
+    for name, value in policy.state_dict().items():
+        assert torch.equal(value, reference.state_dict()[name]), name
+
+
+def test_flow_sde_starts_from_a_flow_noise_checkpoint(tmp_path):
+    from rlfleet.policies.checkpoint_io import load_checkpoint, model_config, save_checkpoint_folder
+    from test_flow_policies import D, K, SIZE, STATE_DIM, build
+
+    noisy = build("tiny_pi0", "noise")
+    settings = dict(name="tiny_pi0", dim=32, heads=2, depth=1, flow_hidden=32, num_denoise_steps=4, flow_rl="noise")
+    save_checkpoint_folder(tmp_path / "sft", noisy, model_config(settings, STATE_DIM, D, K, image_size=SIZE))
+    sde, _ = load_checkpoint(tmp_path / "sft", overrides={"flow_rl": "sde"})
+    assert not hasattr(sde, "noise_net")
+    theirs = noisy.state_dict()
+    assert all(torch.equal(v, theirs[k]) for k, v in sde.state_dict().items())

@@ -96,6 +96,9 @@ def test_sft_cache_is_shared_by_runs_that_differ_only_in_sampling():
     assert sft_folder(load_config("metaworld_quickstart_tinyoft", ["policy.temperature=1.0", "policy.logprob_type=token"])) == base
     assert sft_folder(load_config("metaworld_quickstart_tinyoft", ["policy.dim=32"])) != base
     assert sft_folder(load_config("metaworld_quickstart_tinyoft", ["sft.steps=10"])) != base
+    # Flow-SDE and Flow-Noise start from the same flow-matching SFT (their RL-only parts are not trained by it)
+    assert sft_folder(load_config("metaworld_50_ppo_tinypi0_cpu")) == sft_folder(
+        load_config("metaworld_50_ppo_tinypi0_flownoise_cpu"))
 
 
 def test_mlp_sft_fits_observation_statistics_to_the_demos():

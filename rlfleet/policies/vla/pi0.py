@@ -103,6 +103,9 @@ class FlowNoiseNet(nn.Module):
 class TinyPi0Policy(VLAPolicyBase):
     """Flow-matching action expert on the fused prefix; Gaussian, Flow-SDE or Flow-Noise RL (`flow_rl`)."""
 
+    # Trained by RL only: an SFT checkpoint without them still starts a Flow-Noise / Gaussian run.
+    exploration_parameters = ("noise_net.", "log_std")
+
     def __init__(self, state_dim: int, action_dim: int, chunk_size: int, cfg: VLAConfig, image_size: int):
         super().__init__(state_dim, action_dim, chunk_size, cfg, image_size)
         n, steps = self.num_tokens, cfg.num_denoise_steps
