@@ -23,12 +23,23 @@ from rlfleet.placement import PlacementPlan
 from rlfleet.wire.auth import current as current_auth
 
 
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGTERM it when the launcher dies, even by SIGKILL (Linux
+    prctl PR_SET_PDEATHSIG), so a killed `rlfleet train` leaves no actors or servers behind."""
+    import ctypes
+    import signal
+
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+
 def _spawn(args: list[str], log_file: Path | None = None, extra_env: dict[str, str] | None = None,
            launcher: tuple[str, ...] = ("-m", "rlfleet.cli")) -> subprocess.Popen:
     # token and TLS travel by environment: a command line is readable by every user of the host
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", **current_auth().child_env(), **(extra_env or {}))
     out = open(log_file, "ab") if log_file else None
-    return subprocess.Popen([sys.executable, *launcher, *args], env=env, stdout=out, stderr=out)
+    return subprocess.Popen([sys.executable, *launcher, *args], env=env, stdout=out, stderr=out,
+                            preexec_fn=_die_with_parent if sys.platform == "linux" else None)
 
 
 def _learner_launcher(plan: PlacementPlan | None) -> tuple[tuple[str, ...], dict[str, str]]:
