@@ -223,7 +223,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from rlfleet.envs.api import EnvConfig
-    from rlfleet.envs.registry import chain_length
+    from rlfleet.envs.registry import scored_chain_length
     from rlfleet.eval_report import rich_table, success_table, write_report
     from rlfleet.eval_video import VideoConfig
     from rlfleet.evaluation import evaluate_policy
@@ -249,10 +249,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
     mode = "sampled" if args.sample else "deterministic"
     Console().print(rich_table(table, title=f"evaluation of {args.checkpoint} ({args.episodes} episodes per task, {mode})"))
     json_path, md_path = write_report(table, out, name="eval", title=f"Evaluation of {args.checkpoint}")
-    if chain_length(env.get("name", "metaworld")) and env.get("reward_type") in ("success", "dense"):
+    n = scored_chain_length(env.get("name", "metaworld"), env.get("reward_type", "dense"))
+    if n:
         from rlfleet.chain_metrics import chain_markdown, chain_report
 
-        n = chain_length(env["name"])
         table["chains"] = chain_report(returns, n)  # CALVIN's columns, also in eval.json
         write_report(table, out, name="eval", title=f"Evaluation of {args.checkpoint}")
         text = chain_markdown(table["chains"], f"Chains of {args.checkpoint} ({mode})", n)

@@ -94,8 +94,9 @@ def _stop_all(procs: list[subprocess.Popen], grace: float) -> None:
             p.wait()
 
 
-def evaluate_start(cfg: DictConfig) -> dict[str, float]:
-    """Success of the policy the run starts from (fresh or `policy.model_path`), for before/after."""
+def evaluate_start(cfg: DictConfig, episode_returns: dict[str, list[float]] | None = None) -> dict[str, float]:
+    """Success of the policy the run starts from (fresh or `policy.model_path`), for before/after;
+    `episode_returns` receives each task's returns (the chain metrics of chained envs)."""
     import torch
 
     from rlfleet.config import as_dict, eval_env_config
@@ -107,7 +108,8 @@ def evaluate_start(cfg: DictConfig) -> dict[str, float]:
     fill_model_dims(cfg)
     d = cfg.model_dims
     policy = policy_from_config(as_dict(cfg.policy), d.state_dim, d.action_dim, cfg.env.chunk_size, cfg.env.image_size)
-    return evaluate_policy(policy, eval_env_config(cfg), cfg.eval.episodes_per_task, seed=cfg.eval.seed)
+    return evaluate_policy(policy, eval_env_config(cfg), cfg.eval.episodes_per_task, seed=cfg.eval.seed,
+                           episode_returns=episode_returns)
 
 
 def evaluate_only(cfg: DictConfig, run_dir: Path) -> dict:
@@ -162,17 +164,36 @@ def train_local(cfg: DictConfig, metrics_port: int = 0, metrics_host: str = "127
     if plan is not None:
         print(plan.describe(), file=sys.stderr, flush=True)
         cfg.actor.num_actors = plan.num_actors
-    before = None
+    before, returns = None, {}
     if cfg.eval.before:
         print("evaluating the starting policy ...", file=sys.stderr, flush=True)
-        before = evaluate_start(cfg)
+        before = evaluate_start(cfg, returns)
     ports = metrics_ports(metrics_port, cfg.actor.num_actors, plan.num_inference_servers if plan else 1)
     summary = _run_fleet(cfg, run_dir, ports, metrics_host, plan)
     if before is not None and summary:
         summary["eval_before"] = before
         summary["eval_before_mean"] = sum(before.values()) / len(before)
+        if summary.get("eval_chain"):
+            summary["eval_chain_before"] = _chain_before_after(cfg, run_dir, returns, summary["eval_chain"])
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
+
+
+def _chain_before_after(cfg: DictConfig, run_dir: Path, returns: dict[str, list[float]],
+                        after: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+    """Chained envs (CALVIN): the starting policy's chain table next to the trained one's, as
+    RLinf's CALVIN table (before_after_chain.md)."""
+    from rlfleet.chain_metrics import chain_markdown, chain_report
+    from rlfleet.envs.registry import scored_chain_length
+
+    n = scored_chain_length(cfg.env.name, cfg.env.reward_type)
+    before = chain_report(returns, n)
+    rows = {f"{task} {when}": table[task] for task in before for when, table in (("before", before), ("after", after))}
+    text = chain_markdown(rows, f"{cfg.runner.experiment_name}: chains before / after RL "
+                                f"({cfg.eval.episodes_per_task} eval chains per scene)", n)
+    (run_dir / "before_after_chain.md").write_text(text)
+    print(text, flush=True)
+    return before
 
 
 def _supervise(learner: subprocess.Popen, supervisor: ActorSupervisor, every_s: float = 0.5) -> None:

@@ -38,6 +38,12 @@ def chain_length(name: str) -> int:
     return _CHAIN_LENGTHS.get(name, 0)
 
 
+def scored_chain_length(name: str, reward_type: str) -> int:
+    """`chain_length` where the episode return counts the subtasks done (sparse or dense reward),
+    which the chain metrics are computed from; 0 otherwise (e.g. `success_once`)."""
+    return chain_length(name) if reward_type in ("success", "dense") else 0
+
+
 def register_env_scheme(scheme: str, factory: EnvFactory) -> None:
     """Make `factory` build every env named `scheme://...` (it parses the rest of the name itself)."""
     if not scheme.isidentifier():

@@ -19,7 +19,7 @@ from rlfleet.actors.groups import check_stage_rows, episode_rollout_len
 from rlfleet.chain_metrics import chain_markdown, chain_report
 from rlfleet.config import as_dict, eval_env_config, run_observation_spec, to_yaml
 from rlfleet.envs.api import EnvConfig
-from rlfleet.envs.registry import chain_length, make_env
+from rlfleet.envs.registry import make_env, scored_chain_length
 from rlfleet.evaluation import evaluate_policy, task_list
 from rlfleet.learner.checkpointer import Checkpointer, TrainerCounters
 from rlfleet.learner.distributed import Ranks, SingleRank, join_ranks
@@ -133,8 +133,8 @@ class Learner:
         self.address = f"{cfg.learner.host}:{self.port}"
         self.stop_event = threading.Event()
         # CALVIN's chain metrics need the subtask count as the return: the sparse reward only
-        chained = chain_length(cfg.env.name) if cfg.env.reward_type in ("success", "dense") else 0
-        self.episodes = EpisodeWindow(task_list(self.env_cfg), chain_length=chained)
+        self.episodes = EpisodeWindow(task_list(self.env_cfg),
+                                      chain_length=scored_chain_length(cfg.env.name, cfg.env.reward_type))
         self.last_stats: dict[str, float] = {}
         self.eval_chain: dict[str, dict[str, float]] = {}  # chained envs: rlfleet.chain_metrics.chain_report
 

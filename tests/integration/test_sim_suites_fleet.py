@@ -32,13 +32,17 @@ def test_short_fleet_run_then_eval_only(tmp_path, suite):
     run = tmp_path / "run"
     common = [*TINY, *SUITES[suite], "eval.episodes_per_task=1"]
     res = _cli("train", "metaworld_reach_ppo", *common, "runner.total_env_steps=480", f"runner.logger.log_path={run}",
-               timeout=300)
+               "eval.before=true", timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     summary = json.loads((run / "summary.json").read_text())
     assert summary["updates"] >= 5 and summary["env_steps"] >= 480
     if suite == "calvin":  # CALVIN's table: success_len_1..5 and avg_num_subtasks, also as Markdown
         assert {"avg_num_subtasks", "success_len_5"} <= set(summary["eval_chain"]["all"])
         assert "avg_num_subtasks" in (run / "eval_chain.md").read_text()
+        # the starting policy's chains next to the trained one's (same eval chains)
+        assert {"avg_num_subtasks", "success_len_5"} <= set(summary["eval_chain_before"]["all"])
+        table = (run / "before_after_chain.md").read_text()
+        assert "| calvin-D before |" in table and "| calvin-D after |" in table and "| all after |" in table
     ckpt = run / "checkpoints" / (run / "checkpoints" / "latest").read_text().strip()
 
     only = tmp_path / "eval_only"
