@@ -70,7 +70,12 @@ def _inference_addresses(addresses: list[str], actor_index: int) -> str:
     return ",".join(addresses[k:] + addresses[:k])
 
 
-def _wait_address(path: Path, proc: subprocess.Popen, key: str, timeout: float = 180.0) -> str:
+# A role's start-up (imports, policy and reference build, a probe env for the model's dimensions)
+# took over 180 s on 2 cores shared with two other training runs: wait long while it is alive.
+ROLE_START_TIMEOUT_S = 900.0
+
+
+def _wait_address(path: Path, proc: subprocess.Popen, key: str, timeout: float = ROLE_START_TIMEOUT_S) -> str:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if path.exists():
@@ -168,6 +173,7 @@ def train_local(cfg: DictConfig, metrics_port: int = 0, metrics_host: str = "127
     if cfg.eval.before:
         print("evaluating the starting policy ...", file=sys.stderr, flush=True)
         before = evaluate_start(cfg, returns)
+        _keep_before(run_dir, before)
     ports = metrics_ports(metrics_port, cfg.actor.num_actors, plan.num_inference_servers if plan else 1)
     summary = _run_fleet(cfg, run_dir, ports, metrics_host, plan)
     if before is not None and summary:
@@ -177,6 +183,15 @@ def train_local(cfg: DictConfig, metrics_port: int = 0, metrics_host: str = "127
             summary["eval_chain_before"] = _chain_before_after(cfg, run_dir, returns, summary["eval_chain"])
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
+
+
+def _keep_before(run_dir: Path, before: dict[str, float]) -> None:
+    """The starting policy's success, on disk and on screen as soon as it is known: a fleet that
+    then fails to start must not lose minutes of evaluation."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "eval_before.json").write_text(json.dumps(before, indent=2))
+    cells = ", ".join(f"{task} {100 * v:.0f}%" for task, v in before.items())
+    print(f"starting policy: mean {100 * sum(before.values()) / len(before):.1f}% ({cells})", file=sys.stderr, flush=True)
 
 
 def _chain_before_after(cfg: DictConfig, run_dir: Path, returns: dict[str, list[float]],

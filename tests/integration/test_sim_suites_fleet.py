@@ -35,6 +35,8 @@ def test_short_fleet_run_then_eval_only(tmp_path, suite):
                "eval.before=true", timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     summary = json.loads((run / "summary.json").read_text())
+    # written before the fleet starts, so a failed start keeps it
+    assert json.loads((run / "eval_before.json").read_text()) == summary["eval_before"]
     assert summary["updates"] >= 5 and summary["env_steps"] >= 480
     if suite == "calvin":  # CALVIN's table: success_len_1..5 and avg_num_subtasks, also as Markdown
         assert {"avg_num_subtasks", "success_len_5"} <= set(summary["eval_chain"]["all"])
