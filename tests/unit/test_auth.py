@@ -315,7 +315,7 @@ def test_launcher_passes_the_token_by_environment_not_command_line(monkeypatch, 
     seen = {}
 
     class FakePopen:
-        def __init__(self, args, env, stdout, stderr):
+        def __init__(self, args, env, stdout, stderr, **_):
             seen.update(args=args, env=env)
 
     monkeypatch.setattr(launcher.subprocess, "Popen", FakePopen)
