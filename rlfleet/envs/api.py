@@ -126,18 +126,22 @@ class StepResult:
 class ChunkedEnv(abc.ABC):
     """A batch of auto-resetting envs stepped one action chunk at a time."""
 
+    # Adapters set `self._spec` in __init__, and `self._task_list` when a batch may see only some
+    # of the config's tasks (a slice of a MetaWorld task set, a remote env's whole list).
+    _spec: EnvSpec
+    _task_list: list[str] | None = None
+
     @property
-    @abc.abstractmethod
     def spec(self) -> EnvSpec:
         """Shapes and task assignment of this batch."""
+        return self._spec
 
     @property
     def task_list(self) -> list[str]:
-        """Every task of the env config, in order: what `obs["task_ids"]` index into.
-
-        The default suits envs whose batch covers all their tasks; adapters whose slices see
-        only some tasks (MetaWorld task sets) override it.
-        """
+        """Every task of the env config, in order: what `obs["task_ids"]` index into (by default
+        the tasks this batch holds)."""
+        if self._task_list is not None:
+            return list(self._task_list)
         return list(dict.fromkeys(self.spec.task_names))
 
     @abc.abstractmethod

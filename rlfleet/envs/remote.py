@@ -19,7 +19,7 @@ from urllib.parse import parse_qs, urlsplit
 import grpc
 import numpy as np
 
-from rlfleet.envs.api import ChunkedEnv, EnvConfig, EnvSpec, StepResult, encode_instructions
+from rlfleet.envs.api import ChunkedEnv, EnvConfig, StepResult, encode_instructions
 from rlfleet.envs.env_messages import decode_obs, decode_step, spec_from_reply
 from rlfleet.wire import codec
 from rlfleet.wire.gen import env_pb2, env_pb2_grpc
@@ -91,14 +91,6 @@ class RemoteEnv(ChunkedEnv):
         self._closed = False
 
     # --- the Env API ------------------------------------------------------------------------
-
-    @property
-    def spec(self) -> EnvSpec:
-        return self._spec
-
-    @property
-    def task_list(self) -> list[str]:
-        return list(self._task_list)
 
     @property
     def observation_spec(self) -> dict[str, tuple[tuple[int, ...], str]]:

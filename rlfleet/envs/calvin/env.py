@@ -98,14 +98,6 @@ class CalvinEnv(ChunkedEnv):
     # --- ChunkedEnv --------------------------------------------------------------------------------
 
     @property
-    def spec(self) -> EnvSpec:
-        return self._spec
-
-    @property
-    def task_list(self) -> list[str]:
-        return list(self._task_list)
-
-    @property
     def pool(self) -> str:
         return self._pool
 

@@ -370,15 +370,6 @@ class MetaWorldEnv(ChunkedEnv):
         self._ep_length = np.zeros(num_envs, dtype=np.int32)
         self._ep_success = np.zeros(num_envs, dtype=bool)
 
-    @property
-    def spec(self) -> EnvSpec:
-        return self._spec
-
-    @property
-    def task_list(self) -> list[str]:
-        """The task list `obs["task_ids"]` index into (all tasks of `cfg.task`, not just this slice's)."""
-        return list(self._task_list)
-
     def reset(self, seeds: np.ndarray | None = None) -> dict:
         """Start a new episode everywhere; see `ChunkedEnv.reset`.
 

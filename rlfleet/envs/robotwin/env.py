@@ -153,14 +153,6 @@ class RoboTwinEnv(ChunkedEnv):
         self._started = False
 
     @property
-    def spec(self) -> EnvSpec:
-        return self._spec
-
-    @property
-    def task_list(self) -> list[str]:
-        return list(self._task_list)
-
-    @property
     def episode_seeds(self) -> list[int]:
         """The raw scene seed each env's current episode was built from (for logs and replays)."""
         return [s.episode_seed(self._list_index(s)) for s in self._slots]
