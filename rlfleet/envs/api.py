@@ -59,6 +59,17 @@ def decode_instructions(arr: np.ndarray) -> list[str]:
     return [bytes(row).rstrip(b"\0").decode("utf-8", errors="replace") for row in np.asarray(arr, np.uint8)]
 
 
+def check_env_args(cfg: EnvConfig, num_envs: int, env_offset: int) -> None:
+    """The constructor checks every in-process adapter makes: clear errors for a bad batch or config."""
+    if num_envs < 1 or env_offset < 0:
+        raise ValueError(f"need num_envs >= 1 and env_offset >= 0, got {num_envs}, {env_offset}")
+    if cfg.chunk_size < 1 or cfg.max_episode_steps < 1:
+        raise ValueError(f"chunk_size and max_episode_steps must be >= 1, got {cfg.chunk_size}, "
+                         f"{cfg.max_episode_steps}")
+    if cfg.reward_type not in ("dense", "success", "success_once"):
+        raise ValueError(f"reward_type must be 'dense', 'success' or 'success_once', got {cfg.reward_type!r}")
+
+
 def check_seeds(seeds: np.ndarray | list, num_envs: int) -> np.ndarray:
     """`ChunkedEnv.reset` seeds as an int array of one seed per env, or a clear error."""
     seeds = np.asarray(seeds)

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rlfleet.envs.api import (INSTRUCTION_BYTES, ChunkedEnv, EnvConfig, EnvSpec, StepResult, batch_observation,
+from rlfleet.envs.api import (check_env_args, INSTRUCTION_BYTES, ChunkedEnv, EnvConfig, EnvSpec, StepResult, batch_observation,
                              check_seeds, encode_instructions)
 from rlfleet.envs.calvin.chains import CHAIN_LENGTH, POOLS, ChainSpec, pool_entry, pool_size
 from rlfleet.envs.calvin.experts import ExpertContext, expert_action
@@ -61,13 +61,7 @@ class CalvinEnv(ChunkedEnv):
     """A batch of CALVIN-style playtables stepped in-process (one pybullet client per env)."""
 
     def __init__(self, cfg: EnvConfig, num_envs: int, env_offset: int = 0) -> None:
-        if num_envs < 1 or env_offset < 0:
-            raise ValueError(f"need num_envs >= 1 and env_offset >= 0, got {num_envs}, {env_offset}")
-        if cfg.chunk_size < 1 or cfg.max_episode_steps < 1:
-            raise ValueError(f"chunk_size and max_episode_steps must be >= 1, got {cfg.chunk_size}, "
-                             f"{cfg.max_episode_steps}")
-        if cfg.reward_type not in ("dense", "success", "success_once"):
-            raise ValueError(f"reward_type must be 'dense', 'success' or 'success_once', got {cfg.reward_type!r}")
+        check_env_args(cfg, num_envs, env_offset)
         if not 0 <= cfg.image_size <= 1024:
             raise ValueError(f"image_size must be 0 (no images) or 1..1024, got {cfg.image_size}")
         self._pool = getattr(cfg, "pool", "train")

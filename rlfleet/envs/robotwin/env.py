@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from rlfleet.envs.api import ChunkedEnv, EnvConfig, EnvSpec, StepResult, batch_observation, check_seeds, encode_instructions
+from rlfleet.envs.api import check_env_args, ChunkedEnv, EnvConfig, EnvSpec, StepResult, batch_observation, check_seeds, encode_instructions
 from rlfleet.envs.robotwin.experts import ScriptedExpert
 from rlfleet.envs.robotwin.scene import ARMS, DualArmScene, require_renderer
 from rlfleet.envs.robotwin.seeds import SPLITS, load_seeds
@@ -117,13 +117,7 @@ class RoboTwinEnv(ChunkedEnv):
     """A batch of dual-arm SAPIEN scenes; env i runs `task_list[(env_offset + i) % len(task_list)]`."""
 
     def __init__(self, cfg: EnvConfig, num_envs: int, env_offset: int = 0, num_total_envs: int | None = None) -> None:
-        if num_envs < 1 or env_offset < 0:
-            raise ValueError(f"need num_envs >= 1 and env_offset >= 0, got {num_envs}, {env_offset}")
-        if cfg.chunk_size < 1 or cfg.max_episode_steps < 1:
-            raise ValueError(f"chunk_size and max_episode_steps must be >= 1, "
-                             f"got {cfg.chunk_size}, {cfg.max_episode_steps}")
-        if cfg.reward_type not in ("dense", "success", "success_once"):
-            raise ValueError(f"reward_type must be 'dense', 'success' or 'success_once', got {cfg.reward_type!r}")
+        check_env_args(cfg, num_envs, env_offset)
         if cfg.image_size < 0 or cfg.image_size > 1024:
             raise ValueError(f"image_size must be 0 (no images) or 1..1024, got {cfg.image_size}")
         if cfg.image_size > 0:
