@@ -29,8 +29,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rlfleet.envs.api import (check_env_args, INSTRUCTION_BYTES, ChunkedEnv, EnvConfig, EnvSpec, StepResult, batch_observation,
-                             check_seeds, encode_instructions)
+from rlfleet.envs.api import (INSTRUCTION_BYTES, ChunkedEnv, EnvConfig, EnvSpec, StepResult, batch_observation,
+                             check_env_args, check_seeds, encode_instructions)
 from rlfleet.envs.calvin.chains import CHAIN_LENGTH, POOLS, ChainSpec, pool_entry, pool_size
 from rlfleet.envs.calvin.experts import ExpertContext, expert_action
 from rlfleet.envs.calvin.layout import VARIANTS, resolve_variants

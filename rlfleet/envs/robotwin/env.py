@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from rlfleet.envs.api import check_env_args, ChunkedEnv, EnvConfig, EnvSpec, StepResult, batch_observation, check_seeds, encode_instructions
+from rlfleet.envs.api import (ChunkedEnv, EnvConfig, EnvSpec, StepResult, batch_observation, check_env_args, check_seeds,
+                              encode_instructions)
 from rlfleet.envs.robotwin.experts import ScriptedExpert
 from rlfleet.envs.robotwin.scene import ARMS, DualArmScene, require_renderer
 from rlfleet.envs.robotwin.seeds import SPLITS, load_seeds
