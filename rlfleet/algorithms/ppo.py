@@ -55,6 +55,9 @@ class PPOConfig:
     update_epochs: int = 4
     num_minibatches: int = 4
     lr: float = 3e-4
+    # The value head's own learning rate (None: `lr`). A fresh head on an SFT policy's frozen
+    # features learns slowly at the actor's small fine-tuning lr, and its errors are the advantages.
+    critic_lr: Optional[float] = None
     max_policy_lag: int = 4  # drop samples older than this many learner updates
     rho_bar: float = 1.0  # truncated importance-weight cap
     critic_warmup_updates: int = 0  # first updates train only the critic (a fresh value head on an SFT policy)
@@ -74,6 +77,12 @@ class PPOConfig:
     # KL(pi || pi_ref) penalty to the starting (SFT) policy, as RLinf's kl_beta and GRPO's beta:
     # keeps RL fine-tuning from pulling a shared backbone away from tasks it already solves.
     kl_beta: float = 0.0
+    # What an episode cut by the time limit is worth after its last step. True: V(final obs), the
+    # right target when the limit is only a cap on an endless task (Pardo et al. 2018). False: 0, the
+    # right target when success must happen within the limit, as in the VLA recipes: a critic that
+    # does not see the clock bootstraps a failed episode's end with the average value, so failing
+    # costs almost nothing (docs/algorithms.md, "Time limits").
+    bootstrap_truncated: bool = True
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.clip_ratio_low < 1.0:
@@ -84,6 +93,8 @@ class PPOConfig:
             raise ValueError(f"dual_clip must be > 1 (or None), got {self.dual_clip}")
         if self.value_clip is not None and self.value_clip <= 0.0:
             raise ValueError(f"value_clip must be > 0 (or None), got {self.value_clip}")
+        if self.critic_lr is not None and self.critic_lr <= 0.0:
+            raise ValueError(f"critic_lr must be > 0 (or None), got {self.critic_lr}")
         if self.rho_bar <= 0.0:
             raise ValueError(f"rho_bar must be > 0, got {self.rho_bar}")
         if self.max_policy_lag < 0:

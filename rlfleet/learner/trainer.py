@@ -115,6 +115,18 @@ class PolicyEvaluator(nn.Module):
         return logp, entropy, values
 
 
+def _param_groups(policy: nn.Module, cfg: PPOConfig) -> list[dict]:
+    """Trainable parameters; with `critic_lr` set, the value head (`policy.critic`) is its own group."""
+    trainable = [(n, p) for n, p in policy.named_parameters() if p.requires_grad]
+    if cfg.critic_lr is None:
+        return [{"params": [p for _, p in trainable], "name": "all"}]
+    if not hasattr(policy, "critic"):
+        raise ValueError(f"algorithm.critic_lr needs a policy with a `critic` head; {type(policy).__name__} has none")
+    critic = [p for n, p in trainable if n.startswith("critic.")]
+    rest = [p for n, p in trainable if not n.startswith("critic.")]
+    return [{"params": rest, "name": "actor"}, {"params": critic, "name": "critic", "lr": cfg.critic_lr}]
+
+
 class PPOTrainer:
     # Forward passes over a whole update's samples run in pieces of this many rows, so pixel
     # policies do not hold activations for thousands of images at once.
@@ -134,8 +146,7 @@ class PPOTrainer:
         self.reward_scale = reward_scale
         self.device = device
         self.ranks = ranks or SingleRank()
-        params = [p for p in policy.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.Adam(params, lr=cfg.lr, eps=1e-5)
+        self.optimizer = torch.optim.Adam(_param_groups(policy, cfg), lr=cfg.lr, eps=1e-5)
         self.updates = 0  # this process's updates, for the critic warm-up
         self.nonfinite_steps = 0  # optimiser steps skipped for a non-finite gradient (train/nonfinite_steps)
         self.grpo_mode = cfg.adv_type == "grpo"  # critic-free group-relative advantages
@@ -187,11 +198,13 @@ class PPOTrainer:
         logp_ref = (self._evaluate(obs, actions, extras, self.reference)[0] if self.reference is not None
                     else torch.zeros_like(logp_old))
         terminated, truncated = self._t(seg.terminated), self._t(seg.truncated)
+        if not self.cfg.bootstrap_truncated:  # the time limit is part of the task: its end is terminal
+            terminated = terminated | truncated
         if grpo is None:  # GRPO has no critic, so no bootstrap values
             last_value = self._value(self._obs(seg.next_obs, flat=False))
             # The value of an episode's last observation only matters where it was truncated.
             final_values = torch.zeros(T * B, device=self.device)
-            ended = truncated.reshape(-1).nonzero().squeeze(-1)
+            ended = (truncated & ~terminated).reshape(-1).nonzero().squeeze(-1)
             if len(ended):
                 final_values[ended] = self._value({k: _flat(self._t(v))[ended] for k, v in seg.final_obs.items()})
             final_values = final_values.reshape(T, B)
@@ -385,7 +398,7 @@ class PPOTrainer:
         warmup = self.updates < self.cfg.critic_warmup_updates
         lr = self.cfg.lr * self.lr_scale(self.updates)
         for group in self.optimizer.param_groups:
-            group["lr"] = lr
+            group["lr"] = self.cfg.critic_lr if group["name"] == "critic" else lr
         self.updates += 1
         sums: dict[str, list[float]] = {}
         for _ in range(self.cfg.update_epochs):

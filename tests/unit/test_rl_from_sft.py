@@ -81,6 +81,19 @@ def test_lr_warms_up_linearly_after_the_critic_warmup():
         PPOConfig(lr_warmup_updates=-1)
 
 
+def test_critic_lr_is_its_own_group_outside_the_actor_warmup():
+    cfg = PPOConfig(update_epochs=1, num_minibatches=1, lr=1e-4, critic_lr=1e-3, lr_warmup_updates=4)
+    policy = make_policy(0)
+    trainer = PPOTrainer(policy, cfg)
+    actor, critic = trainer.optimizer.param_groups
+    assert {id(p) for p in critic["params"]} == {id(p) for p in policy.critic.parameters()}
+    assert len(actor["params"]) + len(critic["params"]) == len(list(policy.parameters()))
+    trainer.update(update_segments(0), 0)
+    assert actor["lr"] == pytest.approx(2.5e-5) and critic["lr"] == pytest.approx(1e-3)
+    with pytest.raises(ValueError, match="critic_lr"):
+        PPOConfig(critic_lr=0.0)
+
+
 def test_frozen_normalization_keeps_the_starting_statistics():
     policy = make_policy(0)
     before = {k: v.clone() for k, v in policy.state_dict().items() if "obs_norm" in k}

@@ -194,6 +194,29 @@ def test_truncated_step_bootstraps_from_final_state_value():
     np.testing.assert_allclose(batch.values_old.numpy(), V.reshape(-1), rtol=1e-6, atol=1e-6)
 
 
+def test_no_bootstrap_at_time_limit_when_the_limit_is_part_of_the_task():
+    """bootstrap_truncated=False: a truncated episode ends like a terminated one (its final state is
+    worth 0), the following episode still bootstraps from next_obs."""
+    policy, seg = _tiny_truncation_case()
+    gamma, scale = 0.9, 0.5
+    trainer = PPOTrainer(policy, PPOConfig(gamma=gamma, gae_lambda=1.0, bootstrap_truncated=False),
+                         reward_scale=scale)
+    batch = trainer.prepare([seg], version=0)
+
+    with torch.no_grad():
+        v_next = policy.value({"states": torch.from_numpy(seg.next_obs["states"])}).double().numpy()
+    r = seg.rewards.astype(np.float64) * scale
+    ret = np.zeros((3, 2))
+    for b in range(2):  # both envs: the episode ends after t=1 with nothing after it
+        ret[2, b] = r[2, b] + gamma * v_next[b]
+        ret[1, b] = r[1, b]
+        ret[0, b] = r[0, b] + gamma * r[1, b]
+    np.testing.assert_allclose(batch.returns.numpy(), ret.reshape(-1), rtol=1e-5, atol=1e-5)
+
+    seg.final_obs["states"][1, 0] += 5.0  # the truncated step's final state is no longer read
+    assert torch.equal(trainer.prepare([seg], version=0).returns, batch.returns)
+
+
 def test_final_states_matter_only_for_truncated_steps():
     policy, seg = _tiny_truncation_case()
     trainer = PPOTrainer(policy, PPOConfig(gamma=0.9, gae_lambda=0.95))
