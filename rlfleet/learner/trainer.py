@@ -398,7 +398,7 @@ class PPOTrainer:
         warmup = self.updates < self.cfg.critic_warmup_updates
         lr = self.cfg.lr * self.lr_scale(self.updates)
         for group in self.optimizer.param_groups:
-            group["lr"] = self.cfg.critic_lr if group["name"] == "critic" else lr
+            group["lr"] = self.cfg.critic_lr if group.get("name") == "critic" else lr  # no name: saved before critic_lr
         self.updates += 1
         sums: dict[str, list[float]] = {}
         for _ in range(self.cfg.update_epochs):
