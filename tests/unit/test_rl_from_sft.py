@@ -94,6 +94,18 @@ def test_critic_lr_is_its_own_group_outside_the_actor_warmup():
         PPOConfig(critic_lr=0.0)
 
 
+def test_optimizer_state_saved_without_group_names_still_updates():
+    """Checkpoints written before critic_lr have unnamed groups; resuming them must still train."""
+    trainer = PPOTrainer(make_policy(0), PPOConfig(update_epochs=1, num_minibatches=1, lr=1e-3))
+    state = trainer.optimizer.state_dict()
+    for group in state["param_groups"]:
+        group.pop("name")
+    trainer.optimizer.load_state_dict(state)
+    assert "name" not in trainer.optimizer.param_groups[0]
+    assert trainer.update(update_segments(0), 0)["train/lr"] == pytest.approx(1e-3)
+    assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(1e-3)
+
+
 def test_frozen_normalization_keeps_the_starting_statistics():
     policy = make_policy(0)
     before = {k: v.clone() for k, v in policy.state_dict().items() if "obs_norm" in k}
