@@ -53,7 +53,7 @@ def run_actor(cfg: DictConfig, actor_index: int, client_id: str, learner_address
     E, S, T, K = a.num_envs, a.pipeline_stage_num, a.rollout_len, cfg.env.chunk_size
     grpo = cfg.algorithm.adv_type == "grpo"
     if grpo:  # segments are whole episodes and groups of envs start alike (rlfleet.actors.groups)
-        T = episode_rollout_len(cfg.env.max_episode_steps, K)
+        T = episode_rollout_len(cfg.env.max_episode_steps, K, cfg.env.get("terminate_on_success", False))
         check_stage_rows(E, S, cfg.algorithm.group_size)
     stop_event = stop_event or threading.Event()
     counters = counters if counters is not None else ActorCounters()

@@ -14,8 +14,11 @@ from dataclasses import dataclass
 import numpy as np
 
 
-def episode_rollout_len(max_episode_steps: int, chunk_size: int) -> int:
+def episode_rollout_len(max_episode_steps: int, chunk_size: int, terminate_on_success: bool = False) -> int:
     """T = max_episode_steps / chunk_size: the chunk steps of one full episode."""
+    if terminate_on_success:  # an episode ending early would auto-reset into a cut-off second one
+        raise ValueError("GRPO segments hold whole episodes of a fixed length: set env.terminate_on_success=false "
+                         "(success_once already makes an episode's return its outcome)")
     if chunk_size < 1 or max_episode_steps % chunk_size:
         raise ValueError(
             f"GRPO segments hold whole episodes: env.max_episode_steps ({max_episode_steps}) must be a "

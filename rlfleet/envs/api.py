@@ -33,6 +33,10 @@ class EnvConfig:
     # solved, else 0 (what success_once measures, as RLinf's sparse rewards); "success_once": 1 on
     # the first solved step of an episode only, so an episode's return is its success (0 or 1; GRPO)
     reward_type: str = "dense"
+    # End the episode (terminated, no bootstrap) on the first solved step, as RLinf does with
+    # ignore_terminations=False. Success_once is unchanged; the critic then never has to value the
+    # frames after a success, which look like the frames just before one but earn nothing more.
+    terminate_on_success: bool = False
     image_size: int = 0  # side of the square `main_images` camera frame; 0: state-only (no renderer)
     camera: str = "corner"  # simulator camera for `main_images`
     pool: str = "train"  # CALVIN chains: "train" or the disjoint held-out "eval" pool (others ignore it)

@@ -96,7 +96,8 @@ class Learner:
                                   reference=reference_policy(cfg, self.policy),
                                   freeze_normalization=bool(cfg.policy.get("model_path")))
         if self.trainer.grpo_mode:  # fail here rather than in every actor (rlfleet.actors.groups)
-            episode_rollout_len(cfg.env.max_episode_steps, cfg.env.chunk_size)
+            episode_rollout_len(cfg.env.max_episode_steps, cfg.env.chunk_size,
+                                cfg.env.get("terminate_on_success", False))
             check_stage_rows(cfg.actor.num_envs, cfg.actor.pipeline_stage_num, cfg.algorithm.group_size)
         self.checkpointer = Checkpointer(run_dir)
         self.counters = TrainerCounters()

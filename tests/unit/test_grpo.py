@@ -269,6 +269,8 @@ def test_episode_rollout_len_and_stage_rows():
     assert episode_rollout_len(160, 8) == 20
     with pytest.raises(ValueError, match="multiple of env.chunk_size"):
         episode_rollout_len(150, 8)
+    with pytest.raises(ValueError, match="terminate_on_success=false"):
+        episode_rollout_len(160, 8, terminate_on_success=True)
     check_stage_rows(32, 2, 8)
     with pytest.raises(ValueError, match="must not span pipeline stages"):
         check_stage_rows(24, 2, 8)

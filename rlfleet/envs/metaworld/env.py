@@ -457,6 +457,7 @@ class MetaWorldEnv(ChunkedEnv):
         rewards = np.zeros((B, K), dtype=np.float32)
         success = np.zeros(B, dtype=bool)
         truncated = np.zeros(B, dtype=bool)
+        terminated = np.zeros(B, dtype=bool)
         ep_return = np.zeros(B, dtype=np.float32)
         ep_length = np.zeros(B, dtype=np.int32)
         ep_success = np.zeros(B, dtype=bool)
@@ -485,8 +486,9 @@ class MetaWorldEnv(ChunkedEnv):
                 if info["success"]:
                     success[i] = True
                     self._ep_success[i] = True
-                if self._ep_length[i] >= max_steps:
-                    truncated[i] = True
+                terminated[i] = bool(info["success"]) and self._cfg.terminate_on_success
+                truncated[i] = self._ep_length[i] >= max_steps and not terminated[i]
+                if terminated[i] or truncated[i]:
                     ep_return[i] = self._ep_return[i]
                     ep_length[i] = self._ep_length[i]
                     ep_success[i] = self._ep_success[i]
@@ -505,10 +507,10 @@ class MetaWorldEnv(ChunkedEnv):
         return StepResult(
             obs=self._obs(),
             rewards=rewards,
-            terminated=np.zeros(B, dtype=bool),  # MetaWorld tasks never end by themselves
+            terminated=terminated,  # only with terminate_on_success: MetaWorld tasks never end by themselves
             truncated=truncated,
             success=success,
-            episode_done=truncated.copy(),
+            episode_done=terminated | truncated,
             episode_return=ep_return,
             episode_length=ep_length,
             episode_success_once=ep_success,

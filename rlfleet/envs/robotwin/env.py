@@ -209,6 +209,7 @@ class RoboTwinEnv(ChunkedEnv):
         rewards = np.zeros((B, K), np.float32)
         success = np.zeros(B, bool)
         truncated = np.zeros(B, bool)
+        terminated = np.zeros(B, bool)
         ep_return = np.zeros(B, np.float32)
         ep_length = np.zeros(B, np.int32)
         ep_success = np.zeros(B, bool)
@@ -233,8 +234,9 @@ class RoboTwinEnv(ChunkedEnv):
                 self._ep_length[i] += 1
                 if ok:
                     success[i] = self._ep_success[i] = True
-                if self._ep_length[i] >= self._cfg.max_episode_steps:
-                    truncated[i] = True
+                terminated[i] = ok and self._cfg.terminate_on_success
+                truncated[i] = self._ep_length[i] >= self._cfg.max_episode_steps and not terminated[i]
+                if terminated[i] or truncated[i]:
                     ep_return[i], ep_length[i] = self._ep_return[i], self._ep_length[i]
                     ep_success[i] = self._ep_success[i]
                     final_obs["states"][i] = slot.state()
@@ -249,8 +251,8 @@ class RoboTwinEnv(ChunkedEnv):
                 self._states[i] = slot.state()
                 if self._images is not None:
                     self._images[i] = slot.scene.render()
-        return StepResult(obs=self._obs(), rewards=rewards, terminated=np.zeros(B, bool), truncated=truncated,
-                          success=success, episode_done=truncated.copy(), episode_return=ep_return,
+        return StepResult(obs=self._obs(), rewards=rewards, terminated=terminated, truncated=truncated,
+                          success=success, episode_done=terminated | truncated, episode_return=ep_return,
                           episode_length=ep_length, episode_success_once=ep_success, final_obs=final_obs)
 
     def _reset_one(self, i: int, advance: bool) -> None:
