@@ -329,8 +329,11 @@ class PPOTrainer:
             loss = loss * (self.ranks.world_size * n / mb_size)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        grad_norm = nn.utils.clip_grad_norm_(self.optimizer.param_groups[0]["params"], self.cfg.max_grad_norm)
-        if not torch.isfinite(grad_norm):  # a NaN/inf loss must never reach the weights (the
+        # Each group on its own: a separate critic group (critic_lr) must not be left unclipped, nor
+        # shrink the actor's step when the value loss is large. The first group's norm is reported.
+        norms = [nn.utils.clip_grad_norm_(g["params"], self.cfg.max_grad_norm) for g in self.optimizer.param_groups]
+        grad_norm = norms[0]
+        if not all(torch.isfinite(n) for n in norms):  # a NaN/inf loss must never reach the weights (the
             # norm is of DDP's all-reduced gradients, so every rank skips the same steps)
             self.optimizer.zero_grad(set_to_none=True)
             self.nonfinite_steps += 1

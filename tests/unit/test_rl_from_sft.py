@@ -94,6 +94,25 @@ def test_critic_lr_is_its_own_group_outside_the_actor_warmup():
         PPOConfig(critic_lr=0.0)
 
 
+def test_every_parameter_group_is_gradient_clipped():
+    """The critic's own group (critic_lr) is clipped to max_grad_norm like the actor's."""
+    cfg = PPOConfig(update_epochs=1, num_minibatches=1, critic_lr=1e-3, max_grad_norm=1e-3,
+                    critic_warmup_updates=0)
+    trainer = PPOTrainer(make_policy(0), cfg, reward_scale=100.0)
+    norms: list[float] = []
+    step = trainer.optimizer.step
+
+    def record_then_step(*args, **kwargs):
+        for group in trainer.optimizer.param_groups:
+            grads = [p.grad.norm() for p in group["params"] if p.grad is not None]
+            norms.append(float(torch.stack(grads).norm()))
+        return step(*args, **kwargs)
+
+    trainer.optimizer.step = record_then_step
+    trainer.update(update_segments(0), 0)
+    assert norms and max(norms) <= 1e-3 * (1 + 1e-4)
+
+
 def test_optimizer_state_saved_without_group_names_still_updates():
     """Checkpoints written before critic_lr have unnamed groups; resuming them must still train."""
     trainer = PPOTrainer(make_policy(0), PPOConfig(update_epochs=1, num_minibatches=1, lr=1e-3))
