@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from rlfleet.envs.api import EnvConfig
+from rlfleet.envs.api import ChunkedEnv, EnvConfig
 from rlfleet.envs.registry import make_env
 
 
@@ -33,28 +33,35 @@ def evaluate_policy(policy: nn.Module, env_cfg: EnvConfig, episodes_per_task: in
     tasks = task_list(env_cfg)
     per_round = max(1, min(episodes_per_task, max_envs // len(tasks)))
     results: dict[str, list[bool]] = {t: [] for t in tasks}
+    envs: dict[int, ChunkedEnv] = {}  # by batch size: rounds reuse one env batch (see below)
     done_eps = 0
-    while done_eps < episodes_per_task:
-        r = min(per_round, episodes_per_task - done_eps)
-        seeds = seed + done_eps * len(tasks) + np.arange(r * len(tasks))
-        video = video_cfg if done_eps == 0 else None
-        for task, ok, ret in zip(*_run_episodes(policy, env_cfg, seeds, video, out_dir, deterministic)):
-            results[task].append(ok)
-            if episode_returns is not None:
-                episode_returns.setdefault(task, []).append(float(ret))
-        done_eps += r
+    try:
+        while done_eps < episodes_per_task:
+            r = min(per_round, episodes_per_task - done_eps)
+            seeds = seed + done_eps * len(tasks) + np.arange(r * len(tasks))
+            video = video_cfg if done_eps == 0 else None
+            # Building 50 MetaWorld envs with renderers per round and closing them left ~2 GB per
+            # round in the process (12 GB for 250 episodes, which OOM-killed a training run).
+            env = envs.get(len(seeds)) or envs.setdefault(len(seeds), make_env(env_cfg, len(seeds)))
+            for task, ok, ret in zip(*_run_episodes(policy, env, seeds, video, out_dir, deterministic)):
+                results[task].append(ok)
+                if episode_returns is not None:
+                    episode_returns.setdefault(task, []).append(float(ret))
+            done_eps += r
+    finally:
+        for env in envs.values():
+            env.close()
     return {task: float(np.mean(results[task])) for task in tasks}
 
 
 @torch.no_grad()
-def _run_episodes(policy: nn.Module, env_cfg: EnvConfig, seeds: np.ndarray, video_cfg,
+def _run_episodes(policy: nn.Module, env: ChunkedEnv, seeds: np.ndarray, video_cfg,
                   out_dir, deterministic: bool = True) -> tuple[list[str], np.ndarray, np.ndarray]:
-    """One episode per env in one env batch (env i runs task i mod num_tasks); success_once and
-    return per env."""
+    """One episode per env of a batch reset with `seeds` (env i runs task i mod num_tasks);
+    success_once and return per env."""
     from rlfleet.eval_video import EpisodeRecorder, VideoConfig
 
     n = len(seeds)
-    env = make_env(env_cfg, n)
     recorder = None
     try:
         obs = env.reset(seeds)
@@ -79,7 +86,6 @@ def _run_episodes(policy: nn.Module, env_cfg: EnvConfig, seeds: np.ndarray, vide
     finally:
         if recorder is not None:
             recorder.close()
-        env.close()
     return names, success, returns
 
 

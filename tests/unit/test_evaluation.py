@@ -20,3 +20,25 @@ def test_rounds_of_envs_give_the_same_result_as_one_batch():
     assert one == rounds
     assert set(one) == {"reach-v3", "drawer-close-v3"}
     assert all(v in {k / 6 for k in range(7)} for v in one.values())
+
+
+def test_rounds_reuse_one_env_batch_and_close_it(monkeypatch):
+    """A new 50-env batch per round held ~2 GB each in the process: rounds of one size share one batch."""
+    import rlfleet.evaluation as evaluation
+
+    made, closed = [], []
+    real_make_env = evaluation.make_env
+
+    def counting_make_env(cfg, n):
+        env = real_make_env(cfg, n)
+        made.append(n)
+        real_close = env.close
+        env.close = lambda: (closed.append(n), real_close())
+        return env
+
+    monkeypatch.setattr(evaluation, "make_env", counting_make_env)
+    policy = GaussianMLPPolicy(39, 4, 1, PolicyConfig(hidden_sizes=[16]))
+    cfg = EnvConfig(task="reach-v3,drawer-close-v3", max_episode_steps=10)
+    result = evaluate_policy(policy, cfg, 5, max_envs=4)  # rounds of 2, 2, 1 episodes per task
+    assert made == [4, 2] and sorted(closed) == [2, 4]
+    assert result == evaluate_policy(policy, cfg, 5, max_envs=100)
