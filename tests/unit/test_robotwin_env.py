@@ -47,6 +47,21 @@ def test_expert_solves_and_zero_actions_do_not(task: str) -> None:
         env.close()
 
 
+def test_terminate_on_success_ends_the_expert_episode_when_solved() -> None:
+    task = next(iter(TASKS))
+    env = RoboTwinEnv(_cfg(task, terminate_on_success=True), 1)
+    try:
+        env.reset(np.array([0]))
+        for _ in range(300 // 8):
+            res, _, _ = env.expert_chunk_step(np.zeros((1, 8, ACTION_DIM), np.float32), np.ones(1, bool))
+            if res.episode_done[0]:
+                break
+        assert res.terminated[0] and not res.truncated[0] and res.success[0]
+        assert res.episode_success_once[0] and res.episode_return[0] == 1.0 and res.episode_length[0] < 300
+    finally:
+        env.close()
+
+
 def test_seed_files_are_disjoint_and_complete() -> None:
     for task in TASKS:
         for setting in SETTINGS:
