@@ -42,7 +42,9 @@ def evaluate_policy(policy: nn.Module, env_cfg: EnvConfig, episodes_per_task: in
             video = video_cfg if done_eps == 0 else None
             # Building 50 MetaWorld envs with renderers per round and closing them left ~2 GB per
             # round in the process (12 GB for 250 episodes, which OOM-killed a training run).
-            env = envs.get(len(seeds)) or envs.setdefault(len(seeds), make_env(env_cfg, len(seeds)))
+            if len(seeds) not in envs:
+                envs[len(seeds)] = make_env(env_cfg, len(seeds))
+            env = envs[len(seeds)]
             for task, ok, ret in zip(*_run_episodes(policy, env, seeds, video, out_dir, deterministic)):
                 results[task].append(ok)
                 if episode_returns is not None:
