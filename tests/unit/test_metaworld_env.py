@@ -284,22 +284,21 @@ def test_success_once_reward_is_one_at_the_first_solved_step() -> None:
 
 def test_terminate_on_success_ends_the_episode_at_the_first_solved_step() -> None:
     """terminate_on_success: the chunk stops at the solved substep, terminated (not truncated), auto-reset."""
-    rewards, successes, _ = _expert_rewards("success_once")
+    _, successes, _ = _expert_rewards("success_once")
     first = successes.index(True)  # the same expert and seed, without termination
     cfg = EnvConfig(task="reach-v3", max_episode_steps=60, chunk_size=8, reward_type="success_once",
                     terminate_on_success=True)
-    with MetaWorldEnv(cfg, 2) as env:
-        expert_env = MetaWorldEnv(EnvConfig(task="reach-v3", chunk_size=8, max_episode_steps=60), 2)
-        obs = env.reset(np.array([3, 3]))
+    expert_cfg = EnvConfig(task="reach-v3", chunk_size=8, max_episode_steps=60)
+    with MetaWorldEnv(cfg, 2) as env, MetaWorldEnv(expert_cfg, 2) as expert_env:
+        env.reset(np.array([3, 3]))
         expert_env.reset(np.array([3, 3]))
         chunks = 0
-        while True:
-            res, labels, _ = expert_env.expert_chunk_step(np.zeros((2, 8, 4), np.float32), np.ones(2, bool))
+        while True:  # the expert's chunks, labelled in an env that does not terminate
+            _, labels, _ = expert_env.expert_chunk_step(np.zeros((2, 8, 4), np.float32), np.ones(2, bool))
             res = env.chunk_step(labels)
             chunks += 1
             if res.episode_done.any():
                 break
-        expert_env.close()
     assert res.terminated.all() and not res.truncated.any() and res.episode_done.all()
     assert res.episode_length.tolist() == [first + 1] * 2 and chunks == first // 8 + 1
     assert res.episode_success_once.all() and res.episode_return.tolist() == [1.0, 1.0]
