@@ -31,13 +31,19 @@ def normalize_advantages(adv: Tensor, eps: float = 1e-8, stats: tuple[float, flo
 
 
 def _group_stats(returns: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """Per-sample group mean and population std, plus the inverse index."""
+    """Per-sample group mean and population std (float64), plus the inverse index.
+
+    Why float64: a float32 sum of G equal non-dyadic returns (0.1, 4.99) rounds, so the mean
+    lands 1-2 ulp off the common value and an all-equal group got a nonzero advantage (up to
+    +-0.5 at G = 16, the deviation divided by a ~0 std).  In float64 the sum of up to 2**29
+    equal float32 values is exact, so such a group has mean == value and A == 0 exactly.
+    """
     if returns.dim() != 1 or group_ids.shape != returns.shape:
         raise ValueError(
             f"returns and group_ids must be 1-D of equal length, got "
             f"{tuple(returns.shape)} and {tuple(group_ids.shape)}"
         )
-    r = returns if returns.is_floating_point() else returns.float()
+    r = returns.to(torch.float64)
     _, inverse = torch.unique(group_ids, return_inverse=True)
     n_groups = int(inverse.max().item()) + 1 if inverse.numel() > 0 else 0
     counts = torch.zeros(n_groups, dtype=r.dtype, device=r.device).index_add_(0, inverse, torch.ones_like(r))
@@ -63,9 +69,9 @@ def group_relative_advantages(returns: Tensor, group_ids: Tensor, eps: float = 1
         returns: ``[N]`` scalar return of each trajectory.
         group_ids: ``[N]`` long, arbitrary (not necessarily contiguous) group labels.
     """
-    r = returns if returns.is_floating_point() else returns.float()
-    mean, std, _ = _group_stats(r, group_ids)
-    return (r - mean) / (std + eps)
+    out_dtype = returns.dtype if returns.is_floating_point() else torch.get_default_dtype()
+    mean, std, _ = _group_stats(returns, group_ids)
+    return ((returns.to(torch.float64) - mean) / (std + eps)).to(out_dtype)
 
 
 def filter_groups_by_mean(returns: Tensor, group_ids: Tensor, lo: float, hi: float) -> Tensor:

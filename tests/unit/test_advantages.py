@@ -128,3 +128,25 @@ def test_spread_over_steps():
 def test_spread_shape_check():
     with pytest.raises(ValueError):
         spread_over_steps(torch.zeros(3), torch.ones(4, 2, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("value", [0.1, 4.99])
+@pytest.mark.parametrize("group_size", [3, 16])
+def test_grpo_all_equal_non_dyadic_float32_group_is_exactly_zero(value, group_size):
+    # A float32 mean of G equal non-dyadic returns can land 1-2 ulp off the value; the
+    # deviation over a ~0 std then gives every member the same advantage of up to +-0.5.
+    returns = torch.full((group_size,), value, dtype=torch.float32)
+    group_ids = torch.zeros(group_size, dtype=torch.long)
+    adv = group_relative_advantages(returns, group_ids)
+    assert adv.dtype == torch.float32
+    assert torch.equal(adv, torch.zeros(group_size))
+
+
+def test_grpo_mixed_groups_float32_matches_float64_reference():
+    # An all-equal non-dyadic group next to a varied one: the equal group is 0, the other matches.
+    returns = [4.99] * 16 + [0.1, 4.99, 0.1, 0.1]
+    group_ids = [7] * 16 + [2] * 4
+    adv = group_relative_advantages(torch.tensor(returns, dtype=torch.float32), torch.tensor(group_ids))
+    assert torch.equal(adv[:16], torch.zeros(16))
+    ref = reference_grpo(np.float32(returns).astype(np.float64), group_ids, 1e-6)
+    np.testing.assert_allclose(adv[16:].numpy(), ref[16:], rtol=1e-6)
