@@ -180,25 +180,99 @@ class RunConfig:
     model_dims: ModelDims = field(default_factory=ModelDims)
 
 
+RECIPE_DIR = resources.files("rlfleet.recipes")
+# Keys a recipe file may hold besides config sections: read by the loader, never merged.
+_RECIPE_META = ("defaults", "description")
+
+
 def recipe_names() -> list[str]:
-    return sorted(p.name[:-5] for p in resources.files("rlfleet.recipes").iterdir() if p.name.endswith(".yaml"))
+    """The packaged recipes users run (the building blocks in algo/, model/, env/, scale/ are not)."""
+    return sorted(p.name[:-5] for p in RECIPE_DIR.iterdir() if p.name.endswith(".yaml"))
 
 
 def _recipe_path(recipe: str) -> Path:
     path = Path(recipe)
     if path.suffix in (".yaml", ".yml") and path.exists():
         return path
-    packaged = resources.files("rlfleet.recipes") / f"{recipe}.yaml"
+    packaged = RECIPE_DIR / f"{recipe}.yaml"
     if packaged.is_file():
         return Path(str(packaged))
     raise FileNotFoundError(f"unknown recipe {recipe!r}: not a YAML file, nor one of {', '.join(recipe_names())}")
 
 
+def _block_path(name: str, parent: Path) -> Path:
+    """A `defaults:` entry: a block (`algo/ppo_vla`) or recipe name, next to the including file
+    first, then among the packaged recipes."""
+    for base in (parent.parent, Path(str(RECIPE_DIR))):
+        path = base / f"{name}.yaml"
+        if path.is_file():
+            return path
+    raise FileNotFoundError(f"{parent}: unknown entry {name!r} in defaults (no {name}.yaml next to it or in "
+                            f"{RECIPE_DIR})")
+
+
+def recipe_files(recipe: str) -> list[Path]:
+    """The files a recipe is merged from, in order: its `defaults:` (recursively, depth first)
+    then the recipe itself, as Hydra's defaults list with `_self_` last."""
+    out: list[Path] = []
+
+    def visit(path: Path, stack: tuple[Path, ...]) -> None:
+        if path in stack:
+            raise ValueError(f"recipe defaults form a cycle: {' -> '.join(p.stem for p in (*stack, path))}")
+        defaults = _read_yaml(path).get("defaults") or []
+        if not isinstance(defaults, list) or not all(isinstance(d, str) for d in defaults):
+            raise ValueError(f"{path}: defaults must be a list of block names, got {defaults!r}")
+        for name in defaults:
+            visit(_block_path(name, path), (*stack, path))
+        if path not in out:
+            out.append(path)
+
+    visit(_recipe_path(recipe), ())
+    return out
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    data = OmegaConf.to_container(OmegaConf.load(path)) or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: a recipe must be a YAML mapping, got {type(data).__name__}")
+    return data  # type: ignore[return-value]
+
+
+def recipe_description(recipe: str) -> str:
+    """The recipe's one-line `description:` (empty when it has none)."""
+    return str(_read_yaml(_recipe_path(recipe)).get("description", "")).strip()
+
+
+def recipe_blocks(recipe: str) -> list[str]:
+    """The building blocks a recipe is composed of (`scale/cpu_vla`, `algo/ppo_vla`, ...)."""
+    root = Path(str(RECIPE_DIR))
+    out = []
+    for path in recipe_files(recipe):
+        try:
+            out.append(path.relative_to(root).with_suffix("").as_posix())
+        except ValueError:
+            out.append(str(path))
+    return out
+
+
+def _recipe_layers(recipe: str) -> list[DictConfig]:
+    layers = []
+    packaged = not Path(recipe).suffix and (RECIPE_DIR / f"{recipe}.yaml").is_file()
+    if packaged:
+        # A packaged recipe's runs are named after it unless it says otherwise.
+        layers.append(OmegaConf.create({"runner": {"experiment_name": recipe}}))
+    for path in recipe_files(recipe):
+        body = {k: v for k, v in _read_yaml(path).items() if k not in _RECIPE_META}
+        layers.append(OmegaConf.create(body))
+    return layers
+
+
 def load_config(recipe: str | None, overrides: list[str] | None = None) -> DictConfig:
-    """Schema defaults <- recipe YAML <- command-line `key=value` overrides, type-checked."""
+    """Schema defaults <- recipe (its `defaults:` blocks, then itself) <- `key=value` overrides,
+    type-checked."""
     cfg = OmegaConf.structured(RunConfig)
     if recipe:
-        cfg = OmegaConf.merge(cfg, OmegaConf.load(_recipe_path(recipe)))
+        cfg = OmegaConf.merge(cfg, *_recipe_layers(recipe))
     if overrides:
         bad = [o for o in overrides if "=" not in o]
         if bad:

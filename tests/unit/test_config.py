@@ -1,11 +1,9 @@
-from importlib import resources
-
 import pytest
 import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, ValidationError
 
-from rlfleet.config import RunConfig, config_from_yaml, load_config, recipe_names, to_yaml
+from rlfleet.config import RunConfig, config_from_yaml, load_config, recipe_files, recipe_names, to_yaml
 
 RECIPES = recipe_names()
 
@@ -26,9 +24,13 @@ def test_recipes_are_found():
 @pytest.mark.parametrize("name", RECIPES)
 def test_every_recipe_loads_with_its_values(name):
     cfg = load_config(name)
-    raw = yaml.safe_load((resources.files("rlfleet.recipes") / f"{name}.yaml").read_text())
+    # the recipe's blocks (its defaults list, in order) then its own keys: the later file wins
+    merged: dict = {}
+    for path in recipe_files(name):
+        raw = yaml.safe_load(path.read_text())
+        merged.update({k: v for k, v in leaves(raw) if k not in ("defaults", "description")})
     checked = 0
-    for key, value in leaves(raw):
+    for key, value in merged.items():
         got = OmegaConf.select(cfg, key)
         got = OmegaConf.to_container(got) if OmegaConf.is_config(got) else got
         assert got == value, key
@@ -127,3 +129,66 @@ def test_yaml_round_trip(name):
 def test_config_from_yaml_rejects_unknown_keys():
     with pytest.raises(ConfigKeyError):
         config_from_yaml("learner:\n  batch_envsteps: 5\n")
+
+
+def test_recipe_names_are_recipes_not_blocks():
+    assert "metaworld_quickstart_tinyoft" in RECIPES
+    assert not any("/" in n for n in RECIPES) and "ppo_vla" not in RECIPES
+
+
+def test_defaults_merge_in_order_then_the_file_itself(tmp_path):
+    (tmp_path / "algo").mkdir()
+    (tmp_path / "algo" / "mine.yaml").write_text("defaults:\n  - algo/ppo_vla\nalgorithm:\n  lr: 0.5\n")
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("defaults:\n  - algo/mine\n  - model/tiny_oft\nalgorithm:\n  gamma: 0.5\n")
+    # local blocks first, then the packaged ones; a block's own defaults come before it
+    assert [p.name for p in recipe_files(str(recipe))] == ["ppo_vla.yaml", "mine.yaml", "tiny_oft.yaml", "r.yaml"]
+    cfg = load_config(str(recipe))
+    assert cfg.algorithm.lr == 0.5  # the local block over the packaged algo/ppo_vla
+    assert cfg.algorithm.gamma == 0.5  # the recipe over its blocks
+    assert cfg.algorithm.kl_beta == 0.1  # from algo/ppo_vla
+    assert cfg.policy.name == "tiny_oft"
+    assert cfg.runner.experiment_name == "rlfleet"  # a YAML file is not named after itself
+    assert load_config(str(recipe), ["algorithm.gamma=0.25"]).algorithm.gamma == 0.25  # overrides last
+
+
+def test_packaged_recipe_is_named_after_itself_and_eval_recipes_are_an_override():
+    cfg = load_config("robotwin_place_empty_cup_ppo_tinyoft_eval")
+    assert cfg.runner.experiment_name == "robotwin_place_empty_cup_ppo_tinyoft_eval"
+    train = load_config("robotwin_place_empty_cup_ppo_tinyoft", ["runner.only_eval=true"])
+    assert cfg.runner.only_eval is True
+    same = OmegaConf.to_container(cfg, resolve=True)
+    same["runner"].pop("experiment_name"), same["runner"]["logger"].pop("log_path")
+    other = OmegaConf.to_container(train, resolve=True)
+    other["runner"].pop("experiment_name"), other["runner"]["logger"].pop("log_path")
+    assert same == other
+
+
+def test_defaults_errors_are_one_line(tmp_path):
+    unknown = tmp_path / "u.yaml"
+    unknown.write_text("defaults:\n  - algo/nope\n")
+    with pytest.raises(FileNotFoundError, match="unknown entry 'algo/nope' in defaults"):
+        load_config(str(unknown))
+    cycle_a, cycle_b = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    cycle_a.write_text("defaults:\n  - b\n")
+    cycle_b.write_text("defaults:\n  - a\n")
+    with pytest.raises(ValueError, match="cycle: a -> b -> a"):
+        load_config(str(cycle_a))
+    not_a_list = tmp_path / "n.yaml"
+    not_a_list.write_text("defaults: algo/ppo_vla\n")
+    with pytest.raises(ValueError, match="defaults must be a list"):
+        load_config(str(not_a_list))
+
+
+def test_every_block_is_valid_config():
+    from rlfleet.config import RECIPE_DIR
+
+    blocks = [p for d in RECIPE_DIR.iterdir() if d.is_dir() and not d.name.startswith("_")
+              for p in d.iterdir() if p.name.endswith(".yaml")]
+    assert len(blocks) >= 12
+    for block in blocks:
+        raw = yaml.safe_load(block.read_text())
+        # VLA settings (dim, proprio_dims, ...) are checked against a VLA policy when the block names none
+        unnamed = "policy" in raw and "name" not in raw["policy"]
+        cfg = load_config(str(block), ["policy.name=tiny_pi0"] if unnamed else [])  # bad keys/types fail here
+        assert cfg.runner.experiment_name == "rlfleet"
