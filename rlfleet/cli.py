@@ -361,9 +361,19 @@ def cmd_env_server(args: argparse.Namespace) -> int:
 
 
 def cmd_recipes(args: argparse.Namespace) -> int:
-    from rlfleet.config import recipe_names
+    from rlfleet.config import recipe_description, recipe_names, recipe_scale
 
-    print("\n".join(recipe_names()))
+    names = recipe_names()
+    width = max(map(len, names))
+    for name in names:
+        print(f"{name:<{width}}  {recipe_scale(name).upper() or '-':<3}  {recipe_description(name)}")
+    return 0
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    from rlfleet.config import load_config, to_yaml
+
+    print(to_yaml(load_config(args.recipe, args.overrides)), end="")
     return 0
 
 
@@ -475,8 +485,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_security_flags(es)
     es.set_defaults(func=cmd_env_server)
 
-    rc = sub.add_parser("recipes", help="list the built-in recipes")
+    rc = sub.add_parser("recipes", help="list the built-in recipes: name, CPU or GPU sizing, description")
     rc.set_defaults(func=cmd_recipes)
+    cf = sub.add_parser("config", help="print a recipe's fully resolved config (after key=value overrides)")
+    cf.add_argument("recipe", help="recipe name (see `rlfleet recipes`) or a YAML file")
+    cf.add_argument("overrides", nargs="*", help="key=value overrides, e.g. actor.num_envs=32")
+    cf.set_defaults(func=cmd_config)
     return p
 
 

@@ -6,13 +6,17 @@ so recipes read familiarly to its users; unknown keys are an error, not a silent
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
+import re
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
+import yaml
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from rlfleet.algorithms.dagger import DAggerConfig
 from rlfleet.algorithms.ppo import PPOConfig
@@ -190,14 +194,24 @@ def recipe_names() -> list[str]:
     return sorted(p.name[:-5] for p in RECIPE_DIR.iterdir() if p.name.endswith(".yaml"))
 
 
+class ConfigError(ValueError):
+    """A config mistake a user can make (unknown key, bad value, bad recipe): its message is one
+    or two lines naming the key, the value, what is allowed and the nearest valid keys."""
+
+
 def _recipe_path(recipe: str) -> Path:
     path = Path(recipe)
-    if path.suffix in (".yaml", ".yml") and path.exists():
-        return path
+    if path.suffix in (".yaml", ".yml"):
+        if path.exists():
+            return path
+        raise FileNotFoundError(f"recipe file {recipe} does not exist")
     packaged = RECIPE_DIR / f"{recipe}.yaml"
     if packaged.is_file():
         return Path(str(packaged))
-    raise FileNotFoundError(f"unknown recipe {recipe!r}: not a YAML file, nor one of {', '.join(recipe_names())}")
+    near = difflib.get_close_matches(recipe, recipe_names(), n=3, cutoff=0.5)
+    hint = f"; nearest: {', '.join(near)}" if near else ""
+    raise FileNotFoundError(f"unknown recipe {recipe!r}: not a YAML file nor a packaged recipe{hint} "
+                            f"(`rlfleet recipes` lists them)")
 
 
 def _block_path(name: str, parent: Path) -> Path:
@@ -232,7 +246,12 @@ def recipe_files(recipe: str) -> list[Path]:
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
-    data = OmegaConf.to_container(OmegaConf.load(path)) or {}
+    try:
+        data = OmegaConf.to_container(OmegaConf.load(path)) or {}
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
+        raise ConfigError(f"{where}: not valid YAML ({getattr(exc, 'problem', None) or exc})") from None
     if not isinstance(data, dict):
         raise ValueError(f"{path}: a recipe must be a YAML mapping, got {type(data).__name__}")
     return data  # type: ignore[return-value]
@@ -255,35 +274,130 @@ def recipe_blocks(recipe: str) -> list[str]:
     return out
 
 
-def _recipe_layers(recipe: str) -> list[DictConfig]:
+def recipe_scale(recipe: str) -> str:
+    """"cpu" or "gpu": what the recipe is sized for, from its `scale/` block ("" without one)."""
+    scales = [b.split("/", 1)[1] for b in recipe_blocks(recipe) if b.startswith("scale/")]
+    return scales[-1].split("_", 1)[0] if scales else ""
+
+
+def _recipe_layers(recipe: str) -> list[tuple[str, DictConfig]]:
     layers = []
     packaged = not Path(recipe).suffix and (RECIPE_DIR / f"{recipe}.yaml").is_file()
     if packaged:
         # A packaged recipe's runs are named after it unless it says otherwise.
-        layers.append(OmegaConf.create({"runner": {"experiment_name": recipe}}))
+        layers.append(("recipe name", OmegaConf.create({"runner": {"experiment_name": recipe}})))
     for path in recipe_files(recipe):
         body = {k: v for k, v in _read_yaml(path).items() if k not in _RECIPE_META}
-        layers.append(OmegaConf.create(body))
+        layers.append((f"in {path}", OmegaConf.create(body)))
     return layers
 
 
 def load_config(recipe: str | None, overrides: list[str] | None = None) -> DictConfig:
     """Schema defaults <- recipe (its `defaults:` blocks, then itself) <- `key=value` overrides,
-    type-checked."""
+    type-checked. A mistake raises ConfigError (or FileNotFoundError for a missing recipe) with a
+    short message, never an OmegaConf traceback."""
     cfg = OmegaConf.structured(RunConfig)
     if recipe:
-        cfg = OmegaConf.merge(cfg, *_recipe_layers(recipe))
+        for source, layer in _recipe_layers(recipe):
+            cfg = _merge(cfg, layer, source)
     if overrides:
-        bad = [o for o in overrides if "=" not in o]
+        bad = [o for o in overrides if "=" not in o or o.startswith("=")]
         if bad:
-            raise ValueError(f"overrides must look like key=value, got {bad}")
-        cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(overrides))
-    from rlfleet.policies.registry import check_policy_config
-
-    check_policy_config(as_dict(cfg.policy))
+            raise ConfigError(f"overrides must look like key=value, got {bad}")
+        for override in overrides:
+            try:
+                layer = OmegaConf.from_dotlist([override])
+            except (yaml.YAMLError, OmegaConfBaseException) as exc:
+                raise ConfigError(f"override {override}: cannot parse the value "
+                                  f"({getattr(exc, 'problem', None) or _first_line(exc)})") from None
+            cfg = _merge(cfg, layer, f"override {override}")
+    try:
+        OmegaConf.to_container(cfg, resolve=True)  # a bad ${...} interpolation fails now, not mid-run
+    except OmegaConfBaseException as exc:
+        raise ConfigError(f"{getattr(exc, 'full_key', '') or 'config'}: {_first_line(exc)}") from None
+    _check_policy(cfg)
     if cfg.cluster.component_placement:
         resolve_placement(cfg)  # a bad placement fails here, before anything is spawned
     return cfg
+
+
+def _first_line(exc: BaseException) -> str:
+    return (getattr(exc, "msg", None) or str(exc)).strip().splitlines()[0]
+
+
+def config_keys(node: Any, prefix: str = "") -> list[str]:
+    """Every dotted key of a config (sections and leaves), for suggestions."""
+    out = []
+    for key in node.keys() if OmegaConf.is_dict(node) else []:
+        full = f"{prefix}{key}"
+        out.append(full)
+        child = node._get_node(key)
+        if OmegaConf.is_dict(child) and not _is_free_form(full):
+            out += config_keys(child, f"{full}.")
+    return out
+
+
+def _is_free_form(key: str) -> bool:
+    return key in ("policy", "cluster.component_placement", "model_dims.extra_outputs")
+
+
+def _unknown_key_message(key: str, known: list[str], source: str) -> str:
+    parent, leaf = key.rsplit(".", 1) if "." in key else ("", key)
+    siblings = [k.rsplit(".", 1)[-1] for k in known if (k.rsplit(".", 1)[0] if "." in k else "") == parent]
+    # a misspelt key in its own section first, then the same name in another section (actor.max_batch)
+    near = [f"{parent}.{n}" if parent else n for n in difflib.get_close_matches(leaf, siblings, n=3, cutoff=0.6)]
+    near += [k for k in difflib.get_close_matches(key, known, n=3, cutoff=0.8) if k not in near]
+    near += [k for k in known if k.rsplit(".", 1)[-1] == leaf and k not in near]
+    hint = f"; did you mean {' or '.join(near[:3])}?" if near else ""
+    return (f"unknown config key {key} ({source}){hint}\n"
+            f"  keys{' under ' + parent if parent else ''}: {', '.join(siblings)}")
+
+
+_CONVERT = re.compile(r"Value '(.*)' of type '(\w+)' could not be converted to (\w+)", re.S)
+
+
+def _merge(cfg: DictConfig, layer: DictConfig, source: str) -> DictConfig:
+    try:
+        return OmegaConf.merge(cfg, layer)  # type: ignore[return-value]
+    except OmegaConfBaseException as exc:
+        key = getattr(exc, "full_key", "") or ""
+        if isinstance(exc, KeyError):  # ConfigKeyError: a key the schema does not have
+            raise ConfigError(_unknown_key_message(key, config_keys(cfg), source)) from None
+        if not key and source.startswith("override "):
+            key = source.split(" ", 1)[1].split("=", 1)[0]
+        msg = _first_line(exc)
+        m = _CONVERT.match(msg)
+        if m:
+            value, expected = m.group(1), m.group(3).lower().replace("integer", "an int").replace("float", "a float")
+            expected = expected if expected.startswith("a") else f"a {expected}"
+            msg = f"expected {expected}, got {value!r}" if not value.startswith("{") else \
+                f"{key} is {expected}, not a section"
+        elif msg.startswith("Merge error"):
+            msg = f"{key} is a section: set its keys ({key}.KEY=VALUE)"
+        elif "Incompatible value 'None'" in msg:
+            msg = "needs a value (this key cannot be null)"
+        raise ConfigError(f"bad value for {key or 'config'} ({source}): {msg}") from None
+
+
+def _check_policy(cfg: DictConfig) -> None:
+    """The free-form `policy` section against the chosen policy's own settings."""
+    from rlfleet.policies.registry import POLICIES, check_policy_config
+
+    settings = as_dict(cfg.policy)
+    try:
+        check_policy_config(settings)
+    except OmegaConfBaseException as exc:
+        name = settings.get("name", "gaussian_mlp")
+        key = f"policy.{getattr(exc, 'full_key', '')}"
+        fields = [f.name for f in dataclasses.fields(POLICIES[name][1])] + ["model_path"]
+        if isinstance(exc, KeyError):
+            near = difflib.get_close_matches(key.split(".", 1)[1], fields, n=3, cutoff=0.5)
+            hint = f"; did you mean {' or '.join('policy.' + n for n in near)}?" if near else ""
+            raise ConfigError(f"unknown config key {key} for policy {name}{hint}\n"
+                              f"  keys of {name}: {', '.join(fields)}") from None
+        field_type = {f.name: f.type for f in dataclasses.fields(POLICIES[name][1])}.get(key.split(".")[1], "?")
+        value = settings.get(key.split(".")[1])
+        raise ConfigError(f"bad value for {key} (policy {name}): expected {field_type}, got {value!r}") from None
 
 
 def resolve_placement(cfg: DictConfig):
