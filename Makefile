@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 RECIPE ?= metaworld_quickstart_tinyoft
 ARGS ?=
 
-.PHONY: system-deps setup test-deps train test test-all bench proto proto-check node-env clean
+.PHONY: system-deps setup test-deps train test test-all lint bench proto proto-check node-env clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -48,6 +48,14 @@ test: setup test-deps
 
 test-all: setup test-deps
 	$(BIN)/pytest -q -m "slow or not slow"
+
+# Style (ruff), types (mypy: the packages in pyproject's [tool.mypy] files) and the layer contract
+# (.importlinter). The same checks as .pre-commit-config.yaml.
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 bench: setup
 	$(BIN)/python bench/throughput.py $(ARGS)

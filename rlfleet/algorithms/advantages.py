@@ -23,8 +23,7 @@ def normalize_advantages(adv: Tensor, eps: float = 1e-8, stats: tuple[float, flo
     where each rank holds only its share of A.
     """
     if stats is not None:
-        mean, std = stats
-        return (adv - mean) / (std + eps)
+        return (adv - stats[0]) / (stats[1] + eps)
     mean = adv.mean()
     std = adv.std(unbiased=False) if adv.numel() > 0 else adv.new_tensor(0.0)
     return (adv - mean) / (std + eps)

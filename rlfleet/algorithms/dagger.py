@@ -229,7 +229,8 @@ class AggregatedDataset:
             obs, actions, its = self.arrays()
             arrays.update({f"obs.{k}": v for k, v in obs.items()}, actions=actions, iteration=its)
         with open(tmp, "wb") as f:
-            np.savez(f, **arrays)
+            # numpy's stub types savez's allow_pickle keyword, which **arrays could in principle name
+            np.savez(f, **arrays)  # type: ignore[arg-type]
         os.replace(tmp, path)
 
     @classmethod

@@ -87,9 +87,9 @@ def compute_gae(
     """
     if rewards.dim() != 2:
         raise ValueError(f"rewards must be [T, B], got shape {tuple(rewards.shape)}")
-    for name, t in (("values", values), ("next_values", next_values), ("dones", dones)):
-        if t.shape != rewards.shape:
-            raise ValueError(f"{name} must have shape {tuple(rewards.shape)}, got {tuple(t.shape)}")
+    for name, x in (("values", values), ("next_values", next_values), ("dones", dones)):
+        if x.shape != rewards.shape:
+            raise ValueError(f"{name} must have shape {tuple(rewards.shape)}, got {tuple(x.shape)}")
 
     with torch.no_grad():
         rewards = rewards.float() if not rewards.is_floating_point() else rewards

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from typing import cast
 
 import numpy as np
 
@@ -102,7 +103,7 @@ def encode_map(tensors: Mapping[str, np.ndarray | Sequence[str]]) -> tensor_pb2.
         if isinstance(value, (list, tuple)):
             out.strings[name].values.extend(str(v) for v in value)
         else:
-            out.tensors.append(encode_tensor(name, value))
+            out.tensors.append(encode_tensor(name, cast(np.ndarray, value)))
     return out
 
 
@@ -133,9 +134,10 @@ def encode_frames(tensors: Mapping[str, np.ndarray | Sequence[str]]) -> list[byt
         if isinstance(value, (list, tuple)):
             header.strings[name].values.extend(str(v) for v in value)
             continue
-        arr = _as_contiguous(value, name)
+        arr = _as_contiguous(cast(np.ndarray, value), name)
         header.tensors.append(tensor_pb2.Tensor(name=name, dtype=arr.dtype.name, shape=arr.shape))
-        frames.append(memoryview(arr).cast("B") if arr.size else b"")
+        # ndarray is a buffer; typeshed's Buffer protocol only covers it from Python 3.12
+        frames.append(memoryview(arr).cast("B") if arr.size else b"")  # type: ignore[arg-type]
     return [header.SerializeToString(), *frames]
 
 

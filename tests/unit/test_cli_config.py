@@ -26,8 +26,10 @@ def test_config_prints_the_resolved_config_with_overrides(capsys):
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
-        (["runner.nosuchkey=1"], ["unknown config key runner.nosuchkey", "runner.nosuchkey=1",
-                                  "keys under runner: experiment_name"]),
+        (
+            ["runner.nosuchkey=1"],
+            ["unknown config key runner.nosuchkey", "runner.nosuchkey=1", "keys under runner: experiment_name"],
+        ),
         (["actor.num_env=3"], ["unknown config key actor.num_env", "did you mean actor.num_envs?"]),
         (["actor.max_batch=3"], ["did you mean inference.max_batch?"]),
         (["nosuch=1"], ["unknown config key nosuch", "keys: runner, env, policy"]),
@@ -39,8 +41,14 @@ def test_config_prints_the_resolved_config_with_overrides(capsys):
         (["actor.num_envs.x=1"], ["actor.num_envs is an int, not a section"]),
         (["policy.hidden_sizes=[1"], ["override policy.hidden_sizes=[1: cannot parse the value"]),
         (["policy.hidden_sizes=abc"], ["bad value for policy.hidden_sizes", "expected list[int], got 'abc'"]),
-        (["policy.hiden_sizes=[1]"], ["unknown config key policy.hiden_sizes for policy gaussian_mlp",
-                                      "did you mean policy.hidden_sizes?", "keys of gaussian_mlp: name"]),
+        (
+            ["policy.hiden_sizes=[1]"],
+            [
+                "unknown config key policy.hiden_sizes for policy gaussian_mlp",
+                "did you mean policy.hidden_sizes?",
+                "keys of gaussian_mlp: name",
+            ],
+        ),
         (["policy.name=nope"], ["unknown policy 'nope'", "tiny_oft"]),
         (["runner.seed=${nope}"], ["runner.seed", "'nope' not found"]),
         (["actor.num_envs"], ["overrides must look like key=value"]),
@@ -88,8 +96,14 @@ def test_mistakes_in_a_recipe_file_name_the_file(caplog, tmp_path):
 
 def test_unknown_key_from_the_command_line_exits_non_zero_without_a_traceback(tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    proc = subprocess.run([sys.executable, "-m", "rlfleet.cli", "config", "metaworld_reach_ppo", "runner.nosuchkey=1"],
-                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "rlfleet.cli", "config", "metaworld_reach_ppo", "runner.nosuchkey=1"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert proc.returncode == 2
     assert proc.stdout == ""
     assert "Traceback" not in proc.stderr

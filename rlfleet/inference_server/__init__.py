@@ -1,0 +1,1 @@
+"""The inference role: batched policy serving over shm, ZeroMQ and gRPC; weight subscription."""

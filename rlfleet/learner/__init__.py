@@ -1,0 +1,1 @@
+"""The learner role: segment ingest, the training loop, DDP, weight publishing, checkpoints."""
