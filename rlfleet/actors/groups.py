@@ -6,6 +6,9 @@ with the stage's last step of each segment (the worker's ``step_reset`` command)
 segment starts at an episode start. A group is G envs of one stage that run the same task and
 are reset with the same seed: same initial state, different sampled actions. Groups never span
 stages (each stage builds its own segments), so a group never spans segments.
+
+The checks on a GRPO run's shape (whole-episode segments, whole groups per stage) live with GRPO
+in :mod:`rlfleet.algorithms.grpo`: the learner and the actor both run them.
 """
 from __future__ import annotations
 
@@ -13,29 +16,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from rlfleet.algorithms.grpo import check_stage_rows, episode_rollout_len
 
-def episode_rollout_len(max_episode_steps: int, chunk_size: int, terminate_on_success: bool = False) -> int:
-    """T = max_episode_steps / chunk_size: the chunk steps of one full episode."""
-    if terminate_on_success:  # an episode ending early would auto-reset into a cut-off second one
-        raise ValueError("GRPO segments hold whole episodes of a fixed length: set env.terminate_on_success=false "
-                         "(success_once already makes an episode's return its outcome)")
-    if chunk_size < 1 or max_episode_steps % chunk_size:
-        raise ValueError(
-            f"GRPO segments hold whole episodes: env.max_episode_steps ({max_episode_steps}) must be a "
-            f"multiple of env.chunk_size ({chunk_size})"
-        )
-    return max_episode_steps // chunk_size
-
-
-def check_stage_rows(num_envs: int, num_stages: int, group_size: int) -> None:
-    """Each pipeline stage must hold whole groups."""
-    if group_size < 2:
-        raise ValueError(f"algorithm.group_size must be >= 2 for GRPO, got {group_size}")
-    if num_envs % num_stages or (num_envs // num_stages) % group_size:
-        raise ValueError(
-            f"GRPO groups must not span pipeline stages: actor.num_envs ({num_envs}) / "
-            f"actor.pipeline_stage_num ({num_stages}) must be a multiple of algorithm.group_size ({group_size})"
-        )
+__all__ = ["GroupedResets", "StageGroups", "check_stage_rows", "episode_rollout_len", "group_seeds", "stage_groups"]
 
 
 @dataclass

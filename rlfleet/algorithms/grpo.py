@@ -4,7 +4,8 @@ sec. 4.1.2, outcome supervision; critic-free, as RLinf's embodied GRPO).
 A *group* is G environments reset to the same initial state (same task, same seed) in one
 actor segment; every segment holds whole episodes (its first step is an episode start, every
 env ends its episode within it), so a group never spans segments. The actor side (grouped
-resets, seeds) lives in :mod:`rlfleet.actors.groups`; this module is the learner's math on one
+resets, seeds) lives in :mod:`rlfleet.actors.groups`; this module holds the checks on a GRPO
+run's shape (:func:`episode_rollout_len`, :func:`check_stage_rows`) and the learner's math on one
 segment's ``[T, B]`` tensors:
 
     valid[t, b] = no episode end in column b before step t       (steps after the end are the
@@ -97,6 +98,33 @@ def grpo_segment(
     advantages = spread_over_steps(traj_adv, valid)
     keep = valid & group_kept.unsqueeze(0)
     return GRPOSegment(advantages, keep, returns, traj_adv, group_kept, valid)
+
+
+# The shape of a GRPO run, checked by the learner (before it starts) and each actor.
+
+
+def episode_rollout_len(max_episode_steps: int, chunk_size: int, terminate_on_success: bool = False) -> int:
+    """T = max_episode_steps / chunk_size: the chunk steps of one full episode."""
+    if terminate_on_success:  # an episode ending early would auto-reset into a cut-off second one
+        raise ValueError("GRPO segments hold whole episodes of a fixed length: set env.terminate_on_success=false "
+                         "(success_once already makes an episode's return its outcome)")
+    if chunk_size < 1 or max_episode_steps % chunk_size:
+        raise ValueError(
+            f"GRPO segments hold whole episodes: env.max_episode_steps ({max_episode_steps}) must be a "
+            f"multiple of env.chunk_size ({chunk_size})"
+        )
+    return max_episode_steps // chunk_size
+
+
+def check_stage_rows(num_envs: int, num_stages: int, group_size: int) -> None:
+    """Each pipeline stage must hold whole groups."""
+    if group_size < 2:
+        raise ValueError(f"algorithm.group_size must be >= 2 for GRPO, got {group_size}")
+    if num_envs % num_stages or (num_envs // num_stages) % group_size:
+        raise ValueError(
+            f"GRPO groups must not span pipeline stages: actor.num_envs ({num_envs}) / "
+            f"actor.pipeline_stage_num ({num_stages}) must be a multiple of algorithm.group_size ({group_size})"
+        )
 
 
 def grpo_stats(parts: Sequence[GRPOSegment], group_ids: Sequence[Tensor]) -> dict[str, float]:

@@ -15,7 +15,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from safetensors.torch import save as st_save
 
-from rlfleet.actors.groups import check_stage_rows, episode_rollout_len
+from rlfleet.algorithms.grpo import check_stage_rows, episode_rollout_len
 from rlfleet.chain_metrics import chain_markdown, chain_report
 from rlfleet.config import as_dict, eval_env_config, run_observation_spec, to_yaml
 from rlfleet.envs.api import EnvConfig
@@ -95,7 +95,7 @@ class Learner:
                                   self.ranks.device(cfg.learner.device), self.ranks,
                                   reference=reference_policy(cfg, self.policy),
                                   freeze_normalization=bool(cfg.policy.get("model_path")))
-        if self.trainer.grpo_mode:  # fail here rather than in every actor (rlfleet.actors.groups)
+        if self.trainer.grpo_mode:  # fail here rather than in every actor (rlfleet.algorithms.grpo)
             episode_rollout_len(cfg.env.max_episode_steps, cfg.env.chunk_size,
                                 cfg.env.get("terminate_on_success", False))
             check_stage_rows(cfg.actor.num_envs, cfg.actor.pipeline_stage_num, cfg.algorithm.group_size)
@@ -125,19 +125,26 @@ class Learner:
             check_segment=lambda seg: seg.check_schema(obs_spec, dims.action_dim, cfg.env.chunk_size, lp_shape, extras,
                                                        group_size),
         )
-        self.server, self.port = start_grpc_server(
-            cfg.learner.host, cfg.learner.port,
-            [lambda s: add_servicer(learner_pb2_grpc.add_LearnerServiceServicer_to_server, self.servicer, s,
-                                    self.ingest.count_rejected)],
-            ["rlfleet.v1.LearnerService"],
-        )
-        self.address = f"{cfg.learner.host}:{self.port}"
+        self.server = None  # start() serves: constructing a Learner opens no port
+        self.port, self.address = 0, ""
         self.stop_event = threading.Event()
         # CALVIN's chain metrics need the subtask count as the return: the sparse reward only
         self.episodes = EpisodeWindow(task_list(self.env_cfg),
                                       chain_length=scored_chain_length(cfg.env.name, cfg.env.reward_type))
         self.last_stats: dict[str, float] = {}
         self.eval_chain: dict[str, dict[str, float]] = {}  # chained envs: rlfleet.chain_metrics.chain_report
+
+    def start(self) -> str:
+        """Serve the LearnerService on learner.host:port; returns the bound address."""
+        if self.server is None:
+            self.server, self.port = start_grpc_server(
+                self.cfg.learner.host, self.cfg.learner.port,
+                [lambda s: add_servicer(learner_pb2_grpc.add_LearnerServiceServicer_to_server, self.servicer, s,
+                                        self.ingest.count_rejected)],
+                ["rlfleet.v1.LearnerService"],
+            )
+            self.address = f"{self.cfg.learner.host}:{self.port}"
+        return self.address
 
     def _gather(self, progress, task) -> list[Segment] | None:
         """Segments until one update's worth of samples; None when asked to stop first."""
@@ -249,7 +256,8 @@ class Learner:
 
     def close(self) -> None:
         self.publisher.finish()
-        self.server.stop(grace=1.0)
+        if self.server is not None:
+            self.server.stop(grace=1.0)
 
 
 def run_learner(cfg: DictConfig, address_file: str | None = None, metrics_port: int = 0,
@@ -263,6 +271,7 @@ def run_learner(cfg: DictConfig, address_file: str | None = None, metrics_port: 
         return {}
     run_dir = Path(cfg.runner.logger.log_path)
     learner = Learner(cfg, run_dir, ranks)
+    learner.start()
     ranks.send_config(to_yaml(learner.cfg))
     try:
         metrics = start_role_metrics("learner", metrics_port, [LearnerCollector(learner)], metrics_host)

@@ -223,6 +223,8 @@ def learner(tmp_path_factory):
     run = tmp_path_factory.mktemp("fuzz_learner")
     cfg = load_config("metaworld_reach_ppo", [*TINY, f"runner.logger.log_path={run}", "runner.total_env_steps=1000"])
     ln = Learner(cfg, run)  # a real learner: its own servicer, checks and gRPC registration, no training
+    assert ln.server is None and ln.address == ""  # constructing it opens no port
+    ln.start()
     yield ln
     ln.servicer.stop_event.set()
     ln.close()

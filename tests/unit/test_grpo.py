@@ -7,16 +7,16 @@ import numpy as np
 import pytest
 import torch
 
-from rlfleet.actors.groups import (
-    GroupedResets,
-    check_stage_rows,
-    episode_rollout_len,
-    group_seeds,
-    stage_groups,
-)
+from rlfleet.actors.groups import GroupedResets, group_seeds, stage_groups
 from rlfleet.actors.rollout import SegmentBuilder
 from rlfleet.algorithms import PPOConfig
-from rlfleet.algorithms.grpo import episode_valid_mask, grpo_segment, trajectory_returns
+from rlfleet.algorithms.grpo import (
+    check_stage_rows,
+    episode_rollout_len,
+    episode_valid_mask,
+    grpo_segment,
+    trajectory_returns,
+)
 from rlfleet.learner.distributed import shard_rows
 from rlfleet.learner.trainer import PPOTrainer
 from rlfleet.policies import GaussianMLPPolicy, PolicyConfig
