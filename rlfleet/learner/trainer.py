@@ -1,10 +1,10 @@
 """The PPO update over a batch of trajectory segments (decoupled PPO for a stale fleet).
 
 Reads top to bottom like the algorithm: refresh normalisation, compute old log-probs and
-values with the pre-update policy, correct for policy lag, GAE, then minibatch epochs.
-`algorithm.off_policy: vtrace` swaps GAE and the IS weights for V-trace targets and advantages
-(rlfleet.algorithms.vtrace); `algorithm.adv_type: grpo` swaps them for group-relative advantages
-over whole-episode segments, with no critic (rlfleet.algorithms.grpo).
+values with the pre-update policy, correct for policy lag, advantages, then minibatch epochs.
+The advantage estimator is chosen by name (rlfleet.algorithms.estimators): `gae`, `vtrace`
+(`algorithm.off_policy: vtrace`: V-trace targets and advantages instead of GAE and IS weights) or
+`grpo` (`algorithm.adv_type: grpo`: group-relative advantages over whole-episode segments, no critic).
 
 Under torchrun (see rlfleet.learner.distributed) every rank runs the same update on its share
 of the env columns; minibatches are drawn over the one-process row order and each rank's loss is
@@ -21,7 +21,6 @@ from torch import nn
 from rlfleet.algorithms import (
     PPOConfig,
     bootstrap_next_values,
-    compute_gae,
     kl_to_reference,
     lag_mask,
     normalize_advantages,
@@ -31,8 +30,9 @@ from rlfleet.algorithms import (
     truncated_importance_weights,
     value_loss,
 )
-from rlfleet.algorithms.grpo import GRPOSegment, grpo_columns, grpo_segment, grpo_stats
-from rlfleet.algorithms.vtrace import chunk_log_ratio, vtrace
+from rlfleet.algorithms.estimators import AdvantageInputs, estimate, estimator_name, from_grpo
+from rlfleet.algorithms.grpo import GRPOSegment, grpo_columns, grpo_stats
+from rlfleet.algorithms.vtrace import chunk_log_ratio
 from rlfleet.learner.distributed import Ranks, RowShard, SingleRank, global_mean_var, segment_envs, shard_rows
 from rlfleet.learner.metrics import policy_lag_counts
 from rlfleet.wire.segment import Segment
@@ -149,7 +149,11 @@ class PPOTrainer:
         self.optimizer = torch.optim.Adam(_param_groups(policy, cfg), lr=cfg.lr, eps=1e-5)
         self.updates = 0  # this process's updates, for the critic warm-up
         self.nonfinite_steps = 0  # optimiser steps skipped for a non-finite gradient (train/nonfinite_steps)
-        self.grpo_mode = cfg.adv_type == "grpo"  # critic-free group-relative advantages
+        self.estimator = estimator_name(cfg)  # gae | vtrace | grpo (rlfleet.algorithms.estimators)
+        self.grpo_mode = self.estimator == "grpo"  # critic-free group-relative advantages
+        # GRPO is estimated on whole segments before DDP sharding (_grpo); rows without a group
+        # (a rank's zero-weight stand-in row) go through the critic estimator.
+        self.critic_estimator = "vtrace" if cfg.off_policy == "vtrace" else "gae"
         self._model: nn.Module | None = None  # PolicyEvaluator, DDP-wrapped at the first update
 
     def _training_model(self) -> nn.Module:
@@ -217,26 +221,25 @@ class PPOTrainer:
         is_weights = truncated_importance_weights(logp_old, behaviour_logp, self.cfg.rho_bar)
 
         rewards = self._t(seg.rewards) * self.reward_scale
-        if grpo is not None:  # group-relative, computed on the whole segment (rlfleet.algorithms.grpo)
-            advantages, returns = grpo.advantages, grpo.returns.unsqueeze(0).expand(T, B)
+        if grpo is not None:  # group-relative, estimated on the whole segment (_grpo)
+            est = from_grpo(grpo)
         else:
             next_values = bootstrap_next_values(values, last_value, terminated, truncated, final_values)
-            dones = terminated | truncated
-            if self.cfg.off_policy == "vtrace":  # IMPALA targets; rho_s is inside the advantage, so no weight
-                log_rhos = chunk_log_ratio(logp_old, behaviour_logp).reshape(T, B)
-                returns, advantages = vtrace(log_rhos, rewards, values, next_values, dones, self.cfg.gamma,
-                                             self.cfg.rho_bar, self.cfg.vtrace_c_bar, self.cfg.gae_lambda)
-                is_weights = torch.ones_like(is_weights)
-            else:
-                advantages, returns = compute_gae(rewards, values, next_values, dones, self.cfg.gamma,
-                                                  self.cfg.gae_lambda)
+            log_rhos = chunk_log_ratio(logp_old, behaviour_logp).reshape(T, B)
+            est = estimate(self.critic_estimator, AdvantageInputs(rewards, terminated, truncated, values, next_values,
+                                                                  log_rhos), self.cfg)
+        if est.importance_in_advantage:  # V-trace: rho_s is inside the advantage, so no weight
+            is_weights = torch.ones_like(is_weights)
         return Batch(obs, actions, extras, logp_old, is_weights, values.reshape(-1),
-                     advantages.reshape(-1), returns.reshape(-1), lags, logp_ref)
+                     est.advantages.reshape(-1), est.returns.reshape(-1), lags, logp_ref)
 
     def _grpo(self, seg: Segment) -> GRPOSegment:
         """GRPO advantages and kept rows of one whole segment (returns after reward_scale)."""
-        return grpo_segment(self._t(seg.rewards) * self.reward_scale, self._t(seg.terminated),
-                            self._t(seg.truncated), self._t(seg.group_ids), self.cfg.group_filter)
+        inputs = AdvantageInputs(self._t(seg.rewards) * self.reward_scale, self._t(seg.terminated),
+                                 self._t(seg.truncated), group_ids=self._t(seg.group_ids))
+        group = estimate("grpo", inputs, self.cfg).group
+        assert group is not None  # the GRPO estimator always returns its groups
+        return group
 
     def prepare(self, segments: list[Segment], version: int, grpo: list[GRPOSegment] | None = None) -> Batch:
         """Kept rows of the segments: lag <= max_policy_lag, and in GRPO mode the valid steps of kept

@@ -1,0 +1,120 @@
+"""Advantage estimators, chosen by name: one registry, one result structure.
+
+    gae     GAE(gamma, lambda) advantages and lambda-returns (rlfleet.algorithms.gae); the policy
+            loss then weights each sample by its truncated importance weight min(pi_old/mu, rho_bar)
+    vtrace  IMPALA's V-trace targets and advantages (rlfleet.algorithms.vtrace); the importance
+            ratio is inside the advantage, so the loss weight is 1
+    grpo    group-relative advantages over whole-episode segments, no critic
+            (rlfleet.algorithms.grpo); trains only on valid steps of kept groups
+
+Every estimator takes one segment's time-major ``[T, B]`` tensors (:class:`AdvantageInputs`) and
+returns :class:`Advantages`. The learner picks the name from the config with
+:func:`estimator_name` (``algorithm.adv_type`` and ``algorithm.off_policy``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+from rlfleet.algorithms.gae import compute_gae
+from rlfleet.algorithms.grpo import GRPOSegment, grpo_segment
+from rlfleet.algorithms.vtrace import vtrace
+
+if TYPE_CHECKING:
+    from rlfleet.algorithms.ppo import PPOConfig
+
+
+@dataclass
+class AdvantageInputs:
+    """One segment, ``[T, B]`` time-major; rewards already scaled. A critic-free estimator (GRPO)
+    needs no values; V-trace needs ``log_rhos``; GRPO needs ``group_ids`` (``[B]``)."""
+
+    rewards: Tensor
+    terminated: Tensor  # bool; with bootstrap_truncated false, truncations are folded in
+    truncated: Tensor  # bool
+    values: Tensor | None = None  # V(x_t) under the pre-update policy
+    next_values: Tensor | None = None  # V(x_{t+1}): 0 after termination (rlfleet.algorithms.gae.bootstrap_next_values)
+    log_rhos: Tensor | None = None  # log(pi_old / mu) per step (rlfleet.algorithms.vtrace.chunk_log_ratio)
+    group_ids: Tensor | None = None  # [B] group label of each env column
+
+
+@dataclass
+class Advantages:
+    """What every estimator returns."""
+
+    advantages: Tensor  # [T, B]
+    returns: Tensor  # [T, B] the critic's targets (GRPO: each step's trajectory return; no critic trains on it)
+    keep: Tensor  # [T, B] bool: rows to train on
+    importance_in_advantage: bool  # True: the off-policy ratio is already inside (V-trace): loss weight 1
+    group: GRPOSegment | None = None  # GRPO's per-trajectory quantities (diagnostics, DDP column shares)
+
+
+def _need(x: Tensor | None, what: str, name: str) -> Tensor:
+    if x is None:
+        raise ValueError(f"the {name} estimator needs {what}")
+    return x
+
+
+def gae_estimator(inputs: AdvantageInputs, cfg: PPOConfig) -> Advantages:
+    values = _need(inputs.values, "values", "gae")
+    next_values = _need(inputs.next_values, "next_values", "gae")
+    advantages, returns = compute_gae(
+        inputs.rewards, values, next_values, inputs.terminated | inputs.truncated, cfg.gamma, cfg.gae_lambda
+    )
+    return Advantages(advantages, returns, torch.ones_like(advantages, dtype=torch.bool), False)
+
+
+def vtrace_estimator(inputs: AdvantageInputs, cfg: PPOConfig) -> Advantages:
+    values = _need(inputs.values, "values", "vtrace")
+    next_values = _need(inputs.next_values, "next_values", "vtrace")
+    log_rhos = _need(inputs.log_rhos, "log_rhos", "vtrace")
+    returns, advantages = vtrace(
+        log_rhos,
+        inputs.rewards,
+        values,
+        next_values,
+        inputs.terminated | inputs.truncated,
+        cfg.gamma,
+        cfg.rho_bar,
+        cfg.vtrace_c_bar,
+        cfg.gae_lambda,
+    )
+    return Advantages(advantages, returns, torch.ones_like(advantages, dtype=torch.bool), True)
+
+
+def grpo_estimator(inputs: AdvantageInputs, cfg: PPOConfig) -> Advantages:
+    group_ids = _need(inputs.group_ids, "group_ids", "grpo")
+    part = grpo_segment(inputs.rewards, inputs.terminated, inputs.truncated, group_ids, cfg.group_filter)
+    return from_grpo(part)
+
+
+def from_grpo(part: GRPOSegment) -> Advantages:
+    """GRPO's segment quantities (possibly a DDP rank's columns of them) as Advantages."""
+    T = part.advantages.shape[0]
+    return Advantages(part.advantages, part.returns.unsqueeze(0).expand(T, -1), part.keep, False, part)
+
+
+Estimator = Callable[[AdvantageInputs, "PPOConfig"], Advantages]
+
+ESTIMATORS: dict[str, Estimator] = {"gae": gae_estimator, "vtrace": vtrace_estimator, "grpo": grpo_estimator}
+
+
+def estimator_name(cfg: PPOConfig) -> str:
+    """The run's estimator: ``adv_type: grpo``, else ``off_policy: vtrace``, else GAE."""
+    if cfg.adv_type == "grpo":
+        return "grpo"
+    return "vtrace" if cfg.off_policy == "vtrace" else "gae"
+
+
+def estimate(name: str, inputs: AdvantageInputs, cfg: PPOConfig) -> Advantages:
+    """Run the estimator registered as ``name``."""
+    try:
+        fn = ESTIMATORS[name]
+    except KeyError:
+        raise ValueError(f"unknown advantage estimator {name!r} (known: {', '.join(sorted(ESTIMATORS))})") from None
+    return fn(inputs, cfg)

@@ -1,0 +1,114 @@
+"""Advantage estimators by name: one registry, one result structure, the same numbers as the
+formulas they wrap."""
+
+import pytest
+import torch
+
+from rlfleet.algorithms import PPOConfig, compute_gae
+from rlfleet.algorithms.estimators import (
+    ESTIMATORS,
+    AdvantageInputs,
+    Advantages,
+    estimate,
+    estimator_name,
+)
+from rlfleet.algorithms.grpo import grpo_segment
+from rlfleet.algorithms.vtrace import vtrace
+
+T, B = 6, 4
+
+
+def _inputs(seed: int = 0) -> AdvantageInputs:
+    g = torch.Generator().manual_seed(seed)
+    terminated = torch.zeros(T, B, dtype=torch.bool)
+    truncated = torch.zeros(T, B, dtype=torch.bool)
+    terminated[2, 0] = True
+    truncated[T - 1, :] = True  # every column ends its episode: GRPO's whole-episode segments
+    values = torch.randn(T, B, generator=g, dtype=torch.float64)
+    next_values = torch.randn(T, B, generator=g, dtype=torch.float64)
+    next_values[terminated] = 0.0
+    return AdvantageInputs(
+        rewards=torch.randn(T, B, generator=g, dtype=torch.float64),
+        terminated=terminated,
+        truncated=truncated,
+        values=values,
+        next_values=next_values,
+        log_rhos=0.3 * torch.randn(T, B, generator=g, dtype=torch.float64),
+        group_ids=torch.tensor([0, 0, 1, 1]),
+    )
+
+
+def test_registry_names():
+    assert sorted(ESTIMATORS) == ["gae", "grpo", "vtrace"]
+
+
+@pytest.mark.parametrize("name", ["gae", "vtrace", "grpo"])
+def test_every_estimator_returns_the_one_structure(name):
+    out = estimate(name, _inputs(), PPOConfig(gamma=0.9, gae_lambda=0.8))
+    assert isinstance(out, Advantages)
+    assert out.advantages.shape == out.returns.shape == out.keep.shape == (T, B)
+    assert out.keep.dtype == torch.bool
+    assert out.importance_in_advantage is (name == "vtrace")
+    assert (out.group is not None) is (name == "grpo")
+
+
+def test_gae_estimator_is_compute_gae():
+    x, cfg = _inputs(1), PPOConfig(gamma=0.9, gae_lambda=0.8)
+    out = estimate("gae", x, cfg)
+    adv, ret = compute_gae(x.rewards, x.values, x.next_values, x.terminated | x.truncated, 0.9, 0.8)
+    assert torch.equal(out.advantages, adv) and torch.equal(out.returns, ret) and bool(out.keep.all())
+
+
+def test_vtrace_estimator_is_vtrace_and_on_policy_returns_equal_gae():
+    x, cfg = (
+        _inputs(2),
+        PPOConfig(gamma=0.9, gae_lambda=0.8, rho_bar=1.5, vtrace_c_bar=1.2),
+    )
+    out = estimate("vtrace", x, cfg)
+    vs, adv = vtrace(
+        x.log_rhos,
+        x.rewards,
+        x.values,
+        x.next_values,
+        x.terminated | x.truncated,
+        0.9,
+        1.5,
+        1.2,
+        0.8,
+    )
+    assert torch.equal(out.returns, vs) and torch.equal(out.advantages, adv)
+    x.log_rhos = torch.zeros(T, B, dtype=torch.float64)  # on-policy: the TD(lambda) return, as GAE's
+    torch.testing.assert_close(estimate("vtrace", x, cfg).returns, estimate("gae", x, cfg).returns)
+
+
+def test_grpo_estimator_is_grpo_segment():
+    x, cfg = (
+        _inputs(3),
+        PPOConfig(adv_type="grpo", group_size=2, group_filter=[-100.0, 100.0]),
+    )
+    out = estimate("grpo", x, cfg)
+    ref = grpo_segment(x.rewards, x.terminated, x.truncated, x.group_ids, [-100.0, 100.0])
+    assert torch.equal(out.advantages, ref.advantages) and torch.equal(out.keep, ref.keep)
+    assert torch.equal(out.returns, ref.returns.unsqueeze(0).expand(T, B))
+    assert not bool(out.keep[3:, 0].any())  # after column 0's termination at step 2: not its episode
+
+
+def test_estimator_name_from_config():
+    assert estimator_name(PPOConfig()) == "gae"
+    assert estimator_name(PPOConfig(off_policy="vtrace")) == "vtrace"
+    assert estimator_name(PPOConfig(adv_type="grpo")) == "grpo"
+
+
+def test_unknown_name_and_missing_inputs_are_one_line_errors():
+    with pytest.raises(
+        ValueError,
+        match=r"unknown advantage estimator 'td0' \(known: gae, grpo, vtrace\)",
+    ):
+        estimate("td0", _inputs(), PPOConfig())
+    x = _inputs()
+    x.log_rhos = None
+    with pytest.raises(ValueError, match="the vtrace estimator needs log_rhos"):
+        estimate("vtrace", x, PPOConfig())
+    x.group_ids = None
+    with pytest.raises(ValueError, match="the grpo estimator needs group_ids"):
+        estimate("grpo", x, PPOConfig(adv_type="grpo"))
