@@ -315,6 +315,11 @@ def load_config(recipe: str | None, overrides: list[str] | None = None) -> DictC
         OmegaConf.to_container(cfg, resolve=True)  # a bad ${...} interpolation fails now, not mid-run
     except OmegaConfBaseException as exc:
         raise ConfigError(f"{getattr(exc, 'full_key', '') or 'config'}: {_first_line(exc)}") from None
+    for section in ("algorithm", "dagger"):
+        try:
+            OmegaConf.to_object(cfg[section])  # the section's own checks (its dataclass's __post_init__)
+        except ValueError as exc:
+            raise ConfigError(f"bad value in {section}: {_first_line(exc)}") from None
     _check_policy(cfg)
     if cfg.cluster.component_placement:
         resolve_placement(cfg)  # a bad placement fails here, before anything is spawned
@@ -386,6 +391,9 @@ def _check_policy(cfg: DictConfig) -> None:
     settings = as_dict(cfg.policy)
     try:
         check_policy_config(settings)
+        name = settings.get("name", "gaussian_mlp")
+        raw = {k: v for k, v in settings.items() if k != "model_path"}
+        OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(POLICIES[name][1]), raw))  # its __post_init__
     except OmegaConfBaseException as exc:
         name = settings.get("name", "gaussian_mlp")
         key = f"policy.{getattr(exc, 'full_key', '')}"
@@ -398,6 +406,8 @@ def _check_policy(cfg: DictConfig) -> None:
         field_type = {f.name: f.type for f in dataclasses.fields(POLICIES[name][1])}.get(key.split(".")[1], "?")
         value = settings.get(key.split(".")[1])
         raise ConfigError(f"bad value for {key} (policy {name}): expected {field_type}, got {value!r}") from None
+    except ValueError as exc:  # the policy's own checks (its settings dataclass's __post_init__)
+        raise ConfigError(f"bad value in policy ({settings.get('name', 'gaussian_mlp')}): {_first_line(exc)}") from None
 
 
 def resolve_placement(cfg: DictConfig):

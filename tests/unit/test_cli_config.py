@@ -53,6 +53,9 @@ def test_config_prints_the_resolved_config_with_overrides(capsys):
         (["runner.seed=${nope}"], ["runner.seed", "'nope' not found"]),
         (["actor.num_envs"], ["overrides must look like key=value"]),
         (["cluster.component_placement.actor=0-9999"], ["device 9999"]),
+        (["algorithm.adv_type=foo"], ["bad value in algorithm: adv_type must be 'gae' or 'grpo', got 'foo'"]),
+        (["algorithm.clip_ratio_low=2"], ["bad value in algorithm: clip_ratio_low must be in [0, 1)"]),
+        (["dagger.beta0=5"], ["bad value in dagger", "beta0 must be in [0, 1]"]),
     ],
 )
 def test_config_mistakes_are_short_messages(caplog, capsys, args, expected):
@@ -64,6 +67,13 @@ def test_config_mistakes_are_short_messages(caplog, capsys, args, expected):
     assert len(message.splitlines()) <= 2 and record.exc_info is None
     for text in expected:
         assert text in message
+
+
+def test_a_policy_settings_check_is_one_line(caplog):
+    with caplog.at_level(logging.ERROR, logger="rlfleet"):
+        assert main(["config", "metaworld_quickstart_tinyoft", "policy.dim=65"]) == 2
+    (record,) = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert record.getMessage() == "bad value in policy (tiny_oft): dim (65) must be divisible by heads (4)"
 
 
 @pytest.mark.parametrize(
