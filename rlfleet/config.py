@@ -23,7 +23,10 @@ from rlfleet.eval_video import VideoConfig
 @dataclass
 class LoggerConfig:
     log_path: str = "runs/${runner.experiment_name}"
-    tensorboard: bool = True
+    tensorboard: bool = True  # false: drop tensorboard from logger_backends
+    # Experiment trackers (RLinf's key), any of tensorboard, wandb, swanlab, trackio: see docs/tracking.md
+    logger_backends: list[str] = field(default_factory=lambda: ["tensorboard"])
+    project_name: str = "rlfleet"  # the W&B / SwanLab / trackio project; the run is runner.experiment_name
 
 
 @dataclass
@@ -207,6 +210,9 @@ def load_config(recipe: str | None, overrides: list[str] | None = None) -> DictC
     from rlfleet.policies.registry import check_policy_config
 
     check_policy_config(as_dict(cfg.policy))
+    from rlfleet.telemetry.trackers import check_backends, logger_backends
+
+    check_backends(logger_backends(cfg.runner.logger))  # a tracker that is not installed: fail before the run
     if cfg.cluster.component_placement:
         resolve_placement(cfg)  # a bad placement fails here, before anything is spawned
     return cfg
