@@ -5,6 +5,7 @@ import argparse
 import json
 import logging
 import os
+import shlex
 import signal
 import socket
 import sys
@@ -21,7 +22,13 @@ def _setup_logging(level: str = "INFO", fmt: str = "text", role: str = "") -> No
 
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(make_formatter(fmt, role))
-    logging.basicConfig(level=level, handlers=[handler])
+    # Other libraries' INFO (PyOpenGL's "No OpenGL_accelerate module", absl, httpx, ...) stays out of
+    # the console unless asked for with --log-level DEBUG: the root logger holds them at WARNING.
+    numeric = logging.getLevelName(level.upper()) if isinstance(level, str) else level
+    numeric = numeric if isinstance(numeric, int) else logging.INFO
+    logging.basicConfig(level=numeric if numeric < logging.INFO else max(numeric, logging.WARNING), handlers=[handler])
+    for name in ("rlfleet", "__main__"):  # our own loggers (`python -m rlfleet.cli` logs as __main__)
+        logging.getLogger(name).setLevel(numeric)
 
 
 def _port(text: str) -> int:
@@ -109,6 +116,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.recipe, args.overrides + (["runner.resume=true"] if args.resume else []))
     os.environ["RLFLEET_LOG_FORMAT"] = args.log_format  # the roles it spawns log the same way
+    os.environ["RLFLEET_COMMAND"] = args.command_line  # the learner records it in each checkpoint
     summary = train_local(cfg, metrics_port=args.metrics_port, metrics_host=args.metrics_host)
     _print_summary(summary)
     if summary.get("eval_before") and summary.get("eval_success"):
@@ -236,7 +244,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if not env:
         raise SystemExit("the checkpoint does not name its env: pass --task")
     env["pool"] = "eval"  # held-out episodes where an env keeps them apart (CALVIN's chain pools)
-    out = Path(args.out or Path(args.checkpoint) / "eval")
+    out = Path(args.out or _default_eval_dir(args.checkpoint))
     video = VideoConfig(save_video=args.video, video_base_dir=str(out / "videos"))
     if args.sample:
         import torch
@@ -261,6 +269,36 @@ def cmd_eval(args: argparse.Namespace) -> int:
     print(f"report: {json_path} {md_path}")
     if args.json:
         print(json.dumps(table))
+    return 0
+
+
+def _default_eval_dir(checkpoint: str) -> Path:
+    """CHECKPOINT/eval, or for a Hub checkpoint (read-only cache) eval/ORG--NAME[@REV] here."""
+    from pathlib import Path
+
+    from rlfleet.policies.checkpoint_io import is_hub_path
+
+    if is_hub_path(checkpoint):
+        return Path("eval") / checkpoint[len("hf://"):].replace("/", "--")
+    return Path(checkpoint) / "eval"
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    """A Hub-ready folder: safetensors weights, config, norm stats and a model card."""
+    from rlfleet.hub import export_checkpoint
+
+    out = export_checkpoint(args.checkpoint, args.out, repo_id=args.repo_id)
+    print("\n".join(sorted(str(p) for p in out.iterdir())))
+    return 0
+
+
+def cmd_push(args: argparse.Namespace) -> int:
+    """Export a checkpoint and upload it to a Hub model repository."""
+    from rlfleet.hub import push_checkpoint
+
+    url = push_checkpoint(args.checkpoint, args.repo_id, private=args.private, revision=args.revision,
+                          message=args.message)
+    print(f"pushed {args.checkpoint} to {url}")
     return 0
 
 
@@ -427,11 +465,11 @@ def build_parser() -> argparse.ArgumentParser:
     ac.set_defaults(func=cmd_actor)
 
     ev = sub.add_parser("eval", help="evaluate a checkpoint folder: success by task, difficulty and ML45 split")
-    ev.add_argument("checkpoint")
+    ev.add_argument("checkpoint", help="checkpoint folder or hf://ORG/NAME[@REVISION] (Hugging Face Hub)")
     ev.add_argument("--task", help="task or task set, e.g. MT50 (default: the one it was trained on)")
     ev.add_argument("--episodes", type=int, default=10, help="episodes per task")
     ev.add_argument("--seed", type=int, default=10_000, help="first episode seed")
-    ev.add_argument("--out", help="report folder (default: CHECKPOINT/eval)")
+    ev.add_argument("--out", help="report folder (default: CHECKPOINT/eval; for hf:// eval/ORG--NAME)")
     ev.add_argument("--video", action="store_true", help="write MP4s of the first episode of each task")
     ev.add_argument("--json", action="store_true", help="also print the report as JSON")
     ev.add_argument("--sample", action="store_true",
@@ -475,6 +513,20 @@ def build_parser() -> argparse.ArgumentParser:
     _add_security_flags(es)
     es.set_defaults(func=cmd_env_server)
 
+    ex = sub.add_parser("export", help="write a Hub-ready folder (safetensors, config, norm stats, model card)")
+    ex.add_argument("checkpoint", help="checkpoint folder, run folder (its latest checkpoint) or hf://ORG/NAME[@REV]")
+    ex.add_argument("out", help="folder to write (created; files of the same names are replaced)")
+    ex.add_argument("--repo-id", help="ORG/NAME the model card's usage lines name (default: a placeholder)")
+    ex.set_defaults(func=cmd_export)
+
+    pu = sub.add_parser("push", help="export a checkpoint and upload it to the Hugging Face Hub")
+    pu.add_argument("checkpoint", help="checkpoint folder or run folder (its latest checkpoint)")
+    pu.add_argument("repo_id", metavar="ORG/NAME", help="Hub model repository (created if missing)")
+    pu.add_argument("--private", action="store_true", help="create the repository private")
+    pu.add_argument("--revision", help="branch to push to (created if missing; default: main)")
+    pu.add_argument("--message", help="commit message (default: names the checkpoint)")
+    pu.set_defaults(func=cmd_push)
+
     rc = sub.add_parser("recipes", help="list the built-in recipes")
     rc.set_defaults(func=cmd_recipes)
     return p
@@ -483,6 +535,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.command_line = shlex.join(["rlfleet", *(sys.argv[1:] if argv is None else argv)])
     _check_addresses(parser, args)
     _setup_logging(args.log_level, args.log_format, args.command)
     try:

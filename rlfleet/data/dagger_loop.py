@@ -212,7 +212,7 @@ def run_dagger(cfg: DictConfig, progress: bool = True) -> dict[str, Any]:
     """Run DAgger / HG-DAgger as configured in `cfg.dagger`; returns (and writes) the run summary."""
     from rlfleet.eval_report import compare_markdown
     from rlfleet.envs.registry import make_env
-    from rlfleet.learner.checkpointer import Checkpointer, TrainerCounters
+    from rlfleet.learner.checkpointer import Checkpointer, TrainerCounters, run_info
     from rlfleet.learner.metrics import MetricsWriter
     from rlfleet.learner.run import archive_previous_run, fill_model_dims
     from rlfleet.policies.checkpoint_io import model_config, policy_from_config
@@ -240,7 +240,7 @@ def run_dagger(cfg: DictConfig, progress: bool = True) -> dict[str, Any]:
     (run_dir / "config.yaml").write_text(to_yaml(cfg))
     optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=dcfg.lr,
                                   weight_decay=dcfg.weight_decay)
-    checkpointer = Checkpointer(run_dir)
+    checkpointer = Checkpointer(run_dir, info=run_info())
     counters = TrainerCounters()
     data = AggregatedDataset(dcfg.window)
     need_norm = fresh

@@ -21,7 +21,7 @@ from rlfleet.config import as_dict, eval_env_config, run_observation_spec, to_ya
 from rlfleet.envs.api import EnvConfig
 from rlfleet.envs.registry import make_env, scored_chain_length
 from rlfleet.evaluation import evaluate_policy, task_list
-from rlfleet.learner.checkpointer import Checkpointer, TrainerCounters
+from rlfleet.learner.checkpointer import Checkpointer, TrainerCounters, run_info
 from rlfleet.learner.distributed import Ranks, SingleRank, join_ranks
 from rlfleet.learner.follower import run_follower
 from rlfleet.learner.ingest import IngestQueue
@@ -100,7 +100,7 @@ class Learner:
             episode_rollout_len(cfg.env.max_episode_steps, cfg.env.chunk_size,
                                 cfg.env.get("terminate_on_success", False))
             check_stage_rows(cfg.actor.num_envs, cfg.actor.pipeline_stage_num, cfg.algorithm.group_size)
-        self.checkpointer = Checkpointer(run_dir)
+        self.checkpointer = Checkpointer(run_dir, info=run_info())  # command and commit, for the model card
         self.counters = TrainerCounters()
         if cfg.runner.resume:
             latest = self.checkpointer.latest()

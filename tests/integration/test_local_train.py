@@ -25,7 +25,8 @@ def test_train_local_then_eval(tmp_path):
     assert summary["updates"] >= 9 and 0.0 <= summary["eval_success"]["reach-v3"] <= 1.0
     assert "reach-v3" in res.stdout and "mean" in res.stdout  # the success table is printed
     ckpt = run / "checkpoints" / (run / "checkpoints" / "latest").read_text().strip()
-    assert {"config.json", "model.safetensors", "trainer_state.pt"} <= {p.name for p in ckpt.iterdir()}
+    assert {"config.json", "model.safetensors", "trainer_state.json", "trainer_state.safetensors",
+            "training.json"} <= {p.name for p in ckpt.iterdir()}
     assert (run / "logs" / "actor0.log").exists() and (run / "logs" / "inference.log").exists()
     ev = _cli("eval", str(ckpt), "--episodes", "2", "--json", timeout=120)
     assert ev.returncode == 0, ev.stderr[-3000:]
