@@ -213,6 +213,9 @@ def load_config(recipe: str | None, overrides: list[str] | None = None) -> DictC
     from rlfleet.telemetry.trackers import check_backends, logger_backends
 
     check_backends(logger_backends(cfg.runner.logger))  # a tracker that is not installed: fail before the run
+    from rlfleet.envs.registry import require_env_extra
+
+    require_env_extra(cfg.env.name)  # a simulator whose extra is not installed: the same
     if cfg.cluster.component_placement:
         resolve_placement(cfg)  # a bad placement fails here, before anything is spawned
     return cfg
