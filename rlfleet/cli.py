@@ -44,12 +44,56 @@ def _log_format(text: str) -> str:
     return text
 
 
+def _log_level(text: str) -> str:
+    level = text.strip().upper()
+    if level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+        raise argparse.ArgumentTypeError(f"{text!r}: choose DEBUG, INFO, WARNING or ERROR")
+    return level
+
+
+_EXAMPLES = """examples:
+  # list the built-in recipes; train one with every role on this host (local mode)
+  rlfleet recipes
+  rlfleet train metaworld_reach_ppo
+  rlfleet train metaworld_reach_ppo actor.num_envs=32 runner.logger.logger_backends=[tensorboard,wandb]
+  # evaluate a checkpoint folder, or one on the Hugging Face Hub
+  rlfleet eval runs/metaworld_reach_ppo/checkpoints/update_000050 --episodes 20
+  rlfleet eval hf://ORG/NAME
+  # a Hub-ready folder (weights, config, norm stats, model card), and an upload
+  rlfleet export runs/metaworld_reach_ppo out/reach
+  rlfleet push runs/metaworld_reach_ppo ORG/NAME
+  # distributed mode: each role on its own host, with a shared token
+  rlfleet learner metaworld_reach_ppo --host 0.0.0.0 --port 50051 --token-file token
+  rlfleet actor --learner HOST:50051 --inference HOST:50052 --token-file token
+
+Each subcommand has its own help (rlfleet train --help); docs/operations.md and docs/tracking.md."""
+
+
+class _RoleHelpFormatter(argparse.HelpFormatter):
+    """Keeps the metrics and security flags out of a role's usage line; their own sections list them."""
+
+    def _format_usage(self, usage, actions, groups, prefix):  # type: ignore[no-untyped-def]
+        kept = [a for a in actions if not getattr(a, "in_own_section", False)]
+        text = super()._format_usage(usage, kept, groups, prefix)
+        if usage is None and len(kept) < len(actions):
+            text = text.rstrip("\n") + "\n       (and the metrics / security options below)\n\n"
+        return text
+
+
+def _own_section(group: argparse._ArgumentGroup) -> argparse._ArgumentGroup:
+    for action in group._group_actions:
+        action.in_own_section = True  # type: ignore[attr-defined]  # read by _RoleHelpFormatter
+    return group
+
+
 def _add_metrics_flags(p: argparse.ArgumentParser) -> None:
     """--metrics-port/--metrics-host for a role (RLFLEET_METRICS_PORT/HOST); port 0 disables the endpoint."""
-    p.add_argument("--metrics-port", type=_port, default=os.environ.get("RLFLEET_METRICS_PORT") or "0",
+    g = p.add_argument_group("metrics (Prometheus; see docs/operations.md)")
+    g.add_argument("--metrics-port", type=_port, default=os.environ.get("RLFLEET_METRICS_PORT") or "0",
                    help="serve Prometheus metrics on this port (default: $RLFLEET_METRICS_PORT, 0 = off)")
-    p.add_argument("--metrics-host", default=os.environ.get("RLFLEET_METRICS_HOST") or "127.0.0.1",
+    g.add_argument("--metrics-host", default=os.environ.get("RLFLEET_METRICS_HOST") or "127.0.0.1",
                    help="address of the metrics endpoint (default: $RLFLEET_METRICS_HOST or 127.0.0.1)")
+    _own_section(g)
 
 
 def _add_security_flags(p: argparse.ArgumentParser) -> None:
@@ -63,6 +107,7 @@ def _add_security_flags(p: argparse.ArgumentParser) -> None:
                                               "$RLFLEET_TLS_SERVER_NAME, else the host dialled)")
     g.add_argument("--max-message-bytes", type=int, help="largest gRPC / ZeroMQ message, both ways "
                                                          "(default: $RLFLEET_MAX_MESSAGE_BYTES or 64 MiB)")
+    _own_section(g)
 
 
 def _configure_auth(args: argparse.Namespace) -> None:
@@ -406,8 +451,11 @@ def cmd_recipes(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="rlfleet", description="RL fine-tuning of robot policies, at fleet scale")
-    p.add_argument("--log-level", default=os.environ.get("RLFLEET_LOG_LEVEL", "INFO"))
+    p = argparse.ArgumentParser(prog="rlfleet", description="RL fine-tuning of robot policies, at fleet scale",
+                                epilog=_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--log-level", type=_log_level, default=os.environ.get("RLFLEET_LOG_LEVEL") or "INFO",
+                   help="DEBUG, INFO, WARNING or ERROR (default: $RLFLEET_LOG_LEVEL or INFO); other libraries "
+                        "log at WARNING and above unless DEBUG")
     p.add_argument("--log-format", type=_log_format, default=os.environ.get("RLFLEET_LOG_FORMAT") or "text",
                    help="text (default: $RLFLEET_LOG_FORMAT or text) or json: one JSON object per line "
                         "(time, level, logger, pid, role, message, extras)")
@@ -422,9 +470,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.set_defaults(func=cmd_train)
 
     lr = sub.add_parser("learner", help="start the learner role")
-    lr.add_argument("recipe")
-    lr.add_argument("overrides", nargs="*")
-    lr.add_argument("--resume", action="store_true")
+    lr.add_argument("recipe", help="recipe name (see `rlfleet recipes`) or a YAML file")
+    lr.add_argument("overrides", nargs="*", help="key=value overrides, e.g. learner.batch_env_steps=8192")
+    lr.add_argument("--resume", action="store_true", help="continue from the run folder's last checkpoint")
     lr.add_argument("--address-file", help="write the bound address here as JSON (used by `train`)")
     lr.add_argument("--host", default=os.environ.get("RLFLEET_HOST") or None,
                     help="bind address (default: $RLFLEET_HOST, else the recipe's learner.host); "
@@ -448,7 +496,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="move the weights to host memory after this many idle seconds (0: never); for a "
                           "GPU shared with a learner rank (cluster.component_placement, collocated)")
     inf.add_argument("--threads", type=int, default=1, help="torch threads for the policy")
-    inf.add_argument("--address-file")
+    inf.add_argument("--address-file", help='write {"inference": HOST:PORT, "zmq": ...} here once serving')
     _add_metrics_flags(inf)
     _add_security_flags(inf)
     inf.set_defaults(func=cmd_inference)
@@ -529,6 +577,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     rc = sub.add_parser("recipes", help="list the built-in recipes")
     rc.set_defaults(func=cmd_recipes)
+    for parser in sub.choices.values():
+        parser.formatter_class = _RoleHelpFormatter
     return p
 
 
