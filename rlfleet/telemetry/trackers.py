@@ -117,8 +117,8 @@ class WandbBackend:
 
 
 class SwanlabBackend:
-    """A SwanLab experiment; `SWANLAB_MODE=local` (or `offline`) keeps it in RUN/swanlog, the
-    default mode uploads (after `swanlab login`)."""
+    """A SwanLab experiment; `SWANLAB_MODE=offline` keeps it in RUN/swanlog (`local` too, with a
+    dashboard: swanlab[dashboard]), the default mode uploads (after `swanlab login`)."""
 
     def __init__(self, run_dir: Path, project: str, name: str, config: Mapping[str, Any]):
         import swanlab  # optional: the [trackers] extra
@@ -137,9 +137,9 @@ class SwanlabBackend:
         self.text(key, _markdown_table(columns, rows), step)
 
     def video(self, key: str, path: Path, step: int, fps: int) -> None:
-        if hasattr(self.swanlab, "Video"):
+        if path.suffix == ".gif" and hasattr(self.swanlab, "Video"):
             self.swanlab.log({key: self.swanlab.Video(str(path))}, step=step)
-        else:  # releases without video support: the file's path at least
+        else:  # swanlab.Video takes GIFs only (0.10): the MP4's path instead
             self.text(key, f"video: {path}", step)
 
     def close(self) -> None:

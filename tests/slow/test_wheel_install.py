@@ -30,6 +30,7 @@ def _run(cmd: list[str], timeout: float, **kw) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # a fresh venv installs torch and every core dependency
 def test_wheel_in_a_fresh_venv_runs_a_remote_env_training(tmp_path):
     pytest.importorskip("build", reason="the wheel build needs the `build` package (dev extra)")
     pytest.importorskip("metaworld", reason="the env server this test trains against serves MetaWorld")

@@ -222,3 +222,34 @@ def test_wandb_offline_and_trackio_local_read_back(tmp_path):
     assert by_step[200]["eval/success/reach"] == 0.75
     assert by_step[200]["eval/before_after"]["_type"] == "trackio.table"
     assert by_step[200]["eval/video/reach"]["_type"].startswith("trackio.video")
+
+
+_SWANLAB_SCRIPT = textwrap.dedent("""
+    import sys
+    from pathlib import Path
+    from rlfleet.telemetry.trackers import MetricsLogger, log_eval, make_backends
+    run = Path(sys.argv[1])
+    logger = MetricsLogger(make_backends(["swanlab"], run, "proj", "trk", {"seed": 3}))
+    logger.scalars({"env/success_once": 0.25}, 100)
+    log_eval(logger, {"reach": 0.75}, 200, before={"reach": 0.25})
+    assert not logger._failed, logger._failed
+    logger.close()
+""")
+
+
+def test_swanlab_offline_run_folder(tmp_path):
+    """SwanLab in offline mode: the run folder appears under RUN/swanlog with the metric names in
+    its record log and the before/after table as text media. swanlab >= 0.7 needs protobuf < 7, so
+    this runs where swanlab is installed (e.g. a venv with protobuf 6)."""
+    pytest.importorskip("swanlab", reason="swanlab is not installed")
+    run = tmp_path / "run"
+    env = {**os.environ, "SWANLAB_MODE": "offline"}
+    proc = subprocess.run([sys.executable, "-c", _SWANLAB_SCRIPT, str(run)], env=env, capture_output=True, text=True,
+                          timeout=180, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (record,) = (run / "swanlog").glob("run-*/run-*.swanlab")
+    data = record.read_bytes()
+    for key in (b"env/success_once", b"eval/success/reach", b"eval/success_before/reach", b"proj", b"trk"):
+        assert key in data, key
+    texts = [p.read_text() for p in record.parent.glob("media/text/*.txt")]
+    assert any("| reach | 0.25 | 0.75 | 0.5 |" in t for t in texts), texts
