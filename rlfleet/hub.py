@@ -135,13 +135,18 @@ def push_checkpoint(checkpoint: str | Path, repo_id: str, private: bool = False,
     """Export `checkpoint` and upload it to the Hub model repo `repo_id` (created if missing); the
     token comes from HF_TOKEN or `hf auth login`. Returns the commit URL."""
     from huggingface_hub import HfApi  # only pushing needs the network client
+    from huggingface_hub.errors import HfHubHTTPError
 
     api = HfApi()
     with tempfile.TemporaryDirectory() as tmp:
         folder = export_checkpoint(checkpoint, Path(tmp) / "export", repo_id=repo_id)
-        api.create_repo(repo_id, repo_type="model", private=private, exist_ok=True)
-        if revision:
-            api.create_branch(repo_id, branch=revision, repo_type="model", exist_ok=True)
-        info = api.upload_folder(repo_id=repo_id, folder_path=str(folder), repo_type="model", revision=revision,
-                                 commit_message=message or f"rlfleet export of {checkpoint}")
+        try:
+            api.create_repo(repo_id, repo_type="model", private=private, exist_ok=True)
+            if revision:
+                api.create_branch(repo_id, branch=revision, repo_type="model", exist_ok=True)
+            info = api.upload_folder(repo_id=repo_id, folder_path=str(folder), repo_type="model", revision=revision,
+                                     commit_message=message or f"rlfleet export of {checkpoint}")
+        except (HfHubHTTPError, OSError, ConnectionError) as exc:  # no token, offline, no write access: one line
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ValueError(f"push to {repo_id} failed: {first}") from exc
     return str(getattr(info, "commit_url", info))

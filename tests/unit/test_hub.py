@@ -154,3 +154,13 @@ def test_rlfleet_eval_of_hf_path_matches_the_local_folder(tmp_path):
         assert res.returncode == 0, res.stderr[-3000:]
         reports.append(json.loads(res.stdout.strip().splitlines()[-1]))
     assert reports[0]["tasks"] == reports[1]["tasks"] and reports[0]["tasks"][0]["task"] == "reach-v3"
+
+
+def test_push_without_network_is_one_line(tmp_path):
+    """`rlfleet push` is not run against the Hub in tests; offline it fails cleanly after exporting."""
+    ckpt = make_run(tmp_path)
+    env = {"HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1", "HF_TOKEN": ""}
+    res = cli("push", str(ckpt), "acme/reach-mlp", env=env)
+    assert res.returncode == 2
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and "push to acme/reach-mlp failed" in lines[0], res.stderr
