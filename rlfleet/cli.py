@@ -11,6 +11,7 @@ import socket
 import sys
 import threading
 import uuid
+from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
@@ -319,8 +320,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 def _default_eval_dir(checkpoint: str) -> Path:
     """CHECKPOINT/eval, or for a Hub checkpoint (read-only cache) eval/ORG--NAME[@REV] here."""
-    from pathlib import Path
-
     from rlfleet.policies.checkpoint_io import is_hub_path
 
     if is_hub_path(checkpoint):

@@ -41,7 +41,8 @@ def test_wheel_in_a_fresh_venv_runs_a_remote_env_training(tmp_path):
         if (REPO / name).is_file() and not name.startswith(("tests/", "bench/", "deploy/")):
             (src / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(REPO / name, src / name)
-    _run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(tmp_path / "dist"), str(src)], 300)
+    dist = tmp_path / "dist"
+    _run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(dist), str(src)], 300)
     (wheel,) = (tmp_path / "dist").glob("rlfleet-*.whl")
 
     venv = tmp_path / "venv"

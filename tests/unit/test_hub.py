@@ -31,7 +31,8 @@ def make_run(tmp_path: Path) -> Path:
     policy = policy_from_config(policy_cfg, 39, 4, 1)
     policy.update_normalization({"states": torch.randn(64, 39) * 3 + 1})
     opt = torch.optim.Adam(policy.parameters())
-    info = {"command": "rlfleet train metaworld_reach_ppo runner.seed=3", "commit": "0123abc", "rlfleet_version": "0.1.0"}
+    info = {"command": "rlfleet train metaworld_reach_ppo runner.seed=3", "commit": "0123abc",
+            "rlfleet_version": "0.1.0"}
     folder = Checkpointer(run, info=info).save(policy, opt, TrainerCounters(update=5, env_steps=20480),
                                               model_config(policy_cfg, 39, 4, 1, ENV))
     (run / "config.yaml").write_text("runner:\n  experiment_name: reach\n")

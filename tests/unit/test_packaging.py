@@ -17,11 +17,12 @@ _NO_SIM = textwrap.dedent(f"""
     for name in {SIMULATORS!r}:
         sys.modules[name] = None
     import importlib
-    for mod in () if sys.argv[1] != "recipes" else ("rlfleet.wire.codec", "rlfleet.wire.gen.learner_pb2_grpc", "rlfleet.algorithms.ppo",
+    core = ("rlfleet.wire.codec", "rlfleet.wire.gen.learner_pb2_grpc", "rlfleet.algorithms.ppo",
                 "rlfleet.policies.registry", "rlfleet.policies.vla", "rlfleet.envs.remote", "rlfleet.envs.env_server",
                 "rlfleet.actors.actor", "rlfleet.inference_server.server", "rlfleet.learner.run",
                 "rlfleet.launcher", "rlfleet.evaluation", "rlfleet.eval_report", "rlfleet.hub",
-                "rlfleet.telemetry.trackers"):
+                "rlfleet.telemetry.trackers")
+    for mod in core if sys.argv[1] == "recipes" else ():
         importlib.import_module(mod)
     from rlfleet.cli import main
     sys.exit(main(sys.argv[1:]))

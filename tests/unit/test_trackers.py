@@ -13,7 +13,6 @@ import sys
 import textwrap
 from pathlib import Path
 
-import numpy as np
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -158,7 +157,6 @@ _LOG_SCRIPT = textwrap.dedent("""
     import sys
     from pathlib import Path
     import numpy as np
-    from omegaconf import OmegaConf
     from rlfleet.config import load_config
     from rlfleet.eval_video import write_mp4
     from rlfleet.learner.metrics import MetricsWriter
