@@ -8,14 +8,19 @@ ARGS ?=
 
 .PHONY: system-deps setup test-deps train test test-all lint bench proto proto-check node-env clean
 
+# What `make setup` installs: every simulator and tracker, plus the test tools (pyproject.toml extras)
+EXTRAS ?= all,dev
+
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --upgrade pip
 
 # Re-installs only when pyproject.toml changes; torch comes first so the CPU wheel is used.
+# pip's progress stays visible: a first install downloads simulators and trackers (minutes).
 $(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/pip install --quiet "torch==2.13.0"
-	$(BIN)/pip install --quiet -e ".[dev]"
+	@echo "installing torch==2.13.0 and rlfleet[$(EXTRAS)] into $(VENV) (EXTRAS=... to choose, e.g. EXTRAS=metaworld,dev)"
+	$(BIN)/pip install "torch==2.13.0"
+	$(BIN)/pip install -e ".[$(EXTRAS)]"
 	touch $(STAMP)
 
 # Pixel observations render offscreen with EGL (Mesa llvmpipe on CPU): install it when missing.

@@ -5,11 +5,13 @@ import argparse
 import json
 import logging
 import os
+import shlex
 import signal
 import socket
 import sys
 import threading
 import uuid
+from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
@@ -21,7 +23,13 @@ def _setup_logging(level: str = "INFO", fmt: str = "text", role: str = "") -> No
 
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(make_formatter(fmt, role))
-    logging.basicConfig(level=level, handlers=[handler])
+    # Other libraries' INFO (PyOpenGL's "No OpenGL_accelerate module", absl, httpx, ...) stays out of
+    # the console unless asked for with --log-level DEBUG: the root logger holds them at WARNING.
+    numeric = logging.getLevelName(level.upper()) if isinstance(level, str) else level
+    numeric = numeric if isinstance(numeric, int) else logging.INFO
+    logging.basicConfig(level=numeric if numeric < logging.INFO else max(numeric, logging.WARNING), handlers=[handler])
+    for name in ("rlfleet", "__main__"):  # our own loggers (`python -m rlfleet.cli` logs as __main__)
+        logging.getLogger(name).setLevel(numeric)
 
 
 def _port(text: str) -> int:
@@ -37,12 +45,56 @@ def _log_format(text: str) -> str:
     return text
 
 
+def _log_level(text: str) -> str:
+    level = text.strip().upper()
+    if level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+        raise argparse.ArgumentTypeError(f"{text!r}: choose DEBUG, INFO, WARNING or ERROR")
+    return level
+
+
+_EXAMPLES = """examples:
+  # list the built-in recipes; train one with every role on this host (local mode)
+  rlfleet recipes
+  rlfleet train metaworld_reach_ppo
+  rlfleet train metaworld_reach_ppo actor.num_envs=32 runner.logger.logger_backends=[tensorboard,wandb]
+  # evaluate a checkpoint folder, or one on the Hugging Face Hub
+  rlfleet eval runs/metaworld_reach_ppo/checkpoints/update_000050 --episodes 20
+  rlfleet eval hf://ORG/NAME
+  # a Hub-ready folder (weights, config, norm stats, model card), and an upload
+  rlfleet export runs/metaworld_reach_ppo out/reach
+  rlfleet push runs/metaworld_reach_ppo ORG/NAME
+  # distributed mode: each role on its own host, with a shared token
+  rlfleet learner metaworld_reach_ppo --host 0.0.0.0 --port 50051 --token-file token
+  rlfleet actor --learner HOST:50051 --inference HOST:50052 --token-file token
+
+Each subcommand has its own help (rlfleet train --help); docs/operations.md and docs/tracking.md."""
+
+
+class _RoleHelpFormatter(argparse.HelpFormatter):
+    """Keeps the metrics and security flags out of a role's usage line; their own sections list them."""
+
+    def _format_usage(self, usage, actions, groups, prefix):  # type: ignore[no-untyped-def]
+        kept = [a for a in actions if not getattr(a, "in_own_section", False)]
+        text = super()._format_usage(usage, kept, groups, prefix)
+        if usage is None and len(kept) < len(actions):
+            text = text.rstrip("\n") + "\n       (and the metrics / security options below)\n\n"
+        return text
+
+
+def _own_section(group: argparse._ArgumentGroup) -> argparse._ArgumentGroup:
+    for action in group._group_actions:
+        action.in_own_section = True  # type: ignore[attr-defined]  # read by _RoleHelpFormatter
+    return group
+
+
 def _add_metrics_flags(p: argparse.ArgumentParser) -> None:
     """--metrics-port/--metrics-host for a role (RLFLEET_METRICS_PORT/HOST); port 0 disables the endpoint."""
-    p.add_argument("--metrics-port", type=_port, default=os.environ.get("RLFLEET_METRICS_PORT") or "0",
+    g = p.add_argument_group("metrics (Prometheus; see docs/operations.md)")
+    g.add_argument("--metrics-port", type=_port, default=os.environ.get("RLFLEET_METRICS_PORT") or "0",
                    help="serve Prometheus metrics on this port (default: $RLFLEET_METRICS_PORT, 0 = off)")
-    p.add_argument("--metrics-host", default=os.environ.get("RLFLEET_METRICS_HOST") or "127.0.0.1",
+    g.add_argument("--metrics-host", default=os.environ.get("RLFLEET_METRICS_HOST") or "127.0.0.1",
                    help="address of the metrics endpoint (default: $RLFLEET_METRICS_HOST or 127.0.0.1)")
+    _own_section(g)
 
 
 def _add_security_flags(p: argparse.ArgumentParser) -> None:
@@ -56,6 +108,7 @@ def _add_security_flags(p: argparse.ArgumentParser) -> None:
                                               "$RLFLEET_TLS_SERVER_NAME, else the host dialled)")
     g.add_argument("--max-message-bytes", type=int, help="largest gRPC / ZeroMQ message, both ways "
                                                          "(default: $RLFLEET_MAX_MESSAGE_BYTES or 64 MiB)")
+    _own_section(g)
 
 
 def _configure_auth(args: argparse.Namespace) -> None:
@@ -109,6 +162,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.recipe, args.overrides + (["runner.resume=true"] if args.resume else []))
     os.environ["RLFLEET_LOG_FORMAT"] = args.log_format  # the roles it spawns log the same way
+    os.environ["RLFLEET_COMMAND"] = args.command_line  # the learner records it in each checkpoint
     summary = train_local(cfg, metrics_port=args.metrics_port, metrics_host=args.metrics_host)
     _print_summary(summary)
     if summary.get("eval_before") and summary.get("eval_success"):
@@ -236,7 +290,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if not env:
         raise SystemExit("the checkpoint does not name its env: pass --task")
     env["pool"] = "eval"  # held-out episodes where an env keeps them apart (CALVIN's chain pools)
-    out = Path(args.out or Path(args.checkpoint) / "eval")
+    out = Path(args.out or _default_eval_dir(args.checkpoint))
     video = VideoConfig(save_video=args.video, video_base_dir=str(out / "videos"))
     if args.sample:
         import torch
@@ -261,6 +315,34 @@ def cmd_eval(args: argparse.Namespace) -> int:
     print(f"report: {json_path} {md_path}")
     if args.json:
         print(json.dumps(table))
+    return 0
+
+
+def _default_eval_dir(checkpoint: str) -> Path:
+    """CHECKPOINT/eval, or for a Hub checkpoint (read-only cache) eval/ORG--NAME[@REV] here."""
+    from rlfleet.policies.checkpoint_io import is_hub_path
+
+    if is_hub_path(checkpoint):
+        return Path("eval") / checkpoint[len("hf://"):].replace("/", "--")
+    return Path(checkpoint) / "eval"
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    """A Hub-ready folder: safetensors weights, config, norm stats and a model card."""
+    from rlfleet.hub import export_checkpoint
+
+    out = export_checkpoint(args.checkpoint, args.out, repo_id=args.repo_id)
+    print("\n".join(sorted(str(p) for p in out.iterdir())))
+    return 0
+
+
+def cmd_push(args: argparse.Namespace) -> int:
+    """Export a checkpoint and upload it to a Hub model repository."""
+    from rlfleet.hub import push_checkpoint
+
+    url = push_checkpoint(args.checkpoint, args.repo_id, private=args.private, revision=args.revision,
+                          message=args.message)
+    print(f"pushed {args.checkpoint} to {url}")
     return 0
 
 
@@ -378,8 +460,11 @@ def cmd_config(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="rlfleet", description="RL fine-tuning of robot policies, at fleet scale")
-    p.add_argument("--log-level", default=os.environ.get("RLFLEET_LOG_LEVEL", "INFO"))
+    p = argparse.ArgumentParser(prog="rlfleet", description="RL fine-tuning of robot policies, at fleet scale",
+                                epilog=_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--log-level", type=_log_level, default=os.environ.get("RLFLEET_LOG_LEVEL") or "INFO",
+                   help="DEBUG, INFO, WARNING or ERROR (default: $RLFLEET_LOG_LEVEL or INFO); other libraries "
+                        "log at WARNING and above unless DEBUG")
     p.add_argument("--log-format", type=_log_format, default=os.environ.get("RLFLEET_LOG_FORMAT") or "text",
                    help="text (default: $RLFLEET_LOG_FORMAT or text) or json: one JSON object per line "
                         "(time, level, logger, pid, role, message, extras)")
@@ -394,9 +479,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.set_defaults(func=cmd_train)
 
     lr = sub.add_parser("learner", help="start the learner role")
-    lr.add_argument("recipe")
-    lr.add_argument("overrides", nargs="*")
-    lr.add_argument("--resume", action="store_true")
+    lr.add_argument("recipe", help="recipe name (see `rlfleet recipes`) or a YAML file")
+    lr.add_argument("overrides", nargs="*", help="key=value overrides, e.g. learner.batch_env_steps=8192")
+    lr.add_argument("--resume", action="store_true", help="continue from the run folder's last checkpoint")
     lr.add_argument("--address-file", help="write the bound address here as JSON (used by `train`)")
     lr.add_argument("--host", default=os.environ.get("RLFLEET_HOST") or None,
                     help="bind address (default: $RLFLEET_HOST, else the recipe's learner.host); "
@@ -420,7 +505,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="move the weights to host memory after this many idle seconds (0: never); for a "
                           "GPU shared with a learner rank (cluster.component_placement, collocated)")
     inf.add_argument("--threads", type=int, default=1, help="torch threads for the policy")
-    inf.add_argument("--address-file")
+    inf.add_argument("--address-file", help='write {"inference": HOST:PORT, "zmq": ...} here once serving')
     _add_metrics_flags(inf)
     _add_security_flags(inf)
     inf.set_defaults(func=cmd_inference)
@@ -437,11 +522,11 @@ def build_parser() -> argparse.ArgumentParser:
     ac.set_defaults(func=cmd_actor)
 
     ev = sub.add_parser("eval", help="evaluate a checkpoint folder: success by task, difficulty and ML45 split")
-    ev.add_argument("checkpoint")
+    ev.add_argument("checkpoint", help="checkpoint folder or hf://ORG/NAME[@REVISION] (Hugging Face Hub)")
     ev.add_argument("--task", help="task or task set, e.g. MT50 (default: the one it was trained on)")
     ev.add_argument("--episodes", type=int, default=10, help="episodes per task")
     ev.add_argument("--seed", type=int, default=10_000, help="first episode seed")
-    ev.add_argument("--out", help="report folder (default: CHECKPOINT/eval)")
+    ev.add_argument("--out", help="report folder (default: CHECKPOINT/eval; for hf:// eval/ORG--NAME)")
     ev.add_argument("--video", action="store_true", help="write MP4s of the first episode of each task")
     ev.add_argument("--json", action="store_true", help="also print the report as JSON")
     ev.add_argument("--sample", action="store_true",
@@ -485,18 +570,35 @@ def build_parser() -> argparse.ArgumentParser:
     _add_security_flags(es)
     es.set_defaults(func=cmd_env_server)
 
+    ex = sub.add_parser("export", help="write a Hub-ready folder (safetensors, config, norm stats, model card)")
+    ex.add_argument("checkpoint", help="checkpoint folder, run folder (its latest checkpoint) or hf://ORG/NAME[@REV]")
+    ex.add_argument("out", help="folder to write (created; files of the same names are replaced)")
+    ex.add_argument("--repo-id", help="ORG/NAME the model card's usage lines name (default: a placeholder)")
+    ex.set_defaults(func=cmd_export)
+
+    pu = sub.add_parser("push", help="export a checkpoint and upload it to the Hugging Face Hub")
+    pu.add_argument("checkpoint", help="checkpoint folder or run folder (its latest checkpoint)")
+    pu.add_argument("repo_id", metavar="ORG/NAME", help="Hub model repository (created if missing)")
+    pu.add_argument("--private", action="store_true", help="create the repository private")
+    pu.add_argument("--revision", help="branch to push to (created if missing; default: main)")
+    pu.add_argument("--message", help="commit message (default: names the checkpoint)")
+    pu.set_defaults(func=cmd_push)
+
     rc = sub.add_parser("recipes", help="list the built-in recipes: name, CPU or GPU sizing, description")
     rc.set_defaults(func=cmd_recipes)
     cf = sub.add_parser("config", help="print a recipe's fully resolved config (after key=value overrides)")
     cf.add_argument("recipe", help="recipe name (see `rlfleet recipes`) or a YAML file")
     cf.add_argument("overrides", nargs="*", help="key=value overrides, e.g. actor.num_envs=32")
     cf.set_defaults(func=cmd_config)
+    for parser in sub.choices.values():
+        parser.formatter_class = _RoleHelpFormatter
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.command_line = shlex.join(["rlfleet", *(sys.argv[1:] if argv is None else argv)])
     _check_addresses(parser, args)
     _setup_logging(args.log_level, args.log_format, args.command)
     try:

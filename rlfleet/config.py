@@ -27,7 +27,10 @@ from rlfleet.eval_video import VideoConfig
 @dataclass
 class LoggerConfig:
     log_path: str = "runs/${runner.experiment_name}"
-    tensorboard: bool = True
+    tensorboard: bool = True  # false: drop tensorboard from logger_backends
+    # Experiment trackers (RLinf's key), any of tensorboard, wandb, swanlab, trackio: see docs/tracking.md
+    logger_backends: list[str] = field(default_factory=lambda: ["tensorboard"])
+    project_name: str = "rlfleet"  # the W&B / SwanLab / trackio project; the run is runner.experiment_name
 
 
 @dataclass
@@ -321,6 +324,14 @@ def load_config(recipe: str | None, overrides: list[str] | None = None) -> DictC
         except ValueError as exc:
             raise ConfigError(f"bad value in {section}: {_first_line(exc)}") from None
     _check_policy(cfg)
+    from rlfleet.envs.registry import require_env_extra
+    from rlfleet.telemetry.trackers import check_backends, logger_backends
+
+    try:
+        check_backends(logger_backends(cfg.runner.logger))  # a tracker that is not installed: fail before the run
+        require_env_extra(cfg.env.name)  # a simulator whose extra is not installed: the same
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     if cfg.cluster.component_placement:
         resolve_placement(cfg)  # a bad placement fails here, before anything is spawned
     return cfg

@@ -23,15 +23,18 @@ from typing import Any
 
 from rich.table import Table
 
-from rlfleet.envs.metaworld.env import DIFFICULTY
+try:  # MetaWorld's difficulty split and ML45 tasks; the core install (no [metaworld] extra) has neither
+    from rlfleet.envs.metaworld.env import DIFFICULTY
 
-with warnings.catch_warnings():
-    warnings.simplefilter("ignore")
-    import metaworld.env_dict as _env_dict
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import metaworld.env_dict as _env_dict
 
-# ML45: meta-train on 45 tasks, meta-test on 5 held-out ones (taken from the installed package).
-ML45_TEST_TASKS: list[str] = list(_env_dict.ML45_V3["test"])
-ML45_TRAIN_TASKS: list[str] = list(_env_dict.ML45_V3["train"])
+    # ML45: meta-train on 45 tasks, meta-test on 5 held-out ones (taken from the installed package).
+    ML45_TEST_TASKS: list[str] = list(_env_dict.ML45_V3["test"])
+    ML45_TRAIN_TASKS: list[str] = list(_env_dict.ML45_V3["train"])
+except ImportError:
+    DIFFICULTY, ML45_TEST_TASKS, ML45_TRAIN_TASKS = {}, [], []
 
 LEVELS: tuple[str, ...] = ("easy", "medium", "hard", "very_hard")
 LEVEL_TITLES: dict[str, str] = {"easy": "Easy", "medium": "Medium", "hard": "Hard", "very_hard": "Very Hard"}

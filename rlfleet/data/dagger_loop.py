@@ -212,10 +212,11 @@ def run_dagger(cfg: DictConfig, progress: bool = True) -> dict[str, Any]:
     """Run DAgger / HG-DAgger as configured in `cfg.dagger`; returns (and writes) the run summary."""
     from rlfleet.eval_report import compare_markdown
     from rlfleet.envs.registry import make_env
-    from rlfleet.learner.checkpointer import Checkpointer, TrainerCounters
+    from rlfleet.learner.checkpointer import Checkpointer, TrainerCounters, run_info
     from rlfleet.learner.metrics import MetricsWriter
     from rlfleet.learner.run import archive_previous_run, fill_model_dims
     from rlfleet.policies.checkpoint_io import model_config, policy_from_config
+    from rlfleet.telemetry.trackers import log_eval
 
     dcfg: DAggerConfig = OmegaConf.to_object(cfg.dagger)
     if cfg.env.name not in EXPERT_ENVS:
@@ -239,7 +240,7 @@ def run_dagger(cfg: DictConfig, progress: bool = True) -> dict[str, Any]:
     (run_dir / "config.yaml").write_text(to_yaml(cfg))
     optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=dcfg.lr,
                                   weight_decay=dcfg.weight_decay)
-    checkpointer = Checkpointer(run_dir)
+    checkpointer = Checkpointer(run_dir, info=run_info())
     counters = TrainerCounters()
     data = AggregatedDataset(dcfg.window)
     need_norm = fresh
@@ -266,7 +267,7 @@ def run_dagger(cfg: DictConfig, progress: bool = True) -> dict[str, Any]:
         before = _evaluate(policy, eval_env, cfg.eval.episodes_per_task, cfg.eval.seed)
 
     env = make_env(EnvConfig(**as_dict(cfg.env)), dcfg.num_envs)
-    writer = MetricsWriter(run_dir / "tensorboard", cfg.runner.logger.tensorboard)
+    writer = MetricsWriter.for_run(cfg, run_dir)
     unnorm_key = cfg.policy.get("unnorm_key", "metaworld")
     history: list[dict[str, float]] = []
     t_start = time.monotonic()
@@ -349,8 +350,7 @@ def run_dagger(cfg: DictConfig, progress: bool = True) -> dict[str, Any]:
         counters.wall_seconds += t_end - t_start
         env.close()
         final = _save_checkpoint(checkpointer, policy, optimizer, counters, model_cfg, unnorm_key)
-        data.save(run_dir / DATASET_FILE)
-        writer.close()
+        data.save(run_dir / DATASET_FILE)  # the writer stays open for the final evaluation below
 
     summary: dict[str, Any] = {
         "algorithm": "dagger",
@@ -370,10 +370,19 @@ def run_dagger(cfg: DictConfig, progress: bool = True) -> dict[str, Any]:
     if cfg.eval.at_end:
         if progress:
             print("evaluating the trained policy ...", flush=True)
-        after = _evaluate(policy, eval_env, cfg.eval.episodes_per_task, cfg.eval.seed,
-                          video_cfg=OmegaConf.to_object(cfg.eval.video_cfg), out_dir=run_dir)
+        video, t0 = OmegaConf.to_object(cfg.eval.video_cfg), time.time()
+        try:
+            after = _evaluate(policy, eval_env, cfg.eval.episodes_per_task, cfg.eval.seed, video_cfg=video,
+                              out_dir=run_dir)
+            log_eval(writer, after, counters.update, before=before, since=t0, fps=video.fps,
+                     video_dir=Path(video.video_base_dir) if Path(video.video_base_dir).is_absolute()
+                     else run_dir / video.video_base_dir)
+        finally:
+            writer.close()
         summary["eval_success"] = after
         summary["eval_success_mean"] = sum(after.values()) / len(after)
+    else:
+        writer.close()
     if before is not None:
         summary["eval_before"] = before
         summary["eval_before_mean"] = sum(before.values()) / len(before)

@@ -5,6 +5,7 @@ Factories are registered as callables and the simulator ones import their module
 such as the learner.
 """
 
+import importlib.util
 from collections.abc import Callable
 
 from rlfleet.envs.api import ChunkedEnv, EnvConfig
@@ -17,6 +18,27 @@ _REGISTRY: dict[str, EnvFactory] = {}
 # name -> chain length, for the avg_num_subtasks / success_len_k metrics (rlfleet.chain_metrics)
 _CHAIN_LENGTHS: dict[str, int] = {}
 _SCHEMES: dict[str, EnvFactory] = {}  # "remote" serves every name "remote://..."
+
+
+# Simulators are extras of the rlfleet package: env name -> (extra, modules it provides)
+ENV_EXTRAS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "metaworld": ("metaworld", ("metaworld", "mujoco")),
+    "robotwin": ("robotwin", ("sapien",)),
+    "calvin": ("calvin", ("pybullet",)),
+    "gym": ("gym", ("gymnasium",)),
+}
+
+
+def require_env_extra(name: str) -> None:
+    """A built-in simulator whose extra is not installed: one ValueError line naming the extra."""
+    key = name.split("://", 1)[0].split(":", 1)[0]
+    if key not in ENV_EXTRAS:
+        return
+    extra, modules = ENV_EXTRAS[key]
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ValueError(f"env.name={name} needs the [{extra}] extra ({', '.join(missing)} not installed): "
+                         f'pip install "rlfleet[{extra}]"')
 
 
 def register_env(name: str, factory: EnvFactory, chain_length: int = 0) -> None:
@@ -67,6 +89,7 @@ def make_env(cfg: EnvConfig, num_envs: int, env_offset: int = 0) -> ChunkedEnv:
         factory = _SCHEMES.get(cfg.name.split("://", 1)[0])
     if factory is None:
         raise ValueError(f"unknown env name {cfg.name!r}; registered: {', '.join(registered_envs())}")
+    require_env_extra(cfg.name)
     if num_envs < 1:
         raise ValueError(f"num_envs must be >= 1, got {num_envs}")
     if env_offset < 0:

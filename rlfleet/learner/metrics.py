@@ -1,13 +1,17 @@
-"""Metrics: TensorBoard scalars with RLinf's names, episode aggregation and a rich progress line."""
+"""Metrics: scalars with RLinf's names (to TensorBoard and the other trackers), episode aggregation
+and a rich progress line."""
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from rlfleet.chain_metrics import chain_metrics
+from rlfleet.telemetry.trackers import Backend, MetricsLogger, TensorBoardBackend, logger_backends, make_backends
 from rlfleet.wire.segment import Segment
 
 
@@ -51,34 +55,36 @@ def policy_lag_counts(lags: np.ndarray, max_policy_lag: int) -> dict[str, float]
     return {f"{LAG_COUNT_PREFIX}{k}": float(c) for k, c in enumerate(counts) if k <= max_policy_lag or c}
 
 
-class MetricsWriter:
-    def __init__(self, log_dir: Path, enabled: bool = True):
-        self.writer = None
-        if enabled:
-            from torch.utils.tensorboard import SummaryWriter
+class MetricsWriter(MetricsLogger):
+    """The run's metrics: TensorBoard (RUN/tensorboard) and every other tracker named in
+    `runner.logger.logger_backends` (rlfleet.telemetry.trackers), through one object."""
 
-            self.writer = SummaryWriter(log_dir=str(log_dir))
+    def __init__(self, log_dir: Path, enabled: bool = True, backends: Mapping[str, Backend] | None = None):
+        if backends is None:
+            backends = {"tensorboard": TensorBoardBackend(log_dir)} if enabled else {}
+        super().__init__(backends)
 
-    def write(self, scalars: dict[str, float], step: int) -> None:
-        if self.writer is None:
-            return
-        for key, value in scalars.items():
-            if value is not None and np.isfinite(value):
-                self.writer.add_scalar(key, value, step)
+    @classmethod
+    def for_run(cls, cfg: Any, run_dir: Path) -> "MetricsWriter":
+        """The backends of `cfg.runner.logger`; the tracker run is named after runner.experiment_name."""
+        from rlfleet.config import as_dict
+
+        logger = cfg.runner.logger
+        backends = make_backends(logger_backends(logger), Path(run_dir), str(logger.get("project_name", "rlfleet")),
+                                 str(cfg.runner.experiment_name), config=as_dict(cfg))
+        return cls(Path(run_dir) / "tensorboard", backends=backends)
+
+    def write(self, scalars: Mapping[str, float | None], step: int) -> None:
+        self.scalars(scalars, step)
 
     def write_lag_histogram(self, scalars: dict[str, float], step: int) -> None:
         """TensorBoard histogram ``throughput/policy_lag_hist`` rebuilt from the per-lag counts in
         ``scalars`` (see :func:`policy_lag_counts`): one integer-wide bin per lag."""
         counts = {int(k[len(LAG_COUNT_PREFIX):]): int(v) for k, v in scalars.items() if k.startswith(LAG_COUNT_PREFIX)}
-        if self.writer is None or not any(counts.values()):
+        if not any(counts.values()):
             return
         lags = np.repeat(np.fromiter(counts.keys(), np.int64), np.fromiter(counts.values(), np.int64))
-        self.writer.add_histogram("throughput/policy_lag_hist", lags, step, bins=np.arange(-0.5, max(counts) + 1.0))
-
-    def close(self) -> None:
-        if self.writer is not None:
-            self.writer.flush()
-            self.writer.close()
+        self.histogram("throughput/policy_lag_hist", lags, step, bins=np.arange(-0.5, max(counts) + 1.0))
 
 
 def make_progress(total_env_steps: int) -> tuple[Progress, int]:

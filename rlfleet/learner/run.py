@@ -21,7 +21,7 @@ from rlfleet.config import as_dict, eval_env_config, run_observation_spec, to_ya
 from rlfleet.envs.api import EnvConfig
 from rlfleet.envs.registry import make_env, scored_chain_length
 from rlfleet.evaluation import evaluate_policy, task_list
-from rlfleet.learner.checkpointer import Checkpointer, TrainerCounters
+from rlfleet.learner.checkpointer import Checkpointer, TrainerCounters, run_info
 from rlfleet.learner.distributed import Ranks, SingleRank, join_ranks
 from rlfleet.learner.follower import run_follower
 from rlfleet.learner.ingest import IngestQueue
@@ -31,6 +31,7 @@ from rlfleet.learner.trainer import PPOTrainer
 from rlfleet.learner.weight_publisher import WeightPublisher, tensor_digests
 from rlfleet.policies.checkpoint_io import cpu_state_dict, model_config, policy_from_config, reference_policy
 from rlfleet.telemetry.prometheus import LearnerCollector, MetricsPortError, start_role_metrics
+from rlfleet.telemetry.trackers import log_eval
 from rlfleet.wire.gen import learner_pb2_grpc
 from rlfleet.wire.grpc_decoding import add_servicer
 from rlfleet.wire.grpc_server import start_grpc_server
@@ -99,7 +100,7 @@ class Learner:
             episode_rollout_len(cfg.env.max_episode_steps, cfg.env.chunk_size,
                                 cfg.env.get("terminate_on_success", False))
             check_stage_rows(cfg.actor.num_envs, cfg.actor.pipeline_stage_num, cfg.algorithm.group_size)
-        self.checkpointer = Checkpointer(run_dir)
+        self.checkpointer = Checkpointer(run_dir, info=run_info())  # command and commit, for the model card
         self.counters = TrainerCounters()
         if cfg.runner.resume:
             latest = self.checkpointer.latest()
@@ -133,6 +134,7 @@ class Learner:
                                       chain_length=scored_chain_length(cfg.env.name, cfg.env.reward_type))
         self.last_stats: dict[str, float] = {}
         self.eval_chain: dict[str, dict[str, float]] = {}  # chained envs: rlfleet.chain_metrics.chain_report
+        self.writer: MetricsWriter | None = None  # opened by train()
 
     def start(self) -> str:
         """Serve the LearnerService on learner.host:port; returns the bound address."""
@@ -181,7 +183,7 @@ class Learner:
 
     def train(self) -> dict:
         cfg = self.cfg
-        writer = MetricsWriter(self.run_dir / "tensorboard", cfg.runner.logger.tensorboard)
+        writer = self.writer = MetricsWriter.for_run(cfg, self.run_dir)  # stays open for evaluate(); close() ends it
         progress, task = make_progress(cfg.runner.total_env_steps)
         self._t_start = time.monotonic()
         steps_at_start, t_first = self.counters.env_steps, None
@@ -225,7 +227,6 @@ class Learner:
             self.servicer.stop_event.set()  # actors learn it from their next heartbeat or push
             final = self.save()
             self.servicer.wait_clients_told(timeout=5.0)
-            writer.close()
         steps = self.counters.env_steps - steps_at_start
         summary = {
             "version": self.counters.version,
@@ -246,15 +247,28 @@ class Learner:
     def evaluate(self) -> dict[str, float]:
         video = OmegaConf.to_object(self.cfg.eval.video_cfg)
         returns: dict[str, list[float]] = {}
+        t0 = time.time()
         success = evaluate_policy(self.policy, eval_env_config(self.cfg), self.cfg.eval.episodes_per_task,
                                   seed=self.cfg.eval.seed, video_cfg=video, out_dir=self.run_dir, episode_returns=returns)
         if self.episodes.chain_length:  # CALVIN's table: success_len_1..5 and avg_num_subtasks
             self.eval_chain = chain_report(returns, self.episodes.chain_length)
             (self.run_dir / "eval_chain.md").write_text(
                 chain_markdown(self.eval_chain, f"{self.cfg.runner.experiment_name}: chains", self.episodes.chain_length))
+        if self.writer is not None:  # eval success, the before/after table and the videos, to every tracker
+            video_dir = Path(video.video_base_dir)
+            log_eval(self.writer, success, self.counters.env_steps, before=self._eval_before(),
+                     video_dir=(video_dir if video_dir.is_absolute() else self.run_dir / video_dir) if video.save_video
+                     else None, since=t0, fps=video.fps)
         return success
 
+    def _eval_before(self) -> dict[str, float] | None:
+        """The starting policy's success, which `rlfleet train` measured before the fleet started."""
+        path = self.run_dir / "eval_before.json"
+        return json.loads(path.read_text()) if self.cfg.eval.before and path.exists() else None
+
     def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
         self.publisher.finish()
         if self.server is not None:
             self.server.stop(grace=1.0)

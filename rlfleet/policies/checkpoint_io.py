@@ -104,8 +104,47 @@ def model_config(policy_cfg: dict[str, Any], state_dim: int, action_dim: int, ch
             "image_size": image_size, "env": env or {}}
 
 
+HF_PREFIX = "hf://"
+
+
+def is_hub_path(path: str | os.PathLike) -> bool:
+    return str(path).startswith(HF_PREFIX)
+
+
+def parse_hub_path(path: str) -> tuple[str, str | None]:
+    """`hf://org/name[@revision]` -> (repo id, revision or None)."""
+    spec = str(path)[len(HF_PREFIX):]
+    repo, _, revision = spec.partition("@")
+    if repo.count("/") != 1 or not all(repo.split("/")):
+        raise ValueError(f"{path}: a Hub checkpoint is hf://ORG/NAME or hf://ORG/NAME@REVISION")
+    return repo, revision or None
+
+
+def resolve_model_path(path: str | os.PathLike) -> Path:
+    """A checkpoint folder on disk: a local path as it is, or `hf://org/name[@revision]` downloaded
+    through huggingface_hub's cache (HF_HOME / HF_HUB_CACHE, HF_HUB_OFFLINE, the token from HF_TOKEN
+    or `hf auth login`); a cached snapshot is not fetched again."""
+    if not is_hub_path(path):
+        return Path(path)
+    repo, revision = parse_hub_path(str(path))
+    try:
+        from huggingface_hub import snapshot_download
+        from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError
+    except ImportError as exc:  # a core dependency, but an environment may lack it
+        raise ValueError(f"{path}: hf:// paths need huggingface_hub: pip install huggingface_hub") from exc
+    try:
+        return Path(snapshot_download(repo, revision=revision))
+    except LocalEntryNotFoundError as exc:
+        raise FileNotFoundError(f"{path}: not in the local Hugging Face cache and the Hub cannot be reached "
+                                f"(HF_HUB_OFFLINE={os.environ.get('HF_HUB_OFFLINE', '')!r})") from exc
+    except RepositoryNotFoundError as exc:
+        raise FileNotFoundError(f"{path}: no such model repository on the Hub (or no access: set HF_TOKEN)") from exc
+    except (HfHubHTTPError, OSError) as exc:
+        raise FileNotFoundError(f"{path}: {str(exc).splitlines()[0]}") from exc
+
+
 def read_model_config(folder: str | Path) -> dict[str, Any]:
-    folder = Path(folder)
+    folder = resolve_model_path(folder)
     cfg_path, weights = folder / "config.json", folder / "model.safetensors"
     if not cfg_path.exists() or not weights.exists():
         raise FileNotFoundError(f"{folder} is not a checkpoint folder (needs config.json and model.safetensors)")
@@ -115,6 +154,7 @@ def read_model_config(folder: str | Path) -> dict[str, Any]:
 def load_checkpoint(folder: str | Path, overrides: Mapping[str, Any] | None = None) -> tuple[nn.Module, dict[str, Any]]:
     """Rebuild the policy saved in `folder`; `overrides` change policy settings that keep the weights'
     shapes (sampling temperature, freezing), a shape-changing one is a clear error."""
+    folder = resolve_model_path(folder)
     cfg = read_model_config(folder)
     policy_cfg = {**cfg["policy"], **dict(overrides or {})}
     policy = make_policy(policy_cfg, cfg["state_dim"], cfg["action_dim"], cfg["chunk_size"],
@@ -137,7 +177,8 @@ def load_checkpoint(folder: str | Path, overrides: Mapping[str, Any] | None = No
 
 def policy_from_config(policy_cfg: Mapping[str, Any], state_dim: int, action_dim: int, chunk_size: int,
                        image_size: int = 0) -> nn.Module:
-    """A fresh policy, or with `model_path` set the checkpoint's, checked against the run's env."""
+    """A fresh policy, or with `model_path` set the checkpoint's (a folder or hf://org/name[@revision]),
+    checked against the run's env."""
     policy_cfg = dict(policy_cfg)
     model_path = policy_cfg.pop("model_path", None)
     if not model_path:
@@ -167,7 +208,7 @@ def reference_policy(cfg: Any, policy: nn.Module) -> nn.Module | None:
     dims = cfg.model_dims
     reference = policy_from_config(OmegaConf.to_container(cfg.policy, resolve=True), dims.state_dim, dims.action_dim,
                                    cfg.env.chunk_size, cfg.env.image_size)
-    with safe_open(Path(cfg.policy.model_path) / "model.safetensors", framework="pt") as f:
+    with safe_open(resolve_model_path(cfg.policy.model_path) / "model.safetensors", framework="pt") as f:
         saved = set(f.keys())
     own = policy.state_dict()
     fresh = exploration_only(reference, set(own) - saved)

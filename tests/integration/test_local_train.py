@@ -19,14 +19,24 @@ def _cli(*args, **kw):
 def test_train_local_then_eval(tmp_path):
     run = tmp_path / "run"
     res = _cli("train", "metaworld_reach_ppo", *TINY, "runner.total_env_steps=640", f"runner.logger.log_path={run}",
-               timeout=300)
+               "eval.before=true", timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     summary = json.loads((run / "summary.json").read_text())
     assert summary["updates"] >= 9 and 0.0 <= summary["eval_success"]["reach-v3"] <= 1.0
     assert "reach-v3" in res.stdout and "mean" in res.stdout  # the success table is printed
     ckpt = run / "checkpoints" / (run / "checkpoints" / "latest").read_text().strip()
-    assert {"config.json", "model.safetensors", "trainer_state.pt"} <= {p.name for p in ckpt.iterdir()}
+    assert {"config.json", "model.safetensors", "trainer_state.json", "trainer_state.safetensors",
+            "training.json"} <= {p.name for p in ckpt.iterdir()}
     assert (run / "logs" / "actor0.log").exists() and (run / "logs" / "inference.log").exists()
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run / "tensorboard"))
+    events.Reload()  # the final evaluation reaches the trackers too, at the last training step
+    (final,) = events.Scalars("eval/success/reach-v3")
+    assert final.value == summary["eval_success"]["reach-v3"] and final.step == summary["env_steps"]
+    (before,) = events.Scalars("eval/success_before/reach-v3")  # measured by `rlfleet train` before the fleet
+    assert before.value == summary["eval_before"]["reach-v3"]
+    assert "eval/before_after/text_summary" in events.Tags()["tensors"]  # the table, as TensorBoard text
     ev = _cli("eval", str(ckpt), "--episodes", "2", "--json", timeout=120)
     assert ev.returncode == 0, ev.stderr[-3000:]
     result = json.loads(ev.stdout.strip().splitlines()[-1])

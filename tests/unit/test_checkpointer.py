@@ -55,7 +55,8 @@ def test_save_then_restore_gives_back_everything(tmp_path):
     random.seed(789)
     folder = ck.save(policy, opt, counters, mcfg())
     assert folder == tmp_path / "checkpoints" / "update_000007"
-    assert sorted(p.name for p in folder.iterdir()) == ["config.json", "model.safetensors", "trainer_state.pt"]
+    assert sorted(p.name for p in folder.iterdir()) == ["config.json", "model.safetensors", "trainer_state.json",
+                                                        "trainer_state.safetensors", "training.json"]
     expect_torch, expect_np, expect_py = torch.rand(5), np.random.rand(3), random.random()
 
     # a different policy / optimiser / RNG state, as a fresh process would have
@@ -126,8 +127,48 @@ def test_latest_ignores_a_folder_without_trainer_state(tmp_path):
     policy, opt = trained(0)
     ck = Checkpointer(tmp_path, keep=3)
     folder = ck.save(policy, opt, TrainerCounters(update=1), mcfg())
-    (folder / "trainer_state.pt").unlink()
+    (folder / "trainer_state.json").unlink()
     assert ck.latest() is None
+
+
+def test_trainer_state_loads_without_pickle(tmp_path, monkeypatch):
+    """The optimiser, RNG and counters come back from safetensors + JSON: pickle is never called."""
+    import pickle
+
+    policy, opt = trained(0)
+    ck = Checkpointer(tmp_path, info={"command": "rlfleet train x", "commit": "abc"})
+    folder = ck.save(policy, opt, TrainerCounters(update=3, env_steps=77), mcfg())
+    info = json.loads((folder / "training.json").read_text())
+    assert info["command"] == "rlfleet train x" and info["counters"]["env_steps"] == 77
+
+    def no_pickle(*a, **k):
+        raise AssertionError("pickle used")
+
+    monkeypatch.setattr(pickle, "load", no_pickle)
+    monkeypatch.setattr(pickle, "loads", no_pickle)
+    monkeypatch.setattr(pickle, "Unpickler", no_pickle)
+    monkeypatch.setattr(torch, "load", no_pickle)
+    other, other_opt = trained(1)
+    assert ck.restore(folder, other, other_opt) == TrainerCounters(update=3, env_steps=77)
+    assert_same_state(other, policy)
+
+
+def test_old_trainer_state_pt_still_restores_weights_only(tmp_path):
+    """A checkpoint from before the safetensors trainer state (trainer_state.pt, numpy RNG inside)."""
+    policy, opt = trained(0)
+    ck = Checkpointer(tmp_path)
+    folder = ck.save(policy, opt, TrainerCounters(update=2), mcfg())
+    for name in ("trainer_state.json", "trainer_state.safetensors"):
+        (folder / name).unlink()
+    np.random.seed(5)
+    torch.save({"optimizer": opt.state_dict(), "counters": vars(TrainerCounters(update=2, env_steps=5)),
+                "torch_rng": torch.get_rng_state(), "numpy_rng": np.random.get_state(),
+                "python_rng": random.getstate()}, folder / "trainer_state.pt")
+    expect = np.random.rand(2)
+    assert ck.latest() == folder
+    other, other_opt = trained(1)
+    assert ck.restore(folder, other, other_opt).env_steps == 5
+    np.testing.assert_array_equal(np.random.rand(2), expect)
 
 
 def test_load_checkpoint_rebuilds_the_policy_from_the_folder_alone(tmp_path):

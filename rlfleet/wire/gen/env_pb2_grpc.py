@@ -6,7 +6,7 @@ import warnings
 
 from rlfleet.wire.gen import env_pb2 as rlfleet_dot_v1_dot_env__pb2
 
-GRPC_GENERATED_VERSION = '1.85.1'
+GRPC_GENERATED_VERSION = '1.76.0'
 GRPC_VERSION = grpc.__version__
 _version_not_supported = False
 
@@ -26,7 +26,7 @@ if _version_not_supported:
     )
 
 
-class EnvServiceStub:
+class EnvServiceStub(object):
     """Missing associated documentation comment in .proto file."""
 
     def __init__(self, channel):
@@ -57,7 +57,7 @@ class EnvServiceStub:
                 _registered_method=True)
 
 
-class EnvServiceServicer:
+class EnvServiceServicer(object):
     """Missing associated documentation comment in .proto file."""
 
     def GetSpec(self, request, context):
@@ -115,7 +115,7 @@ def add_EnvServiceServicer_to_server(servicer, server):
 
 
  # This class is part of an EXPERIMENTAL API.
-class EnvService:
+class EnvService(object):
     """Missing associated documentation comment in .proto file."""
 
     @staticmethod

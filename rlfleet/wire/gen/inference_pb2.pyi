@@ -37,7 +37,7 @@ class ActRequest(_message.Message):
     actor_id: str
     obs: _tensor_pb2.TensorMap
     deterministic: bool
-    def __init__(self, request_id: _Optional[int] = ..., actor_id: _Optional[str] = ..., obs: _Optional[_Union[_tensor_pb2.TensorMap, _Mapping]] = ..., deterministic: _Optional[bool] = ...) -> None: ...
+    def __init__(self, request_id: _Optional[int] = ..., actor_id: _Optional[str] = ..., obs: _Optional[_Union[_tensor_pb2.TensorMap, _Mapping]] = ..., deterministic: bool = ...) -> None: ...
 
 class ActResponse(_message.Message):
     __slots__ = ("request_id", "outputs", "policy_version", "error")

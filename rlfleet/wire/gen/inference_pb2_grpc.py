@@ -6,7 +6,7 @@ import warnings
 
 from rlfleet.wire.gen import inference_pb2 as rlfleet_dot_v1_dot_inference__pb2
 
-GRPC_GENERATED_VERSION = '1.85.1'
+GRPC_GENERATED_VERSION = '1.76.0'
 GRPC_VERSION = grpc.__version__
 _version_not_supported = False
 
@@ -26,7 +26,7 @@ if _version_not_supported:
     )
 
 
-class InferenceServiceStub:
+class InferenceServiceStub(object):
     """Missing associated documentation comment in .proto file."""
 
     def __init__(self, channel):
@@ -47,7 +47,7 @@ class InferenceServiceStub:
                 _registered_method=True)
 
 
-class InferenceServiceServicer:
+class InferenceServiceServicer(object):
     """Missing associated documentation comment in .proto file."""
 
     def Act(self, request_iterator, context):
@@ -86,7 +86,7 @@ def add_InferenceServiceServicer_to_server(servicer, server):
 
 
  # This class is part of an EXPERIMENTAL API.
-class InferenceService:
+class InferenceService(object):
     """Missing associated documentation comment in .proto file."""
 
     @staticmethod

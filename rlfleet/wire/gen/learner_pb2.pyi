@@ -47,7 +47,7 @@ class HeartbeatReply(_message.Message):
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     stop: bool
     policy_version: int
-    def __init__(self, stop: _Optional[bool] = ..., policy_version: _Optional[int] = ...) -> None: ...
+    def __init__(self, stop: bool = ..., policy_version: _Optional[int] = ...) -> None: ...
 
 class TrajectoryChunk(_message.Message):
     __slots__ = ("client_id", "segment_id", "chunk_index", "num_chunks", "payload")
@@ -77,7 +77,7 @@ class PushAck(_message.Message):
     error: str
     learner_version: int
     stop: bool
-    def __init__(self, segment_id: _Optional[int] = ..., accepted: _Optional[bool] = ..., duplicate: _Optional[bool] = ..., error: _Optional[str] = ..., learner_version: _Optional[int] = ..., stop: _Optional[bool] = ...) -> None: ...
+    def __init__(self, segment_id: _Optional[int] = ..., accepted: bool = ..., duplicate: bool = ..., error: _Optional[str] = ..., learner_version: _Optional[int] = ..., stop: bool = ...) -> None: ...
 
 class WatchRequest(_message.Message):
     __slots__ = ("subscriber_id", "known_version")
@@ -97,7 +97,7 @@ class WeightAnnouncement(_message.Message):
     checksum: str
     size_bytes: int
     final: bool
-    def __init__(self, version: _Optional[int] = ..., checksum: _Optional[str] = ..., size_bytes: _Optional[int] = ..., final: _Optional[bool] = ...) -> None: ...
+    def __init__(self, version: _Optional[int] = ..., checksum: _Optional[str] = ..., size_bytes: _Optional[int] = ..., final: bool = ...) -> None: ...
 
 class PullRequest(_message.Message):
     __slots__ = ("version", "max_chunk_bytes", "delta", "base_version")
@@ -109,7 +109,7 @@ class PullRequest(_message.Message):
     max_chunk_bytes: int
     delta: bool
     base_version: int
-    def __init__(self, version: _Optional[int] = ..., max_chunk_bytes: _Optional[int] = ..., delta: _Optional[bool] = ..., base_version: _Optional[int] = ...) -> None: ...
+    def __init__(self, version: _Optional[int] = ..., max_chunk_bytes: _Optional[int] = ..., delta: bool = ..., base_version: _Optional[int] = ...) -> None: ...
 
 class WeightChunk(_message.Message):
     __slots__ = ("version", "checksum", "total_size", "index", "num_chunks", "data", "base_version")

@@ -1,0 +1,152 @@
+"""Hugging Face Hub: export a checkpoint as a Hub-ready model folder, and push it.
+
+`rlfleet export CHECKPOINT OUT` writes model.safetensors, config.json, norm_stats.json,
+training.json and a model card (README.md: the training command, source commit, metrics and eval
+table); `rlfleet push CHECKPOINT ORG/NAME` uploads that folder. Loading is the other way round:
+`policy.model_path=hf://ORG/NAME[@REVISION]` and `rlfleet eval hf://ORG/NAME` resolve through
+huggingface_hub's cache (rlfleet.policies.checkpoint_io.resolve_model_path).
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from rlfleet.policies.checkpoint_io import is_hub_path, load_checkpoint, read_model_config, resolve_model_path
+
+TRAINING_INFO = "training.json"  # written by rlfleet.learner.checkpointer beside each checkpoint
+NORM_STATS = "norm_stats.json"
+_SUMMARY_METRICS = ("env_steps", "updates", "train_seconds", "throughput_env_steps_per_s", "train_success_once",
+                    "eval_success_mean", "eval_before_mean")
+
+
+def checkpoint_folder(path: str | Path) -> Path:
+    """The checkpoint a path names: a checkpoint folder, a run folder (its latest checkpoint) or hf://."""
+    if is_hub_path(path):
+        return resolve_model_path(path)
+    folder = Path(path)
+    latest = folder / "checkpoints" / "latest"
+    if latest.exists():  # a run folder
+        folder = folder / "checkpoints" / latest.read_text().strip()
+    read_model_config(folder)  # not a checkpoint: one clear FileNotFoundError
+    return folder
+
+
+def _run_folder(checkpoint: Path) -> Path | None:
+    """RUN for RUN/checkpoints/update_N (where summary.json and config.yaml live)."""
+    run = checkpoint.parent.parent
+    return run if checkpoint.parent.name == "checkpoints" and (run / "config.yaml").exists() else None
+
+
+def _norm_stats(checkpoint: Path) -> dict[str, Any] | None:
+    """norm_stats.json of the checkpoint, or the statistics read out of its weights: VLA q01/q99,
+    or the MLP's running observation mean and standard deviation."""
+    if (checkpoint / NORM_STATS).exists():
+        return json.loads((checkpoint / NORM_STATS).read_text())
+    policy, cfg = load_checkpoint(checkpoint)
+    try:
+        from rlfleet.policies.vla.normalization import get_norm_stats
+
+        return {cfg["policy"].get("unnorm_key", "default"): get_norm_stats(policy)}
+    except (TypeError, ValueError, LookupError):
+        pass  # no VLA normaliser in this policy
+    state = policy.state_dict()
+    stats = {name[: -len(".mean")]: {"mean": state[name].tolist(),
+                                     "std": state[name[: -len("mean")] + "var"].sqrt().tolist()}
+             for name in state if name.endswith(".mean") and name[: -len("mean")] + "var" in state}
+    return {"observation": stats} if stats else None
+
+
+def _eval_markdown(summary: Mapping[str, Any], checkpoint: Path) -> str | None:
+    from rlfleet.eval_report import compare_markdown, success_table, to_markdown
+
+    after = summary.get("eval_success")
+    if after and summary.get("eval_before"):
+        return compare_markdown(summary["eval_before"], after, "Success before / after RL fine-tuning")
+    if after:
+        return to_markdown(success_table(after), "Evaluation (success_once, deterministic policy)")
+    if (checkpoint / "eval" / "eval.md").exists():  # `rlfleet eval CHECKPOINT` wrote one
+        return (checkpoint / "eval" / "eval.md").read_text()
+    return None
+
+
+def model_card(config: Mapping[str, Any], info: Mapping[str, Any], summary: Mapping[str, Any], eval_md: str | None,
+               repo_id: str | None = None) -> str:
+    """README.md of an exported checkpoint (Hub model-card metadata first)."""
+    policy = config.get("policy", {}).get("name", "policy")
+    env = config.get("env", {}) or {}
+    tags = ["rlfleet", "reinforcement-learning", "robotics", *(t for t in (env.get("name"), policy) if t)]
+    name = repo_id or "ORG/NAME"
+    lines = ["---", "library_name: rlfleet", "tags:", *(f"- {t}" for t in dict.fromkeys(tags)), "---", "",
+             f"# {name}", "",
+             f"A `{policy}` policy fine-tuned with [rlfleet](https://pypi.org/project/rlfleet/) on "
+             f"`{env.get('name', '?')}` (task `{env.get('task', '?')}`).", "",
+             "## Use", "", "```bash",
+             f"rlfleet eval hf://{name} --episodes 10", f"rlfleet train RECIPE policy.model_path=hf://{name}",
+             "```", "", "## Training", ""]
+    if info.get("command"):
+        lines += ["```bash", str(info["command"]), "```", ""]
+    facts = {"source commit": info.get("commit"), "rlfleet version": info.get("rlfleet_version"),
+             **{k: v for k, v in (info.get("counters") or {}).items()}}
+    lines += [f"- {k}: `{v}`" for k, v in facts.items() if v is not None]
+    metrics = {k: summary[k] for k in _SUMMARY_METRICS if summary.get(k) is not None}
+    if metrics:
+        lines += ["", "## Metrics", "", "| metric | value |", "|---|---|"]
+        lines += [f"| {k} | {v:.4g} |" if isinstance(v, float) else f"| {k} | {v} |" for k, v in metrics.items()]
+    if eval_md:
+        lines += ["", "## Evaluation", "", "\n".join("###" + ln[1:] if ln.startswith("# ") else ln
+                                                    for ln in eval_md.strip().splitlines())]
+    lines += ["", "## Files", "",
+              "- `model.safetensors`: weights (with the observation/action normalisation buffers)",
+              "- `config.json`: policy settings and env dimensions (what rebuilds the policy)",
+              "- `norm_stats.json`: the normalisation statistics, readable",
+              "- `training.json`: command, commit and counters of the training run", ""]
+    return "\n".join(lines)
+
+
+def export_checkpoint(checkpoint: str | Path, out: str | Path, repo_id: str | None = None) -> Path:
+    """Write a Hub-ready folder for `checkpoint` (a checkpoint folder, run folder or hf:// path) into `out`."""
+    src = checkpoint_folder(checkpoint)
+    out = Path(out)
+    if out.resolve() == src.resolve():
+        raise ValueError(f"export to {out}: choose another folder than the checkpoint itself")
+    config = read_model_config(src)
+    load_checkpoint(src)  # the weights must fit their config before anyone downloads them
+    out.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(src / "model.safetensors", out / "model.safetensors")
+    shutil.copyfile(src / "config.json", out / "config.json")
+    norm = _norm_stats(src)
+    if norm:
+        (out / NORM_STATS).write_text(json.dumps(norm, indent=1, sort_keys=True))
+    info = json.loads((src / TRAINING_INFO).read_text()) if (src / TRAINING_INFO).exists() else {}
+    if info:
+        (out / TRAINING_INFO).write_text(json.dumps(info, indent=2))
+    run = _run_folder(src)
+    summary = json.loads((run / "summary.json").read_text()) if run and (run / "summary.json").exists() else {}
+    (out / "README.md").write_text(model_card(config, info, summary, _eval_markdown(summary, src), repo_id))
+    return out
+
+
+def push_checkpoint(checkpoint: str | Path, repo_id: str, private: bool = False, revision: str | None = None,
+                    message: str | None = None) -> str:
+    """Export `checkpoint` and upload it to the Hub model repo `repo_id` (created if missing); the
+    token comes from HF_TOKEN or `hf auth login`. Returns the commit URL."""
+    from huggingface_hub import HfApi  # only pushing needs the network client
+    from huggingface_hub.errors import HfHubHTTPError
+
+    api = HfApi()
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = export_checkpoint(checkpoint, Path(tmp) / "export", repo_id=repo_id)
+        try:
+            api.create_repo(repo_id, repo_type="model", private=private, exist_ok=True)
+            if revision:
+                api.create_branch(repo_id, branch=revision, repo_type="model", exist_ok=True)
+            info = api.upload_folder(repo_id=repo_id, folder_path=str(folder), repo_type="model", revision=revision,
+                                     commit_message=message or f"rlfleet export of {checkpoint}")
+        except (HfHubHTTPError, OSError, ConnectionError) as exc:  # no token, offline, no write access: one line
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ValueError(f"push to {repo_id} failed: {first}") from exc
+    return str(getattr(info, "commit_url", info))

@@ -1,0 +1,167 @@
+"""Hugging Face Hub checkpoints without a network: `rlfleet export` writes a Hub-ready folder, a
+Hugging Face cache laid out in a temp dir serves it as hf://ORG/NAME[@REV] under HF_HUB_OFFLINE=1,
+and the policy loaded from there acts exactly as the original."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlfleet.learner.checkpointer import Checkpointer, TrainerCounters
+from rlfleet.policies.checkpoint_io import model_config, parse_hub_path, policy_from_config
+
+pytest.importorskip("huggingface_hub")
+
+COMMIT_MAIN, COMMIT_V1 = "a" * 40, "b" * 40
+ENV = {"name": "metaworld", "task": "reach-v3", "max_episode_steps": 150, "chunk_size": 1, "image_size": 0}
+
+
+def make_run(tmp_path: Path) -> Path:
+    """A run folder as a training run leaves it: a checkpoint, config.yaml and summary.json."""
+    run = tmp_path / "run"
+    torch.manual_seed(0)
+    policy_cfg = {"name": "gaussian_mlp", "hidden_sizes": [16, 16]}
+    policy = policy_from_config(policy_cfg, 39, 4, 1)
+    policy.update_normalization({"states": torch.randn(64, 39) * 3 + 1})
+    opt = torch.optim.Adam(policy.parameters())
+    info = {"command": "rlfleet train metaworld_reach_ppo runner.seed=3", "commit": "0123abc",
+            "rlfleet_version": "0.1.0"}
+    folder = Checkpointer(run, info=info).save(policy, opt, TrainerCounters(update=5, env_steps=20480),
+                                              model_config(policy_cfg, 39, 4, 1, ENV))
+    (run / "config.yaml").write_text("runner:\n  experiment_name: reach\n")
+    (run / "summary.json").write_text(json.dumps({
+        "env_steps": 20480, "updates": 5, "train_seconds": 61.5, "eval_success_mean": 0.9,
+        "eval_success": {"reach-v3": 0.9}, "eval_before": {"reach-v3": 0.2}, "eval_before_mean": 0.2}))
+    return folder
+
+
+def cli(*args: str, env: dict | None = None, timeout: float = 180) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "rlfleet.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, **(env or {})})
+
+
+def lay_hf_cache(cache: Path, repo_id: str, folder: Path, commit: str, refs: tuple[str, ...]) -> Path:
+    """The huggingface_hub cache layout: models--ORG--NAME/{blobs, snapshots/COMMIT, refs/REF}, with
+    snapshot files linking to content-addressed blobs, as snapshot_download leaves it."""
+    root = cache / ("models--" + repo_id.replace("/", "--"))
+    snap = root / "snapshots" / commit
+    snap.mkdir(parents=True)
+    (root / "blobs").mkdir(exist_ok=True)
+    for i, src in enumerate(sorted(folder.iterdir())):
+        blob = root / "blobs" / f"{commit[:8]}{i:032x}"
+        shutil.copyfile(src, blob)
+        (snap / src.name).symlink_to(os.path.relpath(blob, snap))
+    (root / "refs").mkdir(exist_ok=True)
+    for ref in refs:
+        (root / "refs" / ref).write_text(commit)
+    return snap
+
+
+def test_parse_hub_path():
+    assert parse_hub_path("hf://acme/reach") == ("acme/reach", None)
+    assert parse_hub_path("hf://acme/reach@v1.2") == ("acme/reach", "v1.2")
+    with pytest.raises(ValueError, match="hf://ORG/NAME"):
+        parse_hub_path("hf://reach")
+
+
+def test_export_writes_a_hub_ready_folder(tmp_path):
+    ckpt = make_run(tmp_path)
+    out = tmp_path / "export"
+    res = cli("export", str(ckpt.parent.parent), str(out), "--repo-id", "acme/reach-mlp")  # the run folder
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", "config.json", "model.safetensors",
+                                                     "norm_stats.json", "training.json"]
+    assert (out / "model.safetensors").read_bytes() == (ckpt / "model.safetensors").read_bytes()
+    norm = json.loads((out / "norm_stats.json").read_text())
+    assert len(norm["observation"]["obs_norm"]["mean"]) == 39 and len(norm["observation"]["obs_norm"]["std"]) == 39
+    card = (out / "README.md").read_text()
+    assert card.startswith("---\nlibrary_name: rlfleet\n")
+    assert "rlfleet train metaworld_reach_ppo runner.seed=3" in card  # training command
+    assert "0123abc" in card and "| env_steps | 20480 |" in card  # commit, metrics
+    assert "| reach-v3 | Easy | 20.0 | 90.0 | +70.0 |" in card  # before / after table
+    assert "rlfleet eval hf://acme/reach-mlp" in card
+    assert not list(out.glob("trainer_state*"))  # optimiser state stays private
+
+
+def test_export_of_a_non_checkpoint_is_one_line(tmp_path):
+    res = cli("export", str(tmp_path), str(tmp_path / "out"))
+    assert res.returncode == 2
+    assert len(res.stderr.strip().splitlines()) == 1 and "not a checkpoint folder" in res.stderr
+
+
+_ACT_SCRIPT = textwrap.dedent("""
+    import json, sys
+    import torch
+    from rlfleet.policies.checkpoint_io import load_checkpoint, policy_from_config, resolve_model_path
+    local, *hub = sys.argv[1:]
+    torch.manual_seed(7)
+    obs = {"states": torch.randn(5, 39)}
+    def act(path):
+        policy, _ = load_checkpoint(path)
+        return policy.act(obs, deterministic=True)["actions"]
+    ref = act(local)
+    out = {p: {"same": bool(torch.equal(act(p), ref)), "path": str(resolve_model_path(p))} for p in hub}
+    # the learner's path: policy.model_path=hf://... checked against the run's dimensions
+    p = policy_from_config({"name": "gaussian_mlp", "model_path": hub[0]}, 39, 4, 1)
+    out["policy_from_config"] = bool(torch.equal(p.act(obs, deterministic=True)["actions"], ref))
+    print(json.dumps(out))
+""")
+
+
+def test_hf_path_round_trip_from_an_offline_cache(tmp_path):
+    ckpt = make_run(tmp_path)
+    out = tmp_path / "export"
+    assert cli("export", str(ckpt), str(out)).returncode == 0
+    cache = tmp_path / "hf" / "hub"
+    snap = lay_hf_cache(cache, "acme/reach-mlp", out, COMMIT_MAIN, ("main",))
+    (cache / "models--acme--reach-mlp" / "refs" / "v1").write_text(COMMIT_MAIN)
+    env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
+    env.pop("HF_TOKEN", None)
+    res = subprocess.run([sys.executable, "-c", _ACT_SCRIPT, str(ckpt), "hf://acme/reach-mlp", "hf://acme/reach-mlp@v1",
+                          f"hf://acme/reach-mlp@{COMMIT_MAIN}"], capture_output=True, text=True, env=env, timeout=180)
+    assert res.returncode == 0, res.stderr[-3000:]
+    result = json.loads(res.stdout.strip().splitlines()[-1])
+    for path in ("hf://acme/reach-mlp", "hf://acme/reach-mlp@v1", f"hf://acme/reach-mlp@{COMMIT_MAIN}"):
+        assert result[path] == {"same": True, "path": str(snap)}, path
+    assert result["policy_from_config"] is True
+
+    # not cached + offline: one line, exit 2
+    ev = cli("eval", "hf://acme/missing", "--episodes", "1", env=env)
+    assert ev.returncode == 2
+    assert len(ev.stderr.strip().splitlines()) == 1 and "hf://acme/missing" in ev.stderr, ev.stderr
+
+
+@pytest.mark.slow  # two MetaWorld evaluations: ~30 s on 2 busy cores
+def test_rlfleet_eval_of_hf_path_matches_the_local_folder(tmp_path):
+    """`rlfleet eval hf://...` (offline cache) reports what `rlfleet eval FOLDER` does: same
+    weights, same seeds, same episodes."""
+    ckpt = make_run(tmp_path)
+    out = tmp_path / "export"
+    assert cli("export", str(ckpt), str(out)).returncode == 0
+    cache = tmp_path / "hf" / "hub"
+    lay_hf_cache(cache, "acme/reach-mlp", out, COMMIT_V1, ("v1",))
+    env = {"HF_HOME": str(tmp_path / "hf"), "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
+    reports = []
+    for path in (str(ckpt), "hf://acme/reach-mlp@v1"):
+        res = cli("eval", path, "--episodes", "2", "--json", "--out", str(tmp_path / path.replace("/", "_")), env=env,
+                  timeout=240)
+        assert res.returncode == 0, res.stderr[-3000:]
+        reports.append(json.loads(res.stdout.strip().splitlines()[-1]))
+    assert reports[0]["tasks"] == reports[1]["tasks"] and reports[0]["tasks"][0]["task"] == "reach-v3"
+
+
+def test_push_without_network_is_one_line(tmp_path):
+    """`rlfleet push` is not run against the Hub in tests; offline it fails cleanly after exporting."""
+    ckpt = make_run(tmp_path)
+    env = {"HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1", "HF_TOKEN": ""}
+    res = cli("push", str(ckpt), "acme/reach-mlp", env=env)
+    assert res.returncode == 2
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and "push to acme/reach-mlp failed" in lines[0], res.stderr
