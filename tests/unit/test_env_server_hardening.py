@@ -117,6 +117,7 @@ def _rss_mb() -> float:
         return int(f.read().split()[1]) * 4096 / 1e6
 
 
+@pytest.mark.slow  # MetaWorld builds take seconds each on a shared CPU
 def test_sessions_opened_and_closed_do_not_grow_the_server():
     pytest.importorskip("metaworld")
     cfg = EnvServerConfig(env=EnvConfig(name="metaworld", task="reach-v3", max_episode_steps=20, image_size=0))
