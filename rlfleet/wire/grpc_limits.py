@@ -39,7 +39,7 @@ class StreamLimits:
     keepalive_timeout_s: float = 20.0  # a ping unanswered this long closes the connection
 
     @classmethod
-    def from_env(cls) -> "StreamLimits":
+    def from_env(cls) -> StreamLimits:
         return cls(max_streams=int(_env_float("RLFLEET_GRPC_MAX_STREAMS", cls.max_streams)),
                    idle_s=_env_float("RLFLEET_GRPC_STREAM_IDLE_S", cls.idle_s))
 
@@ -56,12 +56,12 @@ class StreamLimits:
 class _Reaper:
     """One daemon thread for every server in the process, checking their silent streams."""
 
-    _budgets: "weakref.WeakSet[StreamBudget]" = weakref.WeakSet()
+    _budgets: weakref.WeakSet[StreamBudget] = weakref.WeakSet()  # noqa: RUF012  (shared by design)
     _lock = threading.Lock()
     _thread: threading.Thread | None = None
 
     @classmethod
-    def add(cls, budget: "StreamBudget") -> None:
+    def add(cls, budget: StreamBudget) -> None:
         with cls._lock:
             cls._budgets.add(budget)
             if cls._thread is None:

@@ -11,6 +11,7 @@ dtypes are limited to plain numeric ones (no object pointers in shared memory).
 """
 from __future__ import annotations
 
+import _posixshmem  # the module multiprocessing.shared_memory itself uses for shm_open
 import ctypes
 import hmac
 import json
@@ -22,7 +23,6 @@ import weakref
 from dataclasses import dataclass
 from multiprocessing import shared_memory
 
-import _posixshmem  # the module multiprocessing.shared_memory itself uses for shm_open
 import numpy as np
 
 from rlfleet.wire.codec import WireFormatError
@@ -163,7 +163,7 @@ class SharedArrays:
         return bytes(self.shm.buf[len(_MAGIC):len(_MAGIC) + _SECRET_BYTES]).hex()
 
     @classmethod
-    def create(cls, layout: Layout, prefix: str = PREFIX) -> "SharedArrays":
+    def create(cls, layout: Layout, prefix: str = PREFIX) -> SharedArrays:
         _, size = _offsets(layout)
         shm = shared_memory.SharedMemory(
             name=f"{prefix}_{secrets.token_hex(6)}", create=True, size=size
@@ -176,7 +176,7 @@ class SharedArrays:
         return out
 
     @classmethod
-    def attach(cls, name: str, layout: Layout, untrack: bool = True, secret: str | None = None) -> "SharedArrays":
+    def attach(cls, name: str, layout: Layout, untrack: bool = True, secret: str | None = None) -> SharedArrays:
         """Map an existing block; with `secret`, only an rlfleet block holding that secret.
 
         The mapping is never registered with a resource tracker (so no process but the owner

@@ -160,8 +160,11 @@ def test_attach_cycles_do_not_leak_fds_and_released_blocks_are_unmapped(server):
             raw = Raw(server)
             assert raw.attach(blk)[0] == b"ok", i
             raw.close()
+        deadline = time.monotonic() + 30  # closed TCP connections are reaped by ZeroMQ's I/O thread, soon
+        while _fds() - before >= 20 and time.monotonic() < deadline:
+            time.sleep(0.1)
         grown = _fds() - before
-        assert grown < 20, grown  # was one fd per attach
+        assert grown < 20, grown  # was one or two fds per attach, held for good
         assert len(server.zmq.blocks) == 400
     finally:
         blk.close()  # the owner removes its block: the server notices and unmaps every attach of it

@@ -4,13 +4,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from test_learner_service import B, K, T, make_segment
 
 from rlfleet.learner.metrics import MAX_TASK_SERIES, EpisodeWindow
 from rlfleet.policies.gaussian_mlp import GaussianMLPPolicy, PolicyConfig, RunningNorm
 from rlfleet.telemetry.prometheus import scalar_gauges
 from rlfleet.wire.codec import WireFormatError
 from rlfleet.wire.segment import Segment
-from test_learner_service import B, K, T, make_segment
 
 
 @pytest.mark.parametrize("steps", [2 ** 40, -1, -(2 ** 40), T * B * K + 1])
@@ -39,7 +39,7 @@ def test_negative_and_unknown_task_ids_do_not_crash_the_metrics():
     window = EpisodeWindow(["reach", "push"])
     window.add(_episodes([0, 1, -1, -(2 ** 40), 2, 2 ** 62]))
     scalars = window.scalars()
-    assert set(k for k in scalars if k.startswith("env/success_once/")) == {"env/success_once/reach",
+    assert {k for k in scalars if k.startswith("env/success_once/")} == {"env/success_once/reach",
                                                                            "env/success_once/push"}
     assert scalars["env/unknown_task_episodes"] == 4 and len(window.recent) == 6
 
