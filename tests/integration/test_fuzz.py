@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import struct
 import threading
+import time
 
 import grpc
 import numpy as np
@@ -579,5 +580,9 @@ def test_storm_on_every_service_leaves_them_serving(inference_server, learner, e
         assert codec.decode_map(step.obs)["states"].shape == (2, 2)
     finally:
         blk.close()
+    deadline = time.monotonic() + 30  # closed connections are reaped by the I/O threads, soon
+    while _fds() - before_fds >= FD_BOUND and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert _fds() - before_fds < FD_BOUND, (before_fds, _fds())
     assert _rss_mb() - before_rss < RSS_BOUND_MB, (before_rss, _rss_mb())
+    print(f"storm: {sent} messages, fds {before_fds} -> {_fds()}, RSS {before_rss:.0f} -> {_rss_mb():.0f} MB")
