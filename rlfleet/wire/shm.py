@@ -132,7 +132,8 @@ class _Mapping:
             os.close(fd)  # the mapping keeps the memory: an attach costs no fd
         memory = (ctypes.c_char * size).from_address(addr)
         # munmap when the last reference goes (ours and every numpy view's): never under a live view
-        weakref.finalize(memory, lib.munmap, addr, size)
+        weakref.finalize(memory, lib.munmap, addr, size).atexit = False  # at exit the OS unmaps (a daemon
+        # thread may still hold a view then)
         self.name, self.size = name, size
         self.buf: memoryview | None = memoryview(memory).cast("B")
 
