@@ -4,8 +4,8 @@ gRPC's Python server runs each call on a worker thread for as long as the call l
 Act, PushTrajectory or WatchWeights stream therefore holds a thread; with one shared pool, a
 few dozen idle streams left no thread for health checks, Act or Push. `StreamBudget` (a server
 interceptor) admits at most `max_streams` streaming calls at once, refusing more with
-RESOURCE_EXHAUSTED, and the pool is sized to those plus `unary_workers`, so unary calls always
-find a thread. A request stream that sends nothing for `idle_s` while the server waits on it is
+RESOURCE_EXHAUSTED, and the pool is sized to those plus the server's own workers
+(`start_grpc_server(max_workers=32)`), so unary calls always find a thread. A request stream that sends nothing for `idle_s` while the server waits on it is
 cancelled; HTTP/2 keepalive pings find peers that vanished without closing their connection.
 """
 from __future__ import annotations
@@ -33,8 +33,9 @@ def _env_float(name: str, default: float) -> float:
 @dataclass(frozen=True)
 class StreamLimits:
     max_streams: int = 256  # streaming calls at once (RLFLEET_GRPC_MAX_STREAMS)
-    unary_workers: int = 32  # threads left for unary calls whatever the streams do
-    idle_s: float = 600.0  # a request stream silent this long is cancelled (RLFLEET_GRPC_STREAM_IDLE_S)
+    # a request stream silent this long is cancelled (RLFLEET_GRPC_STREAM_IDLE_S); long, because an
+    # actor legitimately goes quiet on its Act stream while it waits out a slow learner update
+    idle_s: float = 3600.0
     keepalive_s: float = 60.0  # HTTP/2 ping interval on every connection
     keepalive_timeout_s: float = 20.0  # a ping unanswered this long closes the connection
 
