@@ -138,9 +138,17 @@ class ShmInferenceClient(_ZmqClientBase):
         super().__init__(endpoint, slots, timeout_s, should_stop)
         req = next(self._ids)
         layout = {k: [list(v.shape), v.dtype] for k, v in slots.layout.items()}
+        # the block's secret proves to the server that this client may have the block written
         self._send([b"attach", struct.pack("<Q", req),
-                                  json.dumps({"shm_name": slots.name, "layout": layout}).encode()])
+                    json.dumps({"shm_name": slots.name, "layout": layout, "secret": slots.secret}).encode()])
         self._recv_for(req)
+
+    def close(self) -> None:
+        try:  # the server unmaps the block now rather than when it notices the block is gone
+            self._send([b"detach", struct.pack("<Q", next(self._ids))])
+        except zmq.ZMQError:
+            pass
+        super().close()
 
     def submit(self, stage: int, lo: int, hi: int, deterministic: bool = False) -> None:
         req = next(self._ids)

@@ -7,7 +7,10 @@ status and counted; it never takes the server down or corrupts a session.
 """
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import dataclasses
+import gc
 import logging
 import threading
 import time
@@ -22,7 +25,9 @@ from rlfleet.envs.env_messages import reset_reply, spec_reply, step_reply
 from rlfleet.envs.registry import make_env
 from rlfleet.wire import codec
 from rlfleet.wire.gen import env_pb2, env_pb2_grpc
+from rlfleet.wire.grpc_decoding import add_servicer
 from rlfleet.wire.grpc_server import start_grpc_server
+from rlfleet.wire.rejections import RejectionCounter
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = "rlfleet.v1.EnvService"
@@ -46,6 +51,25 @@ class RequestError(Exception):
     def __init__(self, code: grpc.StatusCode, message: str):
         super().__init__(message)
         self.code = code
+        self.reason = code.name.lower()
+
+
+def _libc_trim():
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # not glibc
+        return None
+
+
+_MALLOC_TRIM = _libc_trim()
+
+
+def release_memory() -> None:
+    """After closing envs: simulators leave reference cycles (and glibc keeps freed arenas), which
+    grew the server by tens of MB per session opened and closed; collect them and hand the pages back."""
+    gc.collect()
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)
 
 
 @dataclass
@@ -65,8 +89,10 @@ class EnvServicer(env_pb2_grpc.EnvServiceServicer):
         self.cfg = cfg
         self.sessions: dict[str, _Session] = {}
         self.errors: Counter[str] = Counter()  # rejected calls by status code name
+        self.rejections = RejectionCounter()  # the same calls by reason (undecodable, bad_shape, ...)
         self.calls: Counter[str] = Counter()
-        self._lock = threading.Lock()  # the session table; env construction also happens under it
+        self._lock = threading.Lock()  # the session table only: envs are built and closed outside it
+        self._reserved = 0  # envs of sessions being built right now, counted against max_envs
 
     # --- RPCs -------------------------------------------------------------------------------
 
@@ -89,15 +115,22 @@ class EnvServicer(env_pb2_grpc.EnvServiceServicer):
         try:
             return handler()
         except RequestError as exc:
-            self._reject(rpc, context, exc.code, str(exc))
+            self._reject(rpc, context, exc.code, str(exc), exc.reason)
         except (codec.WireFormatError, ValueError) as exc:  # the env's own input checks
-            self._reject(rpc, context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            self._reject(rpc, context, grpc.StatusCode.INVALID_ARGUMENT, str(exc), getattr(exc, "reason", "bad_value"))
         except Exception as exc:  # a simulator failure: report it, keep serving
             log.exception("%s failed", rpc)
-            self._reject(rpc, context, grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}")
+            self._reject(rpc, context, grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}", "simulator_error")
 
-    def _reject(self, rpc: str, context: grpc.ServicerContext, code: grpc.StatusCode, message: str) -> None:
+    def count_undecodable(self, reason: str) -> None:
+        """A request whose bytes are no message (`rlfleet.wire.grpc_decoding`): INVALID_ARGUMENT, counted."""
+        self.errors[grpc.StatusCode.INVALID_ARGUMENT.name] += 1
+        self.rejections.count(reason)
+
+    def _reject(self, rpc: str, context: grpc.ServicerContext, code: grpc.StatusCode, message: str,
+                reason: str) -> None:
         self.errors[code.name] += 1
+        self.rejections.count(reason)
         log.warning("rejected %s (%s): %s", rpc, code.name, message)
         context.abort(code, message)
 
@@ -114,12 +147,19 @@ class EnvServicer(env_pb2_grpc.EnvServiceServicer):
             if old is not None and old.settings == settings:
                 old.last_used = time.monotonic()
                 return self._describe(old.env)
-            self._make_room(n, replacing=old)
+            retired = self._make_room(n, replacing=old)
+            self._reserved += n
+        self._close_envs(retired)
+        try:  # built outside the table's lock: a slow simulator start does not stall other sessions
             env_cfg = dataclasses.replace(self.cfg.env, seed=settings[2], chunk_size=k)
             env = make_env(env_cfg, n, env_offset=settings[1])
-            if old is not None:
-                self._retire(request.session_id, old)
+        finally:
+            with self._lock:
+                self._reserved -= n
+        with self._lock:
+            old = self.sessions.pop(request.session_id, None)  # the one replaced (or a racing open's)
             self.sessions[request.session_id] = _Session(env, settings)
+        self._close_envs([old] if old is not None else [])
         log.info("session %r: %d envs from index %d, seed %d, chunk %d (%d sessions)",
                  request.session_id, n, settings[1], settings[2], k, len(self.sessions))
         return self._describe(env)
@@ -128,29 +168,35 @@ class EnvServicer(env_pb2_grpc.EnvServiceServicer):
         obs_spec = observation_spec(self.cfg.env, env.spec.state_dim)
         return spec_reply(env.spec, env.task_list, obs_spec, self.cfg.env.name)
 
-    def _make_room(self, n: int, replacing: _Session | None) -> None:
-        """Close idle sessions until n more envs fit under max_envs (caller holds the lock)."""
+    def _make_room(self, n: int, replacing: _Session | None) -> list[_Session]:
+        """Take idle sessions out of the table until n more envs fit under max_envs (caller holds
+        the lock); returns them for `_close_envs` once the lock is released."""
         def in_use() -> int:
-            return sum(s.settings[0] for s in self.sessions.values() if s is not replacing)
+            return self._reserved + sum(s.settings[0] for s in self.sessions.values() if s is not replacing)
 
+        retired: list[_Session] = []
         if in_use() + n <= self.cfg.max_envs:
-            return
+            return retired
         now = time.monotonic()
         for sid, s in sorted(self.sessions.items(), key=lambda kv: kv[1].last_used):
             if s is not replacing and now - s.last_used > self.cfg.session_idle_s:
                 log.info("closing session %r, idle for %.0fs", sid, now - s.last_used)
-                self._retire(sid, s)
+                retired.append(self.sessions.pop(sid))
                 if in_use() + n <= self.cfg.max_envs:
-                    return
+                    return retired
+        self._close_envs(retired)  # idle past the limit either way (under the lock: rare)
         raise RequestError(grpc.StatusCode.RESOURCE_EXHAUSTED,
                            f"{n} more envs would exceed this server's limit of {self.cfg.max_envs} "
                            f"({in_use()} in use by {len(self.sessions)} sessions); close sessions or raise --max-envs")
 
-    def _retire(self, sid: str, session: _Session) -> None:
-        self.sessions.pop(sid, None)
-        with session.lock:  # let a call in flight finish first
-            session.closed = True
-            session.env.close()
+    def _close_envs(self, sessions: list[_Session]) -> None:
+        """Close sessions already out of the table (no lock held: closing a simulator takes a while)."""
+        for session in sessions:
+            with session.lock:  # let a call in flight finish first
+                session.closed = True
+                session.env.close()
+        if sessions:
+            release_memory()
 
     def _session(self, sid: str) -> _Session:
         with self._lock:
@@ -197,16 +243,16 @@ class EnvServicer(env_pb2_grpc.EnvServiceServicer):
 
     def _close_session(self, sid: str) -> env_pb2.CloseReply:
         with self._lock:
-            session = self.sessions.get(sid)
-            if session is not None:
-                self._retire(sid, session)
+            session = self.sessions.pop(sid, None)
+        self._close_envs([session] if session is not None else [])
         return env_pb2.CloseReply()
 
     def close(self) -> None:
         """Close every session's envs (server shutdown)."""
         with self._lock:
-            for sid, session in list(self.sessions.items()):
-                self._retire(sid, session)
+            sessions = list(self.sessions.values())
+            self.sessions.clear()
+        self._close_envs(sessions)
 
 
 def check_env_config(cfg: EnvServerConfig) -> None:
@@ -221,7 +267,9 @@ def serve_env(cfg: EnvServerConfig) -> tuple[grpc.Server, int, EnvServicer]:
     check_env_config(cfg)
     servicer = EnvServicer(cfg)
     server, port = start_grpc_server(
-        cfg.host, cfg.port, [lambda s: env_pb2_grpc.add_EnvServiceServicer_to_server(servicer, s)], [SERVICE_NAME]
+        cfg.host, cfg.port,
+        [lambda s: add_servicer(env_pb2_grpc.add_EnvServiceServicer_to_server, servicer, s, servicer.count_undecodable)],
+        [SERVICE_NAME],
     )
     return server, port, servicer
 

@@ -5,6 +5,7 @@ It never waits for a fixed number of actors, so an actor that dies cannot stall 
 from __future__ import annotations
 
 import queue
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,22 +26,50 @@ class InferenceRequest:
         return int(next(iter(self.obs.values())).shape[0])
 
 
+MAX_PENDING_BYTES = 512 * 1024 * 1024  # observation bytes waiting for a batch, all requests together
+
+
 class DynamicBatcher:
-    def __init__(self, max_batch: int, max_wait_ms: float, max_pending: int = 4096):
+    def __init__(self, max_batch: int, max_wait_ms: float, max_pending: int = 4096,
+                 max_pending_bytes: int = MAX_PENDING_BYTES):
         if max_batch < 1:
             raise ValueError("max_batch must be >= 1")
         self.max_batch = max_batch
         self.max_wait = max_wait_ms / 1000.0
         self._q: queue.Queue[InferenceRequest] = queue.Queue(maxsize=max_pending)
         self._carry: InferenceRequest | None = None
-        self.overloaded = 0  # requests refused because max_pending were already waiting
+        self.max_pending_bytes = max_pending_bytes
+        self._bytes = 0  # held by queued requests (each is a private copy): bounded, not just counted
+        self._bytes_lock = threading.Lock()
+        self.overloaded = 0  # requests refused because max_pending (or max_pending_bytes) were already waiting
+
+    @staticmethod
+    def _nbytes(req: InferenceRequest) -> int:
+        return sum(int(getattr(v, "nbytes", 0)) for v in req.obs.values())
+
+    def pending_bytes(self) -> int:
+        return self._bytes
 
     def submit(self, req: InferenceRequest) -> None:
+        size = self._nbytes(req)
+        with self._bytes_lock:
+            fits = self._bytes + size <= self.max_pending_bytes or self._bytes == 0
+            if fits:
+                self._bytes += size
+        if not fits:
+            self.overloaded += 1
+            req.fail("inference server overloaded: too many pending observation bytes")
+            return
         try:
             self._q.put_nowait(req)
         except queue.Full:
+            self._taken(req)
             self.overloaded += 1
             req.fail("inference server overloaded: too many pending requests")
+
+    def _taken(self, req: InferenceRequest) -> None:
+        with self._bytes_lock:
+            self._bytes -= self._nbytes(req)
 
     def pending(self) -> int:
         return self._q.qsize() + (self._carry is not None)
@@ -54,6 +83,7 @@ class DynamicBatcher:
                 first = self._q.get(timeout=timeout)
             except queue.Empty:
                 return []
+            self._taken(first)
         batch, rows = [first], first.rows
         deadline = time.monotonic() + self.max_wait
         while rows < self.max_batch:
@@ -62,6 +92,7 @@ class DynamicBatcher:
                 req = self._q.get_nowait() if remaining <= 0 else self._q.get(timeout=remaining)
             except queue.Empty:
                 break
+            self._taken(req)
             if rows + req.rows > self.max_batch:
                 self._carry = req
                 break

@@ -111,5 +111,18 @@ class PolicyRunner:
             self.rows += n
             start = 0
             for r in group:
-                r.respond({k: v[start : start + r.rows] for k, v in arrays.items()}, self.version)
+                self._deliver(r, {k: v[start : start + r.rows] for k, v in arrays.items()})
                 start += r.rows
+
+    def _deliver(self, r: InferenceRequest, out: dict[str, np.ndarray]) -> None:
+        """One caller's answer; a front end that cannot deliver it fails that request only,
+        never the batching thread (and with it the server)."""
+        try:
+            r.respond(out, self.version)
+        except Exception as exc:
+            log.exception("could not deliver an answer")
+            self.errors += 1
+            try:
+                r.fail(f"the answer could not be delivered: {type(exc).__name__}: {exc}")
+            except Exception:
+                log.exception("could not deliver an error either")

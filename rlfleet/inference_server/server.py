@@ -51,7 +51,7 @@ class InferenceServer:
             host, grpc_port,
             [lambda s: add_servicer(inference_pb2_grpc.add_InferenceServiceServicer_to_server, self.servicer, s,
                                     self.servicer.rejections.count)],
-            ["rlfleet.v1.InferenceService"], auth=auth,
+            ["rlfleet.v1.InferenceService"], auth=auth, on_refused=self.servicer.rejections.count,
         )
         self.address = f"{host}:{self.grpc_port}"
         self.subscriber = subscriber

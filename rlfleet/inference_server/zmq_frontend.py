@@ -1,7 +1,10 @@
 """ZeroMQ front end: raw tensor frames from remote actors, or shared-memory rows from local ones.
 
 Protocol (DEALER -> ROUTER), every message [kind, request_id(8 bytes little endian), ...]:
-- b"attach" + JSON {shm_name, layout}: map the actor's shared-memory block (same host only);
+- b"attach" + JSON {shm_name, layout, secret}: map the actor's shared-memory block (same host
+  only; an `rlfleet_` name, plain dtypes, and the block's own secret, see `rlfleet.wire.shm`);
+- b"detach": release this connection's block (clients send it on close; blocks whose owner
+  removed them are released too, and at most MAX_ATTACHED are held, least recently used first);
 - b"act_shm" + int64[3] (lo, hi, deterministic): read the observation rows lo:hi from the block,
   write the outputs into the same rows (`rlfleet.wire.slots`), answer b"done" + int64 policy version;
 - b"act" + flag byte + codec frames: answer b"result" + int64 version + codec frames;
@@ -13,8 +16,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import struct
 import threading
+import time
 
 import numpy as np
 import zmq
@@ -23,11 +28,24 @@ from rlfleet.inference_server.batcher import DynamicBatcher, InferenceRequest
 from rlfleet.wire import codec
 from rlfleet.wire.auth import AuthConfig, check_bind_host, check_zmq_token, is_loopback, resolve
 from rlfleet.wire.rejections import RejectionCounter
-from rlfleet.wire.shm import SharedArrays, layout_from_json
+from rlfleet.wire.shm import SharedArrays, check_layout
 from rlfleet.wire.slots import BASE_OUTPUTS, obs_keys, output_slot
 
 log = logging.getLogger(__name__)
 _I64 = struct.Struct("<q")
+MAX_ATTACHED = 1024  # blocks mapped at once (one per actor connection); the oldest idle one goes first
+_SWEEP_S = 5.0  # how often blocks whose owner has removed them are released
+_SHM_DIR = "/dev/shm"
+
+
+class _Attached:
+    """One attached block and the requests still using it: it is unmapped only when none is."""
+
+    def __init__(self, blk: SharedArrays):
+        self.blk = blk
+        self.pending = 0
+        self.retired = False
+        self.last_used = time.monotonic()
 
 
 class ZmqFrontend:
@@ -56,7 +74,9 @@ class ZmqFrontend:
         self.outbox.bind(self._outbox_addr)
         self._local = threading.local()
         self._pushers: list[zmq.Socket] = []
-        self.blocks: dict[bytes, SharedArrays] = {}
+        self.blocks: dict[bytes, _Attached] = {}  # by connection identity; touched by the socket thread only
+        self._blocks_lock = threading.Lock()  # pending/retired, shared with the batching thread
+        self.released_blocks = 0  # blocks unmapped after a detach, re-attach, owner gone, or eviction
         self.errors = 0  # every error answer, batch-stage failures (overload, policy) included
         self.rejections = RejectionCounter()  # requests refused here, by reason
         self.auth_rejected = 0
@@ -88,7 +108,11 @@ class ZmqFrontend:
         poller = zmq.Poller()
         poller.register(self.router, zmq.POLLIN)
         poller.register(self.outbox, zmq.POLLIN)
+        next_sweep = time.monotonic() + _SWEEP_S
         while not self._stop.is_set():
+            if time.monotonic() >= next_sweep:
+                self._sweep()
+                next_sweep = time.monotonic() + _SWEEP_S
             for sock, _ in poller.poll(100):
                 if sock is self.outbox:
                     while True:
@@ -103,8 +127,8 @@ class ZmqFrontend:
                         except zmq.Again:
                             break
                         self._handle(frames)
-        for blk in self.blocks.values():
-            blk.close()
+        for ident in list(self.blocks):
+            self._retire(ident)
         self.router.close()
         self.outbox.close()
 
@@ -130,6 +154,9 @@ class ZmqFrontend:
             if kind == b"attach":
                 self._attach(ident.bytes, frames[3].bytes if len(frames) > 3 else b"")
                 self.router.send_multipart([ident, b"ok", req_id])
+            elif kind == b"detach":
+                self._retire(ident.bytes)
+                self.router.send_multipart([ident, b"ok", req_id])
             elif kind == b"act_shm":
                 self._act_shm(ident, req_id, frames[3:])
             elif kind == b"act":
@@ -145,21 +172,58 @@ class ZmqFrontend:
     def _attach(self, ident: bytes, payload: bytes) -> None:
         try:
             info = json.loads(payload)
-            name, layout = info["shm_name"], layout_from_json(json.dumps(info["layout"]))
-        except (json.JSONDecodeError, KeyError, TypeError) as exc:
-            raise codec.WireFormatError(f"bad attach message: {exc}", reason="protocol") from exc
+            name, raw_layout, secret = info["shm_name"], info["layout"], info.get("secret")
+        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError) as exc:
+            raise codec.WireFormatError(f"bad attach message: {type(exc).__name__}: {str(exc)[:200]}",
+                                        reason="bad_attach") from exc
+        if not isinstance(secret, str) or not isinstance(name, str):
+            raise codec.WireFormatError("attach needs shm_name and the block's secret (strings)", reason="attach_denied")
+        layout = check_layout(raw_layout)
         for key in BASE_OUTPUTS:
             if key not in layout:
-                raise codec.WireFormatError(f"shared block layout lacks {key!r}", reason="protocol")
-        old = self.blocks.pop(ident, None)
-        if old is not None:
-            old.close()
-        self.blocks[ident] = SharedArrays.attach(name, layout)
+                raise codec.WireFormatError(f"shared block layout lacks {key!r}", reason="bad_layout")
+        self._retire(ident)  # a re-attach replaces this connection's block (unmapped once unused)
+        if len(self.blocks) >= MAX_ATTACHED:
+            oldest = min(self.blocks, key=lambda k: self.blocks[k].last_used)
+            log.warning("%d shared blocks attached: releasing the least recently used", len(self.blocks))
+            self._retire(oldest)
+        self.blocks[ident] = _Attached(SharedArrays.attach(name, layout, secret=secret))
+
+    def _retire(self, ident: bytes) -> None:
+        entry = self.blocks.pop(ident, None)
+        if entry is None:
+            return
+        with self._blocks_lock:
+            entry.retired = True
+            idle = entry.pending == 0
+        if idle:
+            self._unmap(entry)
+
+    def _unmap(self, entry: _Attached) -> None:
+        entry.blk.close()
+        self.released_blocks += 1
+
+    def _done_with(self, entry: _Attached) -> None:
+        with self._blocks_lock:
+            entry.pending -= 1
+            idle = entry.retired and entry.pending == 0
+        if idle:
+            self._unmap(entry)
+
+    def _sweep(self) -> None:
+        """Release blocks whose owner removed them: an actor that exited, cleanly or not (its
+        resource tracker unlinks the block), never says detach."""
+        if not os.path.isdir(_SHM_DIR):
+            return
+        for ident, entry in list(self.blocks.items()):
+            if not os.path.exists(os.path.join(_SHM_DIR, entry.blk.name)):
+                self._retire(ident)
 
     def _act_shm(self, ident, req_id: bytes, rest: list) -> None:
-        blk = self.blocks.get(ident.bytes)
-        if blk is None:
+        entry = self.blocks.get(ident.bytes)
+        if entry is None:
             raise codec.WireFormatError("act_shm before attach: send an attach message first", reason="protocol")
+        blk = entry.blk
         if len(rest) != 1 or len(rest[0].bytes) != 24:
             raise codec.WireFormatError("act_shm needs one 24-byte frame (lo, hi, deterministic)", reason="protocol")
         lo, hi, det = struct.unpack("<qqq", rest[0].bytes)
@@ -167,19 +231,52 @@ class ZmqFrontend:
         if not 0 <= lo < hi <= n:
             raise codec.WireFormatError(f"rows {lo}:{hi} outside the block's {n} envs", reason="bad_shape")
         obs = self.validate({k: blk[k][lo:hi] for k in obs_keys(blk.layout)})
+        entry.last_used = time.monotonic()
+        fail_once = self._fail(ident, req_id)
+        answered = threading.Event()
 
-        fail = self._fail(ident, req_id)
+        def fail(msg: str) -> None:
+            if not answered.is_set():
+                answered.set()
+                try:
+                    fail_once(msg)
+                finally:
+                    self._done_with(entry)
 
         def respond(out: dict[str, np.ndarray], version: int) -> None:
-            missing = [output_slot(k) for k in out if output_slot(k) not in blk.layout]
-            if missing:
-                self.rejections.count("slot_mismatch")
-                fail(f"the actor's shared block has no slots {missing} for the policy's outputs")
-                return
+            # Runs in the batching thread: any mismatch must become this request's error, never an exception.
+            problem = None
             for key, value in out.items():
-                blk[output_slot(key)][lo:hi] = value
-            self._reply([ident, b"done", req_id, _I64.pack(version)])
+                slot = output_slot(key)
+                if slot not in blk.layout:
+                    problem = f"the actor's shared block has no slot {slot!r} for the policy's outputs"
+                    break
+                want = (hi - lo, *blk.layout[slot].shape[1:])
+                if tuple(value.shape) != want or not np.can_cast(value.dtype, blk.layout[slot].dtype, "same_kind"):
+                    problem = (f"slot {slot!r} holds {blk.layout[slot].dtype} {list(want)} for these rows, "
+                               f"the policy answers {value.dtype} {list(value.shape)}")
+                    break
+            if problem is not None:
+                self.rejections.count("slot_mismatch")
+                fail(problem)
+                return
+            if answered.is_set():
+                return
+            answered.set()
+            try:  # the block stays mapped until _done_with, even if re-attached meanwhile
+                try:
+                    for key, value in out.items():
+                        blk[output_slot(key)][lo:hi] = value
+                except (ValueError, TypeError) as exc:
+                    self.rejections.count("slot_mismatch")
+                    fail_once(f"could not write the policy's answer into the shared block: {exc}")
+                    return
+                self._reply([ident, b"done", req_id, _I64.pack(version)])
+            finally:
+                self._done_with(entry)
 
+        with self._blocks_lock:
+            entry.pending += 1
         self.batcher.submit(InferenceRequest(obs, bool(det), respond, fail))
 
     def _act_frames(self, ident, req_id: bytes, rest: list) -> None:

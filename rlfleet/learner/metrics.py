@@ -15,19 +15,37 @@ from rlfleet.telemetry.trackers import Backend, MetricsLogger, TensorBoardBacken
 from rlfleet.wire.segment import Segment
 
 
+MAX_TASK_SERIES = 256  # per-task series when the env names no tasks (the ids an actor reports are not trusted)
+
+
 class EpisodeWindow:
-    """The last N finished episodes (overall and per task) for env/* metrics."""
+    """The last N finished episodes (overall and per task) for env/* metrics.
+
+    Per-task series exist only for task ids the env has (0..len(task_names)-1, or the first
+    MAX_TASK_SERIES ids when it names none): a segment's ids come from the network, and each
+    id would otherwise become a Prometheus series and a TensorBoard tag. Episodes with other
+    ids still count overall and in `unknown_task_episodes`.
+    """
 
     def __init__(self, task_names: list[str], size: int = 200, chain_length: int = 0):
         self.task_names = task_names
         self.chain_length = chain_length  # > 0: returns count subtasks in a row (CALVIN metrics)
         self.recent: deque[tuple[float, int, bool, int]] = deque(maxlen=size)
         self.per_task: dict[int, deque[bool]] = {}
+        self.unknown_task_episodes = 0
+
+    def _known(self, task: int) -> bool:
+        if self.task_names:
+            return 0 <= task < len(self.task_names)
+        return 0 <= task and (task in self.per_task or len(self.per_task) < MAX_TASK_SERIES)
 
     def add(self, seg: Segment) -> None:
         for ret, length, ok, task in zip(seg.ep_returns, seg.ep_lengths, seg.ep_success, seg.ep_task_ids):
             self.recent.append((float(ret), int(length), bool(ok), int(task)))
-            self.per_task.setdefault(int(task), deque(maxlen=50)).append(bool(ok))
+            if self._known(int(task)):
+                self.per_task.setdefault(int(task), deque(maxlen=50)).append(bool(ok))
+            else:
+                self.unknown_task_episodes += 1
 
     def scalars(self) -> dict[str, float]:
         if not self.recent:
@@ -41,6 +59,8 @@ class EpisodeWindow:
             for task, oks in self.per_task.items():
                 name = self.task_names[task] if task < len(self.task_names) else str(task)
                 out[f"env/success_once/{name}"] = float(np.mean(oks))
+        if self.unknown_task_episodes:
+            out["env/unknown_task_episodes"] = float(self.unknown_task_episodes)
         return out
 
 

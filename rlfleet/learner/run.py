@@ -26,7 +26,7 @@ from rlfleet.learner.distributed import Ranks, SingleRank, join_ranks
 from rlfleet.learner.follower import run_follower
 from rlfleet.learner.ingest import IngestQueue
 from rlfleet.learner.metrics import EpisodeWindow, MetricsWriter, make_progress
-from rlfleet.learner.service import LearnerServicer
+from rlfleet.learner.service import LearnerServicer, segment_byte_limit
 from rlfleet.learner.trainer import PPOTrainer
 from rlfleet.learner.weight_publisher import WeightPublisher, tensor_digests
 from rlfleet.policies.checkpoint_io import cpu_state_dict, model_config, policy_from_config, reference_policy
@@ -125,6 +125,9 @@ class Learner:
             to_yaml(cfg), uuid.uuid4().hex[:12], self.ingest, self.publisher, cfg.learner.weight_chunk_bytes,
             check_segment=lambda seg: seg.check_schema(obs_spec, dims.action_dim, cfg.env.chunk_size, lp_shape, extras,
                                                        group_size),
+            max_segment_bytes=segment_byte_limit(obs_spec, max(cfg.actor.rollout_len, episode_rollout_len(  # GRPO
+                cfg.env.max_episode_steps, cfg.env.chunk_size)), cfg.actor.num_envs,
+                                                 cfg.env.chunk_size, dims.action_dim, lp_shape, extras),
         )
         self.server = None  # start() serves: constructing a Learner opens no port
         self.port, self.address = 0, ""
@@ -139,11 +142,13 @@ class Learner:
     def start(self) -> str:
         """Serve the LearnerService on learner.host:port; returns the bound address."""
         if self.server is None:
+            # undecodable pushes count as rejected segments; any other undecodable call does not
+            push_method = {"PushTrajectory": self.ingest.count_rejected}
             self.server, self.port = start_grpc_server(
                 self.cfg.learner.host, self.cfg.learner.port,
                 [lambda s: add_servicer(learner_pb2_grpc.add_LearnerServiceServicer_to_server, self.servicer, s,
-                                        self.ingest.count_rejected)],
-                ["rlfleet.v1.LearnerService"],
+                                        self.servicer.other_rejections.count, per_method=push_method)],
+                ["rlfleet.v1.LearnerService"], on_refused=self.servicer.other_rejections.count,
             )
             self.address = f"{self.cfg.learner.host}:{self.port}"
         return self.address

@@ -8,17 +8,35 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import grpc
+import numpy as np
 
 from rlfleet.learner.ingest import IngestedSegment, IngestQueue
 from rlfleet.learner.weight_publisher import WeightPublisher
 from rlfleet.wire import codec
 from rlfleet.wire.gen import learner_pb2, learner_pb2_grpc, tensor_pb2
 from rlfleet.wire.grpc_decoding import UndecodableRequest
+from rlfleet.wire.rejections import RejectionCounter
 from rlfleet.wire.segment import Segment
 
 log = logging.getLogger(__name__)
 
 MAX_SEGMENT_BYTES = 512 * 1024 * 1024
+MIN_WEIGHT_CHUNK_BYTES = 64 * 1024  # a PullWeights asking for smaller chunks gets these
+MAX_ADOPTED_CLIENTS = 256  # heartbeat ids never registered here (a learner restart) kept at once
+FORGET_CLIENT_S = 600.0  # a client silent this long is dropped from the table
+MAX_CLIENTS = 4096
+
+
+def segment_byte_limit(obs_spec: dict, rollout_len: int, num_envs: int, chunk_size: int, action_dim: int,
+                       logprob_shape: tuple[int, ...] = (), extra_outputs: dict | None = None) -> int:
+    """The largest push this run's actors can make, with room to spare (4x + 16 MiB), at most
+    MAX_SEGMENT_BYTES: the learner refuses anything bigger while it streams in."""
+    T, B = max(rollout_len, 1), max(num_envs, 1)
+    obs = sum(int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize for shape, dtype in obs_spec.values())
+    extras = sum(int(np.prod(shape, dtype=np.int64)) for shape in (extra_outputs or {}).values())
+    per_step = 2 * obs + 4 * (chunk_size * action_dim + int(np.prod(logprob_shape, dtype=np.int64)) + extras + 4) + 64
+    total = T * B * per_step + B * (obs + 64) + T * 16
+    return int(min(4 * total + (16 << 20), MAX_SEGMENT_BYTES))
 
 
 @dataclass
@@ -34,7 +52,8 @@ class ClientInfo:
 class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
     def __init__(self, config_yaml: str, run_id: str, ingest: IngestQueue, weights: WeightPublisher,
                  chunk_bytes: int = 4 * 1024 * 1024, heartbeat_ms: int = 1000,
-                 check_segment: Callable[[Segment], None] | None = None):
+                 check_segment: Callable[[Segment], None] | None = None,
+                 max_segment_bytes: int = MAX_SEGMENT_BYTES):
         self.config_yaml = config_yaml
         self.run_id = run_id
         self.ingest = ingest
@@ -42,25 +61,50 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
         self.chunk_bytes = chunk_bytes
         self.heartbeat_ms = heartbeat_ms
         self.check_segment = check_segment or (lambda seg: None)
+        self.max_segment_bytes = min(max_segment_bytes, MAX_SEGMENT_BYTES)
+        self.other_rejections = RejectionCounter()  # refused calls that are not pushes, by reason
         self.stop_event = threading.Event()
         self._clients: dict[str, ClientInfo] = {}
+        self._adopted: set[str] = set()  # ids first seen in a heartbeat, not a Register
         self._next_index: dict[str, int] = {}
         self._lock = threading.Lock()
 
     # ---- membership -------------------------------------------------------------------------
-    def _client(self, client_id: str, role: str) -> ClientInfo:
-        """The client's record (created with the next index of its role); marks it seen. Hold _lock."""
+    def _forget_silent(self) -> None:
+        """Drop clients silent for FORGET_CLIENT_S, so the table is bounded by who is alive. Hold _lock."""
+        cutoff = time.monotonic() - FORGET_CLIENT_S
+        for cid in [c for c, info in self._clients.items() if info.last_seen < cutoff]:
+            del self._clients[cid]
+            self._adopted.discard(cid)
+
+    def _client(self, client_id: str, role: str, adopt: bool = False) -> ClientInfo | None:
+        """The client's record (created with the next index of its role); marks it seen. Hold _lock.
+
+        None when the table is full: MAX_CLIENTS in all, or MAX_ADOPTED_CLIENTS for `adopt`.
+        """
         info = self._clients.get(client_id)
         if info is None:
+            limit_hit = len(self._clients) >= MAX_CLIENTS or (adopt and len(self._adopted) >= MAX_ADOPTED_CLIENTS)
+            if limit_hit:
+                self._forget_silent()
+                if len(self._clients) >= MAX_CLIENTS or (adopt and len(self._adopted) >= MAX_ADOPTED_CLIENTS):
+                    return None
             idx = self._next_index.get(role, 0)
             self._next_index[role] = idx + 1
             info = self._clients[client_id] = ClientInfo(client_id, role, idx, time.monotonic())
+            if adopt:
+                self._adopted.add(client_id)
+        elif not adopt:
+            self._adopted.discard(client_id)  # registered now: no longer on the adopted budget
         info.last_seen = time.monotonic()
         return info
 
     def Register(self, request, context):
         with self._lock:
             info = self._client(request.client_id, request.role)
+        if info is None:
+            self.other_rejections.count("too_many_clients")
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"learner already tracks {MAX_CLIENTS} clients")
         log.info("registered %s %s (index %d) from %s", request.role, request.client_id, info.index, request.host)
         current = self.weights.current()
         return learner_pb2.RegisterReply(
@@ -70,10 +114,14 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
 
     def Heartbeat(self, request, context):
         with self._lock:
-            # An unknown id registered with a learner that has since restarted: adopt it.
-            info = self._client(request.client_id, "actor")
-            info.env_steps = request.env_steps
-            info.told_to_stop = self.stop_event.is_set()
+            # An unknown id registered with a learner that has since restarted: adopt it (a bounded
+            # number of such ids; beyond it the heartbeat is answered but not recorded).
+            info = self._client(request.client_id, "actor", adopt=request.client_id not in self._clients)
+            if info is not None:
+                info.env_steps = request.env_steps
+                info.told_to_stop = self.stop_event.is_set()
+        if info is None:
+            self.other_rejections.count("unknown_client")
         current = self.weights.current()
         return learner_pb2.HeartbeatReply(
             stop=self.stop_event.is_set(), policy_version=current.version if current else -1
@@ -101,6 +149,7 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
     def PushTrajectory(self, request_iterator, context):
         version = self._version()
         parts: list[bytes] = []
+        received = 0
         first = None
         try:
             for chunk in request_iterator:
@@ -116,9 +165,11 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
                 if chunk.chunk_index != len(parts):
                     raise codec.WireFormatError(f"chunk {chunk.chunk_index} arrived where {len(parts)} was expected",
                                                 reason="protocol")
+                received += len(chunk.payload)
+                if received > self.max_segment_bytes:  # checked per chunk: never buffer more than the limit
+                    raise codec.WireFormatError(f"segment larger than {self.max_segment_bytes} bytes",
+                                                reason="too_large")
                 parts.append(chunk.payload)
-                if sum(len(p) for p in parts) > MAX_SEGMENT_BYTES:
-                    raise codec.WireFormatError(f"segment larger than {MAX_SEGMENT_BYTES} bytes", reason="too_large")
             if first is None:
                 raise codec.WireFormatError("empty push: no chunks", reason="protocol")
             if len(parts) != first.num_chunks:
@@ -169,6 +220,10 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
         """Trajectory pushes refused, by reason (undecodable messages included)."""
         return self.ingest.rejected_by_reason()
 
+    def rejected_calls(self) -> dict[str, int]:
+        """Every other refused call (undecodable, unknown client, stream budget), by reason."""
+        return self.other_rejections.snapshot()
+
     # ---- weights ----------------------------------------------------------------------------
     def _version(self) -> int:
         current = self.weights.current()
@@ -191,7 +246,8 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
             context.abort(grpc.StatusCode.UNAVAILABLE, "no weights published yet")
         if request.version >= 0 and request.version > wv.version:
             context.abort(grpc.StatusCode.NOT_FOUND, f"version {request.version} does not exist yet (latest {wv.version})")
-        size = request.max_chunk_bytes or self.chunk_bytes
+        # the client may ask for smaller chunks than ours, not for tiny ones (one message per byte)
+        size = max(request.max_chunk_bytes, MIN_WEIGHT_CHUNK_BYTES) if request.max_chunk_bytes else self.chunk_bytes
         chunks = codec.split_chunks(wv.data, min(size, self.chunk_bytes))
         for i, piece in enumerate(chunks):
             yield learner_pb2.WeightChunk(version=wv.version, checksum=wv.checksum, total_size=len(wv.data),

@@ -424,5 +424,9 @@ class PPOTrainer:
         out["train/critic_warmup"] = float(warmup)
         out["train/lr"] = lr
         out["train/nonfinite_steps"] = float(self.nonfinite_steps)
+        norm = getattr(self.policy, "obs_norm", None)
+        if isinstance(norm, nn.Module) and hasattr(norm, "rejected_rows"):  # outliers kept out of the statistics
+            out["train/obs_norm_rejected_rows"] = float(norm.rejected_rows)
+            out["train/obs_norm_clipped_values"] = float(norm.clipped_values)
         out["train/samples"] = float(shard.num_rows)
         return out

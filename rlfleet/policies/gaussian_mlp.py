@@ -45,7 +45,18 @@ def _mlp(sizes: list[int], activation: str, out_gain: float) -> nn.Sequential:
 
 
 class RunningNorm(nn.Module):
-    """Running mean/variance (Chan et al. parallel update) used to whiten observations."""
+    """Running mean/variance (Chan et al. parallel update) used to whiten observations.
+
+    Robust to a bad segment, since one outlier would otherwise whiten every later state to the
+    same clipped features: rows with a non-finite value or one beyond MAX_ABS are left out, and
+    once WARMUP samples are in, each value is clipped to mean +- OUTLIER_STD std before it
+    counts, which bounds how far one update can move the statistics. Both are counted
+    (`rejected_rows`, `clipped_values`) and reported by the trainer.
+    """
+
+    MAX_ABS = 1e6
+    WARMUP = 1000
+    OUTLIER_STD = 50.0
 
     def __init__(self, dim: int, clip: float):
         super().__init__()
@@ -53,13 +64,23 @@ class RunningNorm(nn.Module):
         self.register_buffer("mean", torch.zeros(dim))
         self.register_buffer("var", torch.ones(dim))
         self.register_buffer("count", torch.tensor(1e-4))
+        self.rejected_rows = 0
+        self.clipped_values = 0
 
     @torch.no_grad()
     def update(self, x: torch.Tensor) -> None:
         x = x.reshape(-1, x.shape[-1]).double()
+        ok = torch.isfinite(x).all(1) & (x.abs() <= self.MAX_ABS).all(1)
+        self.rejected_rows += int((~ok).sum())
+        x = x[ok]
         n = x.shape[0]
         if n == 0:
             return
+        if float(self.count) >= self.WARMUP:
+            mean, std = self.mean.double(), torch.sqrt(self.var.double() + 1e-8)
+            lo, hi = mean - self.OUTLIER_STD * std, mean + self.OUTLIER_STD * std
+            self.clipped_values += int(((x < lo) | (x > hi)).sum())
+            x = torch.maximum(torch.minimum(x, hi), lo)
         b_mean, b_var = x.mean(0), x.var(0, unbiased=False)
         total = self.count.double() + n
         delta = b_mean - self.mean.double()

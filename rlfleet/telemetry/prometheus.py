@@ -87,6 +87,8 @@ class LearnerCollector(Collector):
         yield _counter("rlfleet_learner_accepted_segments", "segments accepted into the ingest queue", ingest.accepted)
         yield _by_label("rlfleet_learner_rejected_segments", "trajectory pushes rejected as malformed", "reason",
                         ingest.rejected_by_reason())
+        yield _by_label("rlfleet_learner_rejected_calls", "other calls refused (undecodable, unknown client, "
+                        "stream budget), by reason", "reason", lr.servicer.rejected_calls())
         yield _counter("rlfleet_learner_duplicate_segments", "retried pushes acknowledged without re-queueing",
                        ingest.duplicates)
         yield _gauge("rlfleet_learner_actors_alive", "actors that sent a heartbeat recently",
@@ -160,6 +162,8 @@ class EnvServerCollector(Collector):
         yield _by_label("rlfleet_env_server_rejected_calls",
                         "calls answered with an error, by gRPC status (bad input, simulator failure)", "code",
                         dict(s.errors))
+        yield _by_label("rlfleet_env_server_rejected_calls_by_reason", "the same calls by reason", "reason",
+                        s.rejections.snapshot())
         sessions = list(s.sessions.values())
         yield _gauge("rlfleet_env_server_sessions", "open client sessions", len(sessions))
         yield _gauge("rlfleet_env_server_envs", "env instances held by open sessions",

@@ -79,11 +79,14 @@ def _wrap(handler, on_reject: Callable[[str], None]):
     return handler._replace(request_deserializer=None, **{kind: call})
 
 
-def add_servicer(add_to_server: Callable, servicer, server: grpc.Server, on_reject: Callable[[str], None]) -> None:
-    """`add_XServicer_to_server(servicer, server)`, but undecodable requests go to `on_reject(reason)`."""
+def add_servicer(add_to_server: Callable, servicer, server: grpc.Server, on_reject: Callable[[str], None],
+                 per_method: dict[str, Callable[[str], None]] | None = None) -> None:
+    """`add_XServicer_to_server(servicer, server)`, but undecodable requests go to `on_reject(reason)`,
+    or to `per_method[name]` for the methods it names (e.g. pushes counted as rejected segments)."""
     capture = _Capture()
     add_to_server(servicer, capture)
+    per_method = per_method or {}
     for service, handlers in capture.services:
-        wrapped = {name: _wrap(h, on_reject) for name, h in handlers.items()}
+        wrapped = {name: _wrap(h, per_method.get(name, on_reject)) for name, h in handlers.items()}
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, wrapped),))
         server.add_registered_method_handlers(service, wrapped)

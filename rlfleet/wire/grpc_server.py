@@ -10,23 +10,31 @@ from grpc_reflection.v1alpha import reflection
 
 from rlfleet.wire.auth import (MAX_MESSAGE_BYTES, AuthConfig, add_server_port, check_bind_host, grpc_options,
                                resolve, secure_channel, server_interceptors)
+from rlfleet.wire.grpc_limits import StreamBudget, StreamLimits
 
 __all__ = ["MAX_MESSAGE_BYTES", "check_bind_host", "make_channel", "start_grpc_server"]
 
 
 def start_grpc_server(
     host: str, port: int, register: Sequence[Callable[[grpc.Server], None]], service_names: Sequence[str],
-    max_workers: int = 32, auth: AuthConfig | None = None,
+    max_workers: int = 32, auth: AuthConfig | None = None, limits: StreamLimits | None = None,
+    on_refused: Callable[[str], None] | None = None,
 ) -> tuple[grpc.Server, int]:
     """Start a server with the given servicers plus health checking and reflection; returns the bound port.
 
     Non-loopback hosts need a token (`rlfleet.wire.auth`); with one, every call but health checks
-    must carry it. `auth` defaults to the process-wide settings.
+    must carry it. `auth` defaults to the process-wide settings. `max_workers` threads serve
+    unary calls; streaming calls get `limits.max_streams` more (`rlfleet.wire.grpc_limits`), and
+    a refused or idle-closed stream is reported to `on_refused(reason)`.
     """
     cfg = resolve(auth)
     check_bind_host(host, cfg)
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), interceptors=server_interceptors(cfg),
-                         options=[*grpc_options(cfg), ("grpc.so_reuseport", 0)])
+    limits = limits or StreamLimits.from_env()
+    budget = StreamBudget(limits, on_refused)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers + limits.max_streams),
+                         interceptors=[*server_interceptors(cfg), budget],
+                         options=[*grpc_options(cfg), *limits.options(), ("grpc.so_reuseport", 0)])
+    server.stream_budget = budget  # type: ignore[attr-defined]  # its counters, for tests and metrics
     for add in register:
         add(server)
     health_servicer = health.HealthServicer()

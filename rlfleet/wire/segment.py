@@ -137,7 +137,7 @@ class Segment:
             next_obs=groups["next_obs"],
             versions=require(t, "versions", "int64", (T,)),
             task_ids=require(t, "task_ids", "int64", (B,)),
-            env_steps=require(t, "env_steps", "int64", ()),
+            env_steps=_env_steps(t, T * B * int(actions.shape[2])),
             ep_returns=t["ep_returns"],
             ep_lengths=require(t, "ep_lengths", "int32", (n,)),
             ep_success=require(t, "ep_success", "bool", (n,)),
@@ -145,6 +145,16 @@ class Segment:
             extras=groups["extras"],
             group_ids=require(t, "group_ids", "int64", (B,)) if "group_ids" in t else np.zeros(0, np.int64),
         )
+
+
+def _env_steps(t: dict, most: int) -> np.ndarray:
+    """Simulator steps the segment claims: at most one per action of its chunks (T*B*K), never
+    negative; the learner's step count (and the run's end) is built from these."""
+    steps = require(t, "env_steps", "int64", ())
+    if not 0 <= int(steps) <= most:
+        raise WireFormatError(f"env_steps {int(steps)} is outside 0..{most} (T*B*K of this segment)",
+                              reason="bad_env_steps")
+    return steps
 
 
 def _prefixed(t: dict, prefix: str) -> dict[str, np.ndarray]:

@@ -2,17 +2,43 @@
 
 A layout (name -> shape, dtype) is plain JSON so another process (an env worker, or the
 inference server on the same host) can attach to the same block by name and get views.
+
+Every block starts with a 64-byte header: a magic and a random per-block secret. A process
+that attaches on a peer's word (the inference server) must be given that secret, which only
+a process that can already read the block knows, and the name must carry this project's
+prefix: a client cannot make the server map a block some other process created. Layout
+dtypes are limited to plain numeric ones (no object pointers in shared memory).
 """
 from __future__ import annotations
 
+import _posixshmem  # the module multiprocessing.shared_memory itself uses for shm_open
+import ctypes
+import hmac
 import json
+import mmap
+import os
+import re
 import secrets
+import weakref
 from dataclasses import dataclass
-from multiprocessing import resource_tracker, shared_memory
+from multiprocessing import shared_memory
 
 import numpy as np
 
+from rlfleet.wire.codec import WireFormatError
+
 _ALIGN = 64
+_HEADER = 64  # magic (8) + secret (16), padded to one alignment unit
+_MAGIC = b"RLFLSHM1"
+_SECRET_BYTES = 16
+PREFIX = "rlfleet"
+# Plain numeric dtypes only: an object dtype would put heap pointers into shared memory.
+PLAIN_DTYPES = frozenset({"bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+                          "float16", "float32", "float64"})
+MAX_ARRAYS = 256  # per layout
+MAX_NDIM = 8
+MAX_BLOCK_BYTES = 1 << 40
+_NAME = re.compile(rf"{PREFIX}_[A-Za-z0-9_]{{1,64}}\Z")
 
 
 @dataclass(frozen=True)
@@ -28,23 +54,97 @@ def layout_to_json(layout: Layout) -> str:
     return json.dumps({k: [list(v.shape), v.dtype] for k, v in layout.items()})
 
 
-def layout_from_json(text: str) -> Layout:
-    return {k: ArraySpec(tuple(int(d) for d in shape), str(dtype)) for k, (shape, dtype) in json.loads(text).items()}
+def layout_from_json(text: str | bytes) -> Layout:
+    """Parse and check a layout: plain dtypes, non-negative dims, a bounded size (WireFormatError)."""
+    try:
+        raw = json.loads(text)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise WireFormatError(f"layout is not JSON: {exc}", reason="bad_layout") from exc
+    return check_layout(raw)
+
+
+def check_layout(raw: object) -> Layout:
+    """A layout from its JSON form {name: [shape, dtype]}, refused unless every entry is plain."""
+    if not isinstance(raw, dict) or not raw or len(raw) > MAX_ARRAYS:
+        raise WireFormatError(f"layout must map 1..{MAX_ARRAYS} names to [shape, dtype]", reason="bad_layout")
+    out: Layout = {}
+    for name, entry in raw.items():
+        if not isinstance(entry, (list, tuple)) or len(entry) != 2:
+            raise WireFormatError(f"layout entry {str(name)[:64]!r} must be [shape, dtype]", reason="bad_layout")
+        shape, dtype = entry
+        if not isinstance(dtype, str) or dtype not in PLAIN_DTYPES:
+            raise WireFormatError(f"layout dtype {str(dtype)[:32]!r} is not one of {sorted(PLAIN_DTYPES)}",
+                                  reason="bad_dtype")
+        if (not isinstance(shape, (list, tuple)) or len(shape) > MAX_NDIM
+                or not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < MAX_BLOCK_BYTES for d in shape)):
+            raise WireFormatError(f"layout shape of {str(name)[:64]!r} must be at most {MAX_NDIM} "
+                                  "non-negative integers", reason="bad_shape")
+        out[str(name)] = ArraySpec(tuple(shape), dtype)
+    if _offsets(out)[1] > MAX_BLOCK_BYTES:
+        raise WireFormatError("layout is larger than any block could be", reason="bad_shape")
+    return out
 
 
 def _offsets(layout: Layout) -> tuple[dict[str, int], int]:
-    offsets, pos = {}, 0
+    offsets, pos = {}, _HEADER
     for name, spec in layout.items():
         offsets[name] = pos
-        nbytes = int(np.prod(spec.shape, dtype=np.int64)) * np.dtype(spec.dtype).itemsize
+        nbytes = int(np.prod(spec.shape, dtype=object)) * np.dtype(spec.dtype).itemsize
         pos += (nbytes + _ALIGN - 1) // _ALIGN * _ALIGN
     return offsets, max(pos, _ALIGN)
+
+
+def _libc():
+    lib = ctypes.CDLL(None, use_errno=True)
+    lib.mmap.restype = ctypes.c_void_p
+    lib.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    lib.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    return lib
+
+
+_MAP_FAILED = ctypes.c_void_p(-1).value
+
+
+class _Mapping:
+    """An existing block mapped read-write, holding no fd and never unlinking it.
+
+    multiprocessing's SharedMemory unlinks a block it fails to map (deleting another process's
+    block, e.g. at the fd limit), and Python's mmap keeps a duplicate fd per mapping; this
+    maps with mmap(2) directly and unmaps only once no numpy view of the block is left.
+    """
+
+    _lib = None
+
+    def __init__(self, name: str):
+        if _Mapping._lib is None:
+            _Mapping._lib = _libc()
+        lib = _Mapping._lib
+        fd = _posixshmem.shm_open("/" + name, os.O_RDWR, mode=0o600)
+        try:
+            size = os.fstat(fd).st_size
+            if size < _HEADER:
+                raise WireFormatError(f"shared block {name} is too small to be an rlfleet block", reason="attach_denied")
+            addr = lib.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd, 0)
+            if addr in (None, _MAP_FAILED):
+                err = ctypes.get_errno()
+                raise OSError(err, os.strerror(err))
+        finally:
+            os.close(fd)  # the mapping keeps the memory: an attach costs no fd
+        memory = (ctypes.c_char * size).from_address(addr)
+        # munmap when the last reference goes (ours and every numpy view's): never under a live view
+        weakref.finalize(memory, lib.munmap, addr, size).atexit = False  # at exit the OS unmaps (a daemon
+        # thread may still hold a view then)
+        self.name, self.size = name, size
+        self.buf: memoryview | None = memoryview(memory).cast("B")
+
+    def close(self) -> None:
+        self.buf = None
 
 
 class SharedArrays:
     """Arrays living in one shared-memory block; `arrays[name]` are numpy views into it."""
 
-    def __init__(self, shm: shared_memory.SharedMemory, layout: Layout, owner: bool):
+    def __init__(self, shm, layout: Layout, owner: bool):
         self.shm = shm
         self.layout = layout
         self.owner = owner
@@ -58,33 +158,60 @@ class SharedArrays:
     def name(self) -> str:
         return self.shm.name
 
+    @property
+    def secret(self) -> str:
+        """The block's secret (hex): what a peer must present to have the inference server attach it."""
+        return bytes(self.shm.buf[len(_MAGIC):len(_MAGIC) + _SECRET_BYTES]).hex()
+
     @classmethod
-    def create(cls, layout: Layout, prefix: str = "rlfleet") -> "SharedArrays":
+    def create(cls, layout: Layout, prefix: str = PREFIX) -> SharedArrays:
         _, size = _offsets(layout)
         shm = shared_memory.SharedMemory(
             name=f"{prefix}_{secrets.token_hex(6)}", create=True, size=size
         )
+        shm.buf[:len(_MAGIC)] = _MAGIC
+        shm.buf[len(_MAGIC):len(_MAGIC) + _SECRET_BYTES] = secrets.token_bytes(_SECRET_BYTES)
         out = cls(shm, layout, owner=True)
         for arr in out.arrays.values():
             arr.fill(0)
         return out
 
     @classmethod
-    def attach(cls, name: str, layout: Layout, untrack: bool = True) -> "SharedArrays":
-        """Map an existing block. `untrack=False` only for the owner's own child processes.
+    def attach(cls, name: str, layout: Layout, untrack: bool = True, secret: str | None = None) -> SharedArrays:
+        """Map an existing block; with `secret`, only an rlfleet block holding that secret.
 
-        Python < 3.13 registers attached blocks with the process's resource tracker, which would
-        unlink the owner's block when an unrelated process (an inference server) exits; children
-        share the owner's tracker, where unregistering would instead drop the owner's entry.
+        The mapping is never registered with a resource tracker (so no process but the owner
+        ever unlinks the block); `untrack` is kept for callers of the older signature.
         """
-        shm = shared_memory.SharedMemory(name=name, create=False)
-        if untrack:
-            resource_tracker.unregister(shm._name, "shared_memory")  # type: ignore[attr-defined]
-        _, size = _offsets(layout)
-        if shm.size < size:
+        if secret is not None and (not isinstance(name, str) or not _NAME.match(name)):
+            raise WireFormatError(f"shared block name must look like {PREFIX}_<hex>", reason="attach_denied")
+        try:
+            shm = _Mapping(name)
+        except FileNotFoundError as exc:
+            raise WireFormatError(f"no shared block named {name[:80]!r}", reason="attach_failed") from exc
+        except PermissionError as exc:
+            raise WireFormatError(f"shared block {name[:80]!r} is not accessible", reason="attach_denied") from exc
+        except OSError as exc:  # e.g. out of fds or address space: refused, never unlinked
+            raise WireFormatError(f"could not map shared block {name[:80]!r}: {exc.strerror}",
+                                  reason="attach_failed") from exc
+        try:
+            assert shm.buf is not None
+            if secret is not None:
+                header = bytes(shm.buf[:len(_MAGIC) + _SECRET_BYTES])
+                try:
+                    given = bytes.fromhex(secret) if isinstance(secret, str) else b""
+                except ValueError:
+                    given = b""
+                if header[:len(_MAGIC)] != _MAGIC or not hmac.compare_digest(header[len(_MAGIC):], given):
+                    raise WireFormatError("shared block secret does not match", reason="attach_denied")
+            _, size = _offsets(layout)
+            if shm.size < size:
+                raise WireFormatError(f"shared block {name} holds {shm.size} bytes, layout needs {size}",
+                                      reason="bad_shape")
+            return cls(shm, layout, owner=False)
+        except BaseException:
             shm.close()
-            raise ValueError(f"shared block {name} holds {shm.size} bytes, layout needs {size}")
-        return cls(shm, layout, owner=False)
+            raise
 
     def __getitem__(self, name: str) -> np.ndarray:
         return self.arrays[name]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import struct
 import threading
+import time
 
 import grpc
 import numpy as np
@@ -33,7 +34,7 @@ SEED = int(os.environ.get("RLFLEET_FUZZ_SEED", "0"))
 CASES = 120  # per front end; the generators cycle through every kind of damage
 BIG = 65 * 1024 * 1024  # over the 64 MB gRPC message limit
 REASONS = {"undecodable", "bad_dtype", "bad_shape", "non_finite", "too_large", "size_mismatch", "missing_tensor",
-           "schema_version", "duplicate_tensor", "protocol"}
+           "schema_version", "duplicate_tensor", "protocol", "bad_attach", "bad_layout", "attach_denied", "attach_failed"}
 
 
 # ---- malformed observation maps (shared by gRPC and ZeroMQ) ------------------------------------
@@ -342,3 +343,248 @@ def test_learner_ingest_rejects_every_malformed_push(learner):
                                   timeout=30)
     assert ack.accepted and not ack.duplicate, ack  # and a valid segment still goes in
     assert ln.ingest.accepted == 1 and ln.ingest.accounting()["accepted_env_steps"] == 8
+
+
+# ---- the storm: every service at once-over, >= 10,000 messages, then valid requests ------------
+
+STORM = int(os.environ.get("RLFLEET_FUZZ_STORM", "10000"))  # messages in all (seeded, bounded)
+FD_BOUND = 64  # open fds the storm may leave behind (sockets still closing)
+RSS_BOUND_MB = 200  # resident memory it may add (allocator caches, gRPC buffers)
+EXPECTED_CODES = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION,
+                  grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNAVAILABLE}
+
+
+class _StormEnv:
+    """A tiny env for EnvService under fuzz (the simulator is not what is being tested)."""
+
+    def __init__(self, cfg, num_envs: int, env_offset: int = 0):
+        from rlfleet.envs.api import EnvSpec
+
+        self.cfg, self.n = cfg, num_envs
+        self.spec = EnvSpec(state_dim=2, action_dim=2, chunk_size=cfg.chunk_size, num_envs=num_envs,
+                            max_episode_steps=5, task_names=["storm"] * num_envs)
+        self.task_list = ["storm"]
+
+    def _obs(self) -> dict:
+        return {"states": np.zeros((self.n, 2), np.float32), "instructions": np.zeros((self.n, 128), np.uint8),
+                "task_ids": np.zeros(self.n, np.int64), "task_descriptions": ["storm"] * self.n}
+
+    def reset(self, seeds=None):
+        return self._obs()
+
+    def chunk_step(self, actions):
+        from rlfleet.envs.api import StepResult
+
+        z, f = np.zeros(self.n, np.float32), np.zeros(self.n, bool)
+        return StepResult(obs=self._obs(), rewards=np.zeros((self.n, self.cfg.chunk_size), np.float32),
+                          terminated=f, truncated=f, success=f, episode_done=f, episode_return=z,
+                          episode_length=np.zeros(self.n, np.int32), episode_success_once=f, final_obs=self._obs())
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.fixture
+def env_service():
+    from rlfleet.envs.api import EnvConfig
+    from rlfleet.envs.env_server import EnvServerConfig, serve_env
+    from rlfleet.envs.registry import register_env
+
+    register_env("fuzz-storm", _StormEnv)
+    server, port, servicer = serve_env(EnvServerConfig(env=EnvConfig(name="fuzz-storm", chunk_size=2), max_envs=32))
+    yield f"127.0.0.1:{port}", servicer
+    server.stop(grace=0)
+    servicer.close()
+
+
+def _env_case(rng: np.random.Generator, i: int) -> tuple[str, bytes]:
+    from rlfleet.wire.gen import env_pb2
+
+    method = ["GetSpec", "Reset", "ChunkStep", "Close"][i % 4]
+    kind = (i // 4) % 5
+    sid = str(rng.choice(["s0", "s1", "nope", "", "x" * 300]))
+    if kind == 0:
+        return method, random_bytes(rng)
+    if method == "GetSpec":
+        req = env_pb2.SpecRequest(session_id=sid, num_envs=int(rng.choice([-5, 0, 1, 2, 40, 2 ** 31 - 1])),
+                                  env_offset=int(rng.choice([-1, 0, 3])), chunk_size=int(rng.choice([-1, 0, 2, 9])))
+    elif method == "Reset":
+        req = env_pb2.ResetRequest(session_id=sid, seeds=[int(s) for s in rng.integers(-9, 9, int(rng.integers(0, 4)))])
+    elif method == "ChunkStep":
+        m = bad_obs(rng, i)
+        t = m.tensors[0] if m.tensors else _tensor("actions", "float32", [2, 2, 2], b"\0" * 32)
+        req = env_pb2.ChunkStepRequest(session_id=sid, actions=_tensor("actions", t.dtype, list(t.shape), t.data))
+    else:
+        req = env_pb2.CloseRequest(session_id=sid)
+    payload = req.SerializeToString()
+    return method, truncated(rng, payload) if kind == 1 and len(payload) > 1 else payload
+
+
+def _attach_storm_case(rng: np.random.Generator, i: int, blk) -> list[bytes]:
+    """The shared-memory attach path: valid attaches and re-attaches, act_shm, and every way to get them wrong."""
+    import json
+
+    rid = struct.pack("<Q", i + 1)
+    layout = {k: [list(v.shape), v.dtype] for k, v in blk.layout.items()}
+    kind = i % 8
+    if kind == 0:  # valid (re-)attach
+        return [b"attach", rid, json.dumps({"shm_name": blk.name, "layout": layout, "secret": blk.secret}).encode()]
+    if kind == 1:  # act_shm, rows in or out of range
+        lo = int(rng.integers(-2, 6))
+        return [b"act_shm", rid, struct.pack("<qqq", lo, lo + int(rng.integers(-1, 6)), 0)]
+    if kind == 2:  # a dtype that is not plain, or a slot of the wrong shape
+        bad = dict(layout)
+        bad[str(rng.choice(["values", "actions", "states"]))] = (
+            [[4], str(rng.choice(["O", "U4", "V8", "complex64", ">f8", "float32"]))] if rng.random() < 0.5
+            else [[4, int(rng.integers(0, 9))], "float32"])
+        return [b"attach", rid, json.dumps({"shm_name": blk.name, "layout": bad, "secret": blk.secret}).encode()]
+    if kind == 3:  # wrong or missing secret, foreign names
+        name = str(rng.choice([blk.name, "psm_deadbeef", "rlfleet_" + "0" * 12, "../etc", "rlfleet_a/b"]))
+        return [b"attach", rid, json.dumps({"shm_name": name, "layout": layout,
+                                            "secret": str(rng.choice(["", "00" * 16, "zz"]))}).encode()]
+    if kind == 4:  # layouts that are not layouts
+        junk = [None, [], "x", {"a": 1}, {"actions": [[-1], "float32"]}, {"actions": [[2 ** 62, 2 ** 62], "float64"]}]
+        return [b"attach", rid, json.dumps({"shm_name": blk.name, "secret": blk.secret,
+                                            "layout": junk[int(rng.integers(0, len(junk)))]}).encode()]
+    if kind == 5:
+        return [b"detach", rid]
+    if kind == 6:
+        return [b"attach", rid, random_bytes(rng)]
+    return _zmq_case(rng, i)
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1e6
+
+
+def _fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="measures /proc")
+def test_storm_on_every_service_leaves_them_serving(inference_server, learner, env_service):
+    """>= STORM seeded messages over ZeroMQ (act and shared-memory attach), gRPC Act, LearnerService
+    and EnvService; no crash, no hang (every wait is bounded), no INTERNAL, bounded fds and RSS."""
+    from rlfleet.actors.inference_client import connect_inference
+    from rlfleet.wire.gen import env_pb2, env_pb2_grpc
+    from rlfleet.wire.shm import SharedArrays
+    from rlfleet.wire.slots import slot_layout
+
+    rng = np.random.default_rng([SEED, 99])
+    env_address, env_servicer = env_service
+    blk = SharedArrays.create(slot_layout(4, {"states": ((S,), "float32")}, D, K))
+    blk["states"][:] = rng.normal(size=(4, S)).astype(np.float32)
+    sent = {"zmq": 0, "act": 0, "learner": 0, "env": 0}
+    codes: dict[str, int] = {}
+    share = {"zmq": 0.4, "act": 0.25, "learner": 0.15, "env": 0.2}
+    before_fds, before_rss = _fds(), _rss_mb()
+    try:
+        # ZeroMQ: act frames and the shared-memory attach path, from several connections
+        socks = [zmq.Context.instance().socket(zmq.DEALER) for _ in range(4)]
+        for s in socks:
+            s.setsockopt(zmq.LINGER, 0)
+            s.connect(inference_server.zmq.endpoint)
+        for i in range(int(STORM * share["zmq"])):
+            sock = socks[i % len(socks)]
+            sock.send_multipart(_attach_storm_case(rng, i, blk))
+            sent["zmq"] += 1
+            while sock.poll(0 if i % 8 == 1 else 30_000):  # act_shm answers may come later: drain what is there
+                reply = sock.recv_multipart()
+                assert reply[0] in (b"ok", b"done", b"error"), reply[:1]
+                if i % 8 != 1:
+                    break
+        for s in socks:
+            s.close()
+
+        # gRPC Act: damaged requests on long streams, undecodable ones on their own streams
+        with grpc.insecure_channel(inference_server.address) as ch:
+            raw_act = ch.stream_stream("/rlfleet.v1.InferenceService/Act", request_serializer=None,
+                                       response_deserializer=inference_pb2.ActResponse.FromString)
+            n_act = int(STORM * share["act"])
+            batch = [inference_pb2.ActRequest(request_id=j + 1, obs=bad_obs(rng, j)).SerializeToString()
+                     for j in range(n_act - n_act // 10)]
+            replies = list(raw_act(iter(batch), timeout=120))
+            assert len(replies) == len(batch) and all(r.error for r in replies)
+            sent["act"] += len(batch)
+            for j in range(n_act // 10):
+                try:
+                    list(raw_act(iter([_grpc_case(rng, 7 * j)]), timeout=30))
+                except grpc.RpcError as exc:
+                    codes[exc.code().name] = codes.get(exc.code().name, 0) + 1
+                    assert exc.code() in EXPECTED_CODES, (exc.code(), exc.details())
+                sent["act"] += 1
+
+        # LearnerService: damaged pushes, broken chunking, garbage on every method
+        with grpc.insecure_channel(learner.address) as ch:
+            stub = learner_pb2_grpc.LearnerServiceStub(ch)
+            methods = {m: ch.unary_unary(f"/rlfleet.v1.LearnerService/{m}", request_serializer=None,
+                                         response_deserializer=None) for m in ("Register", "Heartbeat")}
+            streams = {m: ch.unary_stream(f"/rlfleet.v1.LearnerService/{m}", request_serializer=None,
+                                          response_deserializer=None) for m in ("PullWeights", "WatchWeights")}
+            raw_push = ch.stream_unary("/rlfleet.v1.LearnerService/PushTrajectory", request_serializer=None,
+                                       response_deserializer=learner_pb2.PushAck.FromString)
+            for i in range(int(STORM * share["learner"])):
+                try:
+                    if i % 5 == 0:
+                        stub.PushTrajectory(iter(_chunks(_damaged_segment(learner, rng, i), 100_000 + i)), timeout=30)
+                    elif i % 5 == 1:
+                        raw_push(iter([random_bytes(rng, 300)]), timeout=30)
+                    elif i % 5 == 2:
+                        methods[str(rng.choice(list(methods)))](random_bytes(rng), timeout=30)
+                    elif i % 5 == 3:  # (random bytes that decode are a valid watch, which waits: never those)
+                        which = str(rng.choice(list(streams)))
+                        list(streams[which](random_bytes(rng) if which == "PullWeights" else b"\xff" * 11, timeout=30))
+                    else:  # heartbeats from ids nobody registered
+                        stub.Heartbeat(learner_pb2.HeartbeatRequest(client_id=f"storm{i}"), timeout=30)
+                except grpc.RpcError as exc:
+                    codes[exc.code().name] = codes.get(exc.code().name, 0) + 1
+                    assert exc.code() in EXPECTED_CODES, (i, exc.code(), exc.details())
+                sent["learner"] += 1
+
+        # EnvService: garbage and damaged requests on every method
+        with grpc.insecure_channel(env_address) as ch:
+            raw = {m: ch.unary_unary(f"/rlfleet.v1.EnvService/{m}", request_serializer=None, response_deserializer=None)
+                   for m in ("GetSpec", "Reset", "ChunkStep", "Close")}
+            for i in range(int(STORM * share["env"])):
+                method, payload = _env_case(rng, i)
+                try:
+                    raw[method](payload, timeout=30)
+                except grpc.RpcError as exc:
+                    codes[exc.code().name] = codes.get(exc.code().name, 0) + 1
+                    assert exc.code() in EXPECTED_CODES, (i, method, exc.code(), exc.details())
+                sent["env"] += 1
+
+        assert sum(sent.values()) >= STORM, sent
+        # counted by reason, never as internal errors
+        inference_counts = inference_server.rejected_requests()
+        assert "internal" not in inference_counts and sum(inference_counts.values()) > 0, inference_counts
+        assert "internal" not in learner.servicer.rejected_requests()
+        assert learner.servicer.rejected_calls().get("undecodable", 0) > 0
+        assert "INTERNAL" not in env_servicer.errors and env_servicer.rejections.snapshot().get("undecodable", 0) > 0
+        assert codes.get("INVALID_ARGUMENT", 0) > 0 and "INTERNAL" not in codes and "UNKNOWN" not in codes, codes
+
+        # valid requests still work, on every path
+        for transport in ("shm", "zmq", "grpc"):
+            client = connect_inference(transport, inference_server.address, blk)
+            client.submit(0, 0, 4, deterministic=True)
+            assert client.wait(0) == 3, transport
+            client.close()
+        ack = learner_pb2_grpc.LearnerServiceStub(grpc.insecure_channel(learner.address)).PushTrajectory(
+            iter(_chunks(codec.encode_map(_segment_tensors(learner, rng)).SerializeToString(), 9_000_000)), timeout=30)
+        assert ack.accepted, ack
+        with grpc.insecure_channel(env_address) as ch:
+            env = env_pb2_grpc.EnvServiceStub(ch)
+            env.GetSpec(env_pb2.SpecRequest(session_id="after", num_envs=2), timeout=30)
+            env.Reset(env_pb2.ResetRequest(session_id="after"), timeout=30)
+            step = env.ChunkStep(env_pb2.ChunkStepRequest(
+                session_id="after", actions=codec.encode_tensor("actions", np.zeros((2, 2, 2), np.float32))), timeout=30)
+        assert codec.decode_map(step.obs)["states"].shape == (2, 2)
+    finally:
+        blk.close()
+    deadline = time.monotonic() + 30  # closed connections are reaped by the I/O threads, soon
+    while _fds() - before_fds >= FD_BOUND and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _fds() - before_fds < FD_BOUND, (before_fds, _fds())
+    assert _rss_mb() - before_rss < RSS_BOUND_MB, (before_rss, _rss_mb())
+    print(f"storm: {sent} messages, fds {before_fds} -> {_fds()}, RSS {before_rss:.0f} -> {_rss_mb():.0f} MB")

@@ -141,3 +141,16 @@ def test_overload_fails_the_request_with_a_clear_message():
     b.submit(make_req(1, tag=9, rec=ok))
     assert ok.failures == []
     assert tags(b.next_batch(timeout=1.0)) == [9]
+
+
+def test_pending_requests_are_bounded_by_bytes_not_only_by_count():
+    b = DynamicBatcher(max_batch=64, max_wait_ms=1.0, max_pending=1000, max_pending_bytes=10_000)
+    recs = [Recorder() for _ in range(10)]
+    for rec in recs:
+        b.submit(make_req(100, rec=rec))  # 1,200 bytes each
+    assert [bool(r.failures) for r in recs] == [False] * 8 + [True] * 2
+    assert "bytes" in recs[-1].failures[0] and b.overloaded == 2 and b.pending_bytes() == 8 * 1200
+    assert len(b.next_batch(timeout=1.0)) == 1 and b.pending_bytes() == 7 * 1200  # taken: room again
+    late = Recorder()
+    b.submit(make_req(100, rec=late))
+    assert not late.failures and b.pending() == 8

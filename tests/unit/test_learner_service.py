@@ -277,18 +277,30 @@ def test_empty_push_is_rejected(fleet):
 # ---- weights ---------------------------------------------------------------------------------
 
 def test_pull_weights_reassembles_with_checksum(fleet):
-    data = os.urandom(1000)
+    data = os.urandom(10_000)
     fleet.publisher.publish(3, data)
-    chunks = list(fleet.stub.PullWeights(learner_pb2.PullRequest(version=-1, max_chunk_bytes=64),
-                                         timeout=RPC_TIMEOUT))
-    assert len(chunks) == math.ceil(1000 / 64)
+    chunks = list(fleet.stub.PullWeights(learner_pb2.PullRequest(version=-1), timeout=RPC_TIMEOUT))
+    assert len(chunks) == math.ceil(10_000 / 4096)  # the servicer's chunk_bytes
     assert [c.index for c in chunks] == list(range(len(chunks)))
     assert {c.num_chunks for c in chunks} == {len(chunks)}
     assert {c.version for c in chunks} == {3}
-    assert {c.total_size for c in chunks} == {1000}
-    assert all(len(c.data) <= 64 for c in chunks)
+    assert {c.total_size for c in chunks} == {10_000}
+    assert all(len(c.data) <= 4096 for c in chunks)
     assert {c.checksum for c in chunks} == {hashlib.sha256(data).hexdigest()}
     assert b"".join(c.data for c in chunks) == data
+
+
+def test_pull_weights_refuses_tiny_chunks():
+    """A puller asking for 1-byte chunks must not make the learner send one message per byte."""
+    from rlfleet.learner.service import MIN_WEIGHT_CHUNK_BYTES
+
+    servicer = LearnerServicer(CONFIG_YAML, "run", IngestQueue(maxsize=1), WeightPublisher(), chunk_bytes=1 << 20)
+    data = os.urandom(300_000)
+    servicer.weights.publish(1, data)
+    for asked in (1, 64, MIN_WEIGHT_CHUNK_BYTES, 0):
+        chunks = list(servicer.PullWeights(learner_pb2.PullRequest(version=-1, max_chunk_bytes=asked), None))
+        assert len(chunks) <= math.ceil(300_000 / MIN_WEIGHT_CHUNK_BYTES), asked
+        assert b"".join(c.data for c in chunks) == data
 
 
 def test_pull_weights_chunk_size_is_capped_by_the_server(fleet):
@@ -368,3 +380,50 @@ def test_retried_push_waiting_on_a_full_queue_is_queued_once():
     got = [q.get(0.2) for _ in range(2)]
     assert [g.segment_id for g in got if g is not None] == [7]
     assert q.duplicates == 1 and q.accepted == 2
+
+
+def test_unknown_heartbeat_ids_are_adopted_within_a_bound_and_forgotten(monkeypatch):
+    from rlfleet.learner import service as service_mod
+
+    servicer = LearnerServicer(CONFIG_YAML, "run", IngestQueue(maxsize=1), WeightPublisher())
+    servicer.Register(learner_pb2.RegisterRequest(client_id="real", role="actor"), None)
+    for i in range(3000):  # ids nobody registered
+        servicer.Heartbeat(learner_pb2.HeartbeatRequest(client_id=f"fake{i}"), None)
+    assert servicer.alive_clients("actor") == 1 + service_mod.MAX_ADOPTED_CLIENTS
+    assert servicer.rejected_calls() == {"unknown_client": 3000 - service_mod.MAX_ADOPTED_CLIENTS}
+    assert servicer.rejected_requests() == {}  # not counted as rejected segments
+    monkeypatch.setattr(service_mod, "FORGET_CLIENT_S", 0.0)  # everyone silent long enough: forgotten
+    servicer.Heartbeat(learner_pb2.HeartbeatRequest(client_id="after-restart"), None)
+    assert "after-restart" in servicer._clients and len(servicer._clients) == 1
+
+
+class _Ctx:
+    def is_active(self):
+        return True
+
+
+def test_a_push_is_refused_as_soon_as_it_passes_the_size_limit():
+    ingest = IngestQueue(maxsize=1)
+    servicer = LearnerServicer(CONFIG_YAML, "run", ingest, WeightPublisher(), max_segment_bytes=10_000)
+    read = []
+
+    def chunks():
+        for i in range(1_000_000):  # a 1 GB push, declared up front
+            read.append(i)
+            yield learner_pb2.TrajectoryChunk(client_id="big", segment_id=1, chunk_index=i, num_chunks=1_000_000,
+                                              payload=b"\0" * 1000)
+
+    ack = servicer.PushTrajectory(chunks(), _Ctx())
+    assert not ack.accepted and "larger than 10000" in ack.error
+    assert len(read) <= 11 and ingest.rejected_by_reason() == {"too_large": 1}
+
+
+def test_the_segment_limit_fits_the_runs_segments():
+    from rlfleet.learner.service import segment_byte_limit
+
+    seg = make_segment()
+    size = len(segment_bytes(seg.to_tensors()))
+    limit = segment_byte_limit({"states": ((S,), "float32")}, T, B, K, D)
+    assert size < limit <= 512 * 1024 * 1024
+    big = segment_byte_limit({"main_images": ((224, 224, 3), "uint8")}, 64, 256, 8, 7)
+    assert big == 512 * 1024 * 1024  # never above the hard cap

@@ -29,7 +29,8 @@ def _fake_learner(last_stats: dict) -> SimpleNamespace:
                              rejected_by_reason=lambda: {"protocol": 2, "schema": 1})
     return SimpleNamespace(counters=SimpleNamespace(version=5, env_steps=640, update=4), ingest=ingest,
                            cfg=SimpleNamespace(learner=SimpleNamespace(ingest_queue_size=16)),
-                           servicer=SimpleNamespace(alive_clients=lambda role: 2), last_stats=last_stats)
+                           servicer=SimpleNamespace(alive_clients=lambda role: 2, rejected_calls=lambda: {"unknown_client": 1}),
+                           last_stats=last_stats)
 
 
 def test_learner_collector_mirrors_scalars_and_exports_live_counters():

@@ -1,0 +1,165 @@
+"""Long-lived gRPC streams get their own budget, so they cannot starve every other call.
+
+gRPC's Python server runs each call on a worker thread for as long as the call lasts. An idle
+Act, PushTrajectory or WatchWeights stream therefore holds a thread; with one shared pool, a
+few dozen idle streams left no thread for health checks, Act or Push. `StreamBudget` (a server
+interceptor) admits at most `max_streams` streaming calls at once, refusing more with
+RESOURCE_EXHAUSTED, and the pool is sized to those plus the server's own workers
+(`start_grpc_server(max_workers=32)`), so unary calls always find a thread. A request stream that sends nothing for `idle_s` while the server waits on it is
+cancelled; HTTP/2 keepalive pings find peers that vanished without closing their connection.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import grpc
+
+log = logging.getLogger(__name__)
+
+
+def _env_float(name: str, default: float) -> float:
+    try:
+        return float(os.environ.get(name, default))
+    except ValueError:
+        return default
+
+
+@dataclass(frozen=True)
+class StreamLimits:
+    max_streams: int = 256  # streaming calls at once (RLFLEET_GRPC_MAX_STREAMS)
+    # a request stream silent this long is cancelled (RLFLEET_GRPC_STREAM_IDLE_S); long, because an
+    # actor legitimately goes quiet on its Act stream while it waits out a slow learner update
+    idle_s: float = 3600.0
+    keepalive_s: float = 60.0  # HTTP/2 ping interval on every connection
+    keepalive_timeout_s: float = 20.0  # a ping unanswered this long closes the connection
+
+    @classmethod
+    def from_env(cls) -> StreamLimits:
+        return cls(max_streams=int(_env_float("RLFLEET_GRPC_MAX_STREAMS", cls.max_streams)),
+                   idle_s=_env_float("RLFLEET_GRPC_STREAM_IDLE_S", cls.idle_s))
+
+    def options(self) -> list[tuple[str, int]]:
+        return [
+            ("grpc.keepalive_time_ms", int(self.keepalive_s * 1000)),
+            ("grpc.keepalive_timeout_ms", int(self.keepalive_timeout_s * 1000)),
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
+            ("grpc.http2.max_ping_strikes", 0),
+        ]
+
+
+class _Reaper:
+    """One daemon thread for every server in the process, checking their silent streams."""
+
+    _budgets: weakref.WeakSet[StreamBudget] = weakref.WeakSet()  # noqa: RUF012  (shared by design)
+    _lock = threading.Lock()
+    _thread: threading.Thread | None = None
+
+    @classmethod
+    def add(cls, budget: StreamBudget) -> None:
+        with cls._lock:
+            cls._budgets.add(budget)
+            if cls._thread is None:
+                cls._thread = threading.Thread(target=cls._run, name="grpc-stream-reaper", daemon=True)
+                cls._thread.start()
+
+    @classmethod
+    def _run(cls) -> None:
+        while True:
+            with cls._lock:
+                budgets = list(cls._budgets)
+            period = min([1.0, *(b.limits.idle_s / 4 for b in budgets)])
+            for b in budgets:
+                b.reap()
+            del budgets
+            time.sleep(max(0.05, period))
+
+
+class StreamBudget(grpc.ServerInterceptor):
+    """Admits streaming calls up to the budget and cancels request streams that went silent."""
+
+    def __init__(self, limits: StreamLimits, on_refused: Callable[[str], None] | None = None):
+        self.limits = limits
+        self._slots = threading.BoundedSemaphore(limits.max_streams)
+        self._on_refused = on_refused or (lambda reason: None)
+        self._lock = threading.Lock()
+        self._waiting: dict[int, tuple[float, grpc.ServicerContext]] = {}
+        self.open_streams = 0
+        self.refused = 0  # streams refused: budget spent
+        self.idle_closed = 0  # streams cancelled for silence
+        _Reaper.add(self)
+
+    # ---- idle request streams ------------------------------------------------------------
+    def reap(self) -> None:
+        now = time.monotonic()
+        with self._lock:
+            stale = [(k, ctx) for k, (since, ctx) in self._waiting.items() if now - since > self.limits.idle_s]
+            for k, _ in stale:
+                self._waiting.pop(k, None)
+        for _, ctx in stale:
+            self.idle_closed += 1
+            self._on_refused("stream_idle")
+            log.warning("closing a gRPC stream idle for more than %.0f s", self.limits.idle_s)
+            ctx.cancel()
+
+    def _watched(self, requests, context):
+        key = id(object())
+        for_next = iter(requests)
+        while True:
+            with self._lock:
+                self._waiting[key] = (time.monotonic(), context)
+            try:
+                msg = next(for_next)
+            except StopIteration:
+                return
+            finally:
+                with self._lock:
+                    self._waiting.pop(key, None)
+            yield msg
+
+    # ---- the budget ----------------------------------------------------------------------
+    def _admit(self, context) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.refused += 1
+            self._on_refused("too_many_streams")
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                          f"server has {self.limits.max_streams} streams open: try again later")
+        with self._lock:
+            self.open_streams += 1
+
+    def _leave(self) -> None:
+        with self._lock:
+            self.open_streams -= 1
+        self._slots.release()
+
+    def intercept_service(self, continuation, handler_call_details):
+        handler = continuation(handler_call_details)
+        if handler is None or not (handler.request_streaming or handler.response_streaming):
+            return handler
+        kind = ("stream" if handler.request_streaming else "unary") + "_" + (
+            "stream" if handler.response_streaming else "unary")
+        behavior = getattr(handler, kind)
+        watch = handler.request_streaming
+
+        if handler.response_streaming:
+            def call(request, context):
+                self._admit(context)
+                try:
+                    yield from behavior(self._watched(request, context) if watch else request, context)
+                finally:
+                    self._leave()
+        else:
+            def call(request, context):
+                self._admit(context)
+                try:
+                    return behavior(self._watched(request, context) if watch else request, context)
+                finally:
+                    self._leave()
+
+        return handler._replace(**{kind: call})

@@ -1,0 +1,152 @@
+"""Idle long-lived gRPC streams must not starve new calls (health, Act, Push, Heartbeat).
+
+Each gRPC call holds a server thread for as long as it lasts; streams get their own budget,
+an idle limit and keepalive (`rlfleet.wire.grpc_limits`), so a server keeps answering.
+"""
+from __future__ import annotations
+
+import threading
+import time
+
+import grpc
+import numpy as np
+import pytest
+import torch
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from rlfleet.inference_server.policy_runner import PolicyRunner
+from rlfleet.inference_server.server import InferenceServer
+from rlfleet.learner.ingest import IngestQueue
+from rlfleet.learner.service import LearnerServicer
+from rlfleet.learner.weight_publisher import WeightPublisher
+from rlfleet.policies.gaussian_mlp import GaussianMLPPolicy, PolicyConfig
+from rlfleet.wire import codec
+from rlfleet.wire.gen import inference_pb2, inference_pb2_grpc, learner_pb2, learner_pb2_grpc
+from rlfleet.wire.grpc_decoding import add_servicer
+from rlfleet.wire.grpc_limits import StreamLimits
+from rlfleet.wire.grpc_server import start_grpc_server
+
+S, D, K = 7, 3, 2
+IDLE_STREAMS = 60  # more than the old shared pool of 32 threads
+
+
+def _idle(stop: threading.Event):
+    stop.wait()
+    return
+    yield  # a generator that sends nothing until told to
+
+
+def _wait_open(server, n: int) -> None:
+    deadline = time.monotonic() + 60
+    while server.stream_budget.open_streams < n and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert server.stream_budget.open_streams >= n, server.stream_budget.open_streams
+
+
+@pytest.fixture
+def inference():
+    torch.manual_seed(0)
+    policy = GaussianMLPPolicy(S, D, K, PolicyConfig(hidden_sizes=[16]))
+    srv = InferenceServer(PolicyRunner(policy, version=2), "127.0.0.1", 0, 0, max_batch=64, max_wait_ms=1)
+    thread = threading.Thread(target=srv.serve, daemon=True)
+    thread.start()
+    yield srv
+    srv.stop()
+    thread.join(10)
+
+
+def test_idle_act_streams_do_not_starve_new_calls(inference):
+    stop = threading.Event()
+    ch = grpc.insecure_channel(inference.address)
+    stub = inference_pb2_grpc.InferenceServiceStub(ch)
+    calls = [stub.Act(_idle(stop)) for _ in range(IDLE_STREAMS)]
+    try:
+        _wait_open(inference.grpc_server, IDLE_STREAMS)
+        with grpc.insecure_channel(inference.address) as fresh:
+            health = health_pb2_grpc.HealthStub(fresh).Check(health_pb2.HealthCheckRequest(), timeout=30)
+            info = inference_pb2_grpc.InferenceServiceStub(fresh).GetInfo(inference_pb2.InfoRequest(), timeout=30)
+            obs = codec.encode_map({"states": np.ones((2, S), np.float32)})
+            (reply,) = list(inference_pb2_grpc.InferenceServiceStub(fresh).Act(
+                iter([inference_pb2.ActRequest(request_id=1, obs=obs)]), timeout=30))
+        assert health.status == health_pb2.HealthCheckResponse.SERVING and info.policy_version == 2
+        assert reply.error == "" and reply.policy_version == 2
+    finally:
+        stop.set()
+        for c in calls:
+            c.cancel()
+        ch.close()
+
+
+@pytest.fixture
+def learner_server():
+    ingest, publisher = IngestQueue(maxsize=4), WeightPublisher()
+    publisher.publish(0, b"weights")
+    servicer = LearnerServicer("x: 1\n", "run", ingest, publisher)
+    server, port = start_grpc_server(
+        "127.0.0.1", 0, [lambda s: add_servicer(learner_pb2_grpc.add_LearnerServiceServicer_to_server, servicer, s,
+                                                servicer.other_rejections.count)],
+        ["rlfleet.v1.LearnerService"], limits=StreamLimits(max_streams=80, idle_s=600),
+        on_refused=servicer.other_rejections.count)
+    yield servicer, server, f"127.0.0.1:{port}"
+    publisher.finish()
+    server.stop(grace=0)
+
+
+def test_idle_push_and_watch_streams_do_not_starve_the_learner(learner_server):
+    servicer, server, address = learner_server
+    stop = threading.Event()
+    ch = grpc.insecure_channel(address)
+    stub = learner_pb2_grpc.LearnerServiceStub(ch)
+    pushes = [stub.PushTrajectory.future(_idle(stop)) for _ in range(IDLE_STREAMS // 2)]
+    watches = [stub.WatchWeights(learner_pb2.WatchRequest(known_version=0)) for _ in range(IDLE_STREAMS // 2)]
+    try:
+        _wait_open(server, IDLE_STREAMS)
+        with grpc.insecure_channel(address) as fresh:
+            fstub = learner_pb2_grpc.LearnerServiceStub(fresh)
+            reg = fstub.Register(learner_pb2.RegisterRequest(client_id="a", role="actor"), timeout=30)
+            beat = fstub.Heartbeat(learner_pb2.HeartbeatRequest(client_id="a"), timeout=30)
+            ack = fstub.PushTrajectory(iter([learner_pb2.TrajectoryChunk(client_id="a", segment_id=1, num_chunks=1,
+                                                                         payload=b"\xff")]), timeout=30)
+        assert reg.run_id == "run" and beat.policy_version == 0
+        assert not ack.accepted and ack.error  # answered (a garbage segment, refused as such)
+        # a stream over the budget is refused at once, and counted
+        more = [stub.WatchWeights(learner_pb2.WatchRequest(known_version=-1)) for _ in range(30)]  # answered at once
+        refused = 0
+        for call in more:
+            try:
+                next(call)
+            except grpc.RpcError as exc:
+                if exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                    refused += 1
+        assert refused >= 10 and servicer.rejected_calls().get("too_many_streams") == refused
+        for call in more:
+            call.cancel()
+    finally:
+        stop.set()
+        for c in [*pushes, *watches]:
+            c.cancel()
+        ch.close()
+
+
+def test_a_silent_request_stream_is_closed_after_the_idle_limit():
+    ingest, publisher = IngestQueue(maxsize=4), WeightPublisher()
+    servicer = LearnerServicer("x: 1\n", "run", ingest, publisher)
+    server, port = start_grpc_server(
+        "127.0.0.1", 0, [lambda s: learner_pb2_grpc.add_LearnerServiceServicer_to_server(servicer, s)],
+        ["rlfleet.v1.LearnerService"], limits=StreamLimits(max_streams=8, idle_s=0.5),
+        on_refused=servicer.other_rejections.count)
+    stop = threading.Event()
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+            call = learner_pb2_grpc.LearnerServiceStub(ch).PushTrajectory.future(_idle(stop))
+            with pytest.raises(grpc.RpcError) as err:
+                call.result(timeout=60)
+            assert err.value.code() == grpc.StatusCode.CANCELLED
+        assert server.stream_budget.idle_closed == 1 and servicer.rejected_calls() == {"stream_idle": 1}
+        deadline = time.monotonic() + 30
+        while server.stream_budget.open_streams and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert server.stream_budget.open_streams == 0  # its slot is free again
+    finally:
+        stop.set()
+        server.stop(grace=0)

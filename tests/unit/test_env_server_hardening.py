@@ -1,0 +1,135 @@
+"""EnvService under bad bytes, slow simulators and session churn: clean errors, no global stall, bounded memory."""
+from __future__ import annotations
+
+import threading
+
+import grpc
+import numpy as np
+import pytest
+
+from rlfleet.envs.api import ChunkedEnv, EnvConfig, EnvSpec, StepResult
+from rlfleet.envs.env_server import EnvServerConfig, EnvServicer, serve_env
+from rlfleet.envs.registry import register_env
+from rlfleet.wire import codec
+from rlfleet.wire.gen import env_pb2, env_pb2_grpc
+
+BUILD_GATE = threading.Event()  # a session with seed 13 waits for it while its env is built
+
+
+class TinyEnv(ChunkedEnv):
+    def __init__(self, cfg: EnvConfig, num_envs: int, env_offset: int = 0):
+        if cfg.seed == 13:
+            assert BUILD_GATE.wait(60), "test never opened the gate"
+        self.cfg, self.n = cfg, num_envs
+        self._spec = EnvSpec(state_dim=2, action_dim=2, chunk_size=cfg.chunk_size, num_envs=num_envs,
+                             max_episode_steps=5, task_names=["tiny"] * num_envs)
+
+    @property
+    def spec(self) -> EnvSpec:
+        return self._spec
+
+    @property
+    def task_list(self) -> list[str]:
+        return ["tiny"]
+
+    def _obs(self) -> dict:
+        return {"states": np.zeros((self.n, 2), np.float32), "instructions": np.zeros((self.n, 128), np.uint8),
+                "task_ids": np.zeros(self.n, np.int64), "task_descriptions": ["tiny"] * self.n}
+
+    def reset(self, seeds=None):
+        return self._obs()
+
+    def chunk_step(self, actions):
+        z, f = np.zeros(self.n, np.float32), np.zeros(self.n, bool)
+        return StepResult(obs=self._obs(), rewards=np.zeros((self.n, self.cfg.chunk_size), np.float32),
+                          terminated=f, truncated=f, success=f, episode_done=f, episode_return=z,
+                          episode_length=np.zeros(self.n, np.int32), episode_success_once=f,
+                          final_obs=self._obs())
+
+    def close(self) -> None:
+        pass
+
+
+register_env("hardening-tiny", TinyEnv)
+
+
+@pytest.fixture
+def served():
+    cfg = EnvServerConfig(env=EnvConfig(name="hardening-tiny", chunk_size=2), max_envs=16)
+    server, port, servicer = serve_env(cfg)
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    yield servicer, channel
+    BUILD_GATE.set()
+    channel.close()
+    server.stop(grace=0)
+    servicer.close()
+
+
+def test_undecodable_bytes_get_invalid_argument_and_are_counted(served):
+    servicer, channel = served
+    for method in ("GetSpec", "Reset", "ChunkStep", "Close"):
+        call = channel.unary_unary(f"/rlfleet.v1.EnvService/{method}", request_serializer=None,
+                                   response_deserializer=None)
+        with pytest.raises(grpc.RpcError) as err:
+            call(b"\xff\xff\xff\xff garbage", timeout=30)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (method, err.value.code())
+    assert servicer.rejections.snapshot() == {"undecodable": 4}
+    assert dict(servicer.errors) == {"INVALID_ARGUMENT": 4}
+
+
+def test_a_slow_env_build_does_not_stall_other_sessions(served):
+    servicer, channel = served
+    stub = env_pb2_grpc.EnvServiceStub(channel)
+    stub.GetSpec(env_pb2.SpecRequest(session_id="fast", num_envs=2), timeout=30)
+    BUILD_GATE.clear()
+    slow = stub.GetSpec.future(env_pb2.SpecRequest(session_id="slow", num_envs=2, seed=13), timeout=60)
+    try:
+        # while "slow" is being built: other sessions open, reset, step and close
+        stub.GetSpec(env_pb2.SpecRequest(session_id="other", num_envs=2), timeout=20)
+        stub.Reset(env_pb2.ResetRequest(session_id="fast"), timeout=20)
+        actions = codec.encode_tensor("actions", np.zeros((2, 2, 2), np.float32))
+        stub.ChunkStep(env_pb2.ChunkStepRequest(session_id="fast", actions=actions), timeout=20)
+        stub.Close(env_pb2.CloseRequest(session_id="other"), timeout=20)
+        assert not slow.done()
+    finally:
+        BUILD_GATE.set()
+    assert slow.result(timeout=60).num_envs == 2
+    assert set(servicer.sessions) == {"fast", "slow"}
+
+
+def test_a_session_over_the_env_budget_is_refused_while_another_is_being_built(served):
+    servicer, channel = served
+    stub = env_pb2_grpc.EnvServiceStub(channel)
+    BUILD_GATE.clear()
+    slow = stub.GetSpec.future(env_pb2.SpecRequest(session_id="slow", num_envs=10, seed=13), timeout=60)
+    try:
+        with pytest.raises(grpc.RpcError) as err:  # 10 reserved + 10 > 16
+            stub.GetSpec(env_pb2.SpecRequest(session_id="big", num_envs=10), timeout=20)
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    finally:
+        BUILD_GATE.set()
+    slow.result(timeout=60)
+    assert servicer.rejections.snapshot() == {"resource_exhausted": 1}
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096 / 1e6
+
+
+@pytest.mark.slow  # MetaWorld builds take seconds each on a shared CPU
+def test_sessions_opened_and_closed_do_not_grow_the_server():
+    pytest.importorskip("metaworld")
+    cfg = EnvServerConfig(env=EnvConfig(name="metaworld", task="reach-v3", max_episode_steps=20, image_size=0))
+    servicer = EnvServicer(cfg)
+    for i in range(3):  # warm up: imports, first-use caches
+        servicer._open(env_pb2.SpecRequest(session_id=f"w{i}", num_envs=2))
+        servicer._close_session(f"w{i}")
+    before = _rss_mb()
+    for i in range(12):
+        servicer._open(env_pb2.SpecRequest(session_id=f"s{i}", num_envs=2))
+        servicer._reset(env_pb2.ResetRequest(session_id=f"s{i}"))
+        servicer._close_session(f"s{i}")
+    grown = _rss_mb() - before
+    assert not servicer.sessions
+    assert grown < 40, f"RSS grew {grown:.0f} MB over 12 sessions"  # was about 30 MB per session
