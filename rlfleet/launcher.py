@@ -18,6 +18,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from rlfleet.actor_supervisor import ActorSupervisor, RestartPolicy, last_error_line
+from rlfleet.actors.learner_client import LEDGER_DIR_VAR
 from rlfleet.config import resolve_placement, to_yaml
 from rlfleet.placement import PlacementPlan
 from rlfleet.wire.auth import current as current_auth
@@ -266,7 +267,8 @@ def _run_fleet(cfg: DictConfig, run_dir: Path, ports: dict[str, int], metrics_ho
         supervisor = ActorSupervisor(  # a stable id per index: the run's per-actor counts survive restarts
             lambda i: _spawn(["actor", "--learner", learner_addr, "--inference", _inference_addresses(inference_addrs, i),
                               "--index", str(i), "--id", f"actor{i}", *_metrics_flags(ports, f"actor{i}", metrics_host)],
-                             logs / f"actor{i}.log", extra_env=_render_device(plan, i)),
+                             logs / f"actor{i}.log",  # ledgers: a killed actor's losses are still counted
+                             extra_env={**(_render_device(plan, i) or {}), LEDGER_DIR_VAR: str(run_dir / "ledgers")}),
             cfg.actor.num_actors, RestartPolicy(cfg.actor.max_restarts, cfg.actor.restart_backoff_s,
                                                 refill_s=cfg.actor.get("restart_refill_s", 600.0)),
             run_dir / "pids", log_file=lambda i: logs / f"actor{i}.log")

@@ -4,6 +4,7 @@ from __future__ import annotations
 import queue
 import threading
 from collections import Counter, OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from rlfleet.wire.segment import Segment
@@ -23,7 +24,7 @@ def _env_steps(item: IngestedSegment) -> int:
 class IngestQueue:
     """A full queue blocks the pushing RPC, which blocks the actor: a slow learner slows actors."""
 
-    def __init__(self, maxsize: int, remember: int = 4096):
+    def __init__(self, maxsize: int, remember: int = 4096, on_accept: Callable[[int], None] | None = None):
         self._q: queue.Queue[IngestedSegment] = queue.Queue(maxsize=maxsize)
         self._seen: OrderedDict[tuple[str, int], None] = OrderedDict()
         self._inflight: dict[tuple[str, int], threading.Event] = {}
@@ -37,6 +38,7 @@ class IngestQueue:
         self.accepted_env_steps = 0  # simulator steps in accepted segments (each counted once)
         self.consumed = 0  # segments handed to the trainer by get()
         self.consumed_env_steps = 0
+        self._on_accept = on_accept  # env steps of each accepted segment (the run's loss ledger)
 
     def seen(self, client_id: str, segment_id: int) -> bool:
         with self._lock:
@@ -74,6 +76,8 @@ class IngestQueue:
                 self.accepted += 1
                 self.accepted_env_steps += _env_steps(item)
                 self.by_client[item.client_id] = self.by_client.get(item.client_id, 0) + 1
+                if self._on_accept is not None:
+                    self._on_accept(_env_steps(item))
         mine.set()
         return ok
 

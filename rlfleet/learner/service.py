@@ -29,12 +29,15 @@ class ClientInfo:
     last_seen: float
     env_steps: int = 0
     told_to_stop: bool = False
+    life: int = 0  # the process life it last heartbeated from, and whether that life has ended
+    life_ended: bool = False
 
 
 class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
     def __init__(self, config_yaml: str, run_id: str, ingest: IngestQueue, weights: WeightPublisher,
                  chunk_bytes: int = 4 * 1024 * 1024, heartbeat_ms: int = 1000,
-                 check_segment: Callable[[Segment], None] | None = None):
+                 check_segment: Callable[[Segment], None] | None = None,
+                 on_life_ended: Callable[..., int] | None = None):
         self.config_yaml = config_yaml
         self.run_id = run_id
         self.ingest = ingest
@@ -42,6 +45,7 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
         self.chunk_bytes = chunk_bytes
         self.heartbeat_ms = heartbeat_ms
         self.check_segment = check_segment or (lambda seg: None)
+        self.on_life_ended = on_life_ended  # (client_id, life, taken, accepted, rejected, crashed) -> lost
         self.stop_event = threading.Event()
         self._clients: dict[str, ClientInfo] = {}
         self._next_index: dict[str, int] = {}
@@ -74,6 +78,10 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
             info = self._client(request.client_id, "actor")
             info.env_steps = request.env_steps
             info.told_to_stop = self.stop_event.is_set()
+            if request.life and request.life != info.life:
+                info.life, info.life_ended = request.life, False
+        if request.HasField("ended"):
+            self._life_ended(request.client_id, request.ended)
         current = self.weights.current()
         return learner_pb2.HeartbeatReply(
             stop=self.stop_event.is_set(), policy_version=current.version if current else -1
@@ -87,6 +95,30 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
             with self._lock:
                 pending = [c for c in self._clients.values()
                            if c.role == "actor" and not c.told_to_stop and now - c.last_seen < within_s]
+            if not pending:
+                return True
+            time.sleep(0.05)
+        return False
+
+    def _life_ended(self, client_id: str, r: learner_pb2.LifeReport) -> None:
+        with self._lock:
+            info = self._clients.get(client_id)
+            if info is not None and info.life == r.life:
+                info.life_ended = True
+        if self.on_life_ended is not None:
+            lost = self.on_life_ended(client_id, r.life, r.env_steps, r.accepted_env_steps, r.rejected_env_steps,
+                                      r.crashed)
+            log.info("%s life %x %s: %d env steps taken, %d lost", client_id, r.life,
+                     "crashed" if r.crashed else "ended", r.env_steps, lost)
+
+    def wait_lives_ended(self, timeout: float, within_s: float = 10.0) -> bool:
+        """After stop: wait for live actors' final reports, so the summary's loss account is whole."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            now = time.monotonic()
+            with self._lock:
+                pending = [c for c in self._clients.values()
+                           if c.role == "actor" and c.life and not c.life_ended and now - c.last_seen < within_s]
             if not pending:
                 return True
             time.sleep(0.05)
