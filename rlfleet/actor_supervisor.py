@@ -131,7 +131,9 @@ class ActorSupervisor:
                             self.policy.max_restarts, self.policy.refill_s)
 
     def _schedule(self, index: int, proc: subprocess.Popen, code: int, now: float) -> None:
-        cause = last_error_line(self._log_file(index) if self._log_file else None)
+        # a signal is its own cause (the log's last line is whatever the process did last); an
+        # error exit's last line is its exception or its one-line error
+        cause = "" if code < 0 else last_error_line(self._log_file(index) if self._log_file else None)
         self.causes[index] = cause
         said = f": {cause}" if cause else ""
         budget = self.budgets[index]
