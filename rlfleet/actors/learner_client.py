@@ -224,8 +224,8 @@ class LearnerClient:
         while not self._queue.empty() and time.monotonic() < deadline and not self.stop_requested.is_set():
             time.sleep(0.05)
         self.failed.set()  # ends the heartbeat loop
-        try:
-            self._queue.put_nowait(None)
+        try:  # with `failed` set the sender only drops what is queued: room comes at once
+            self._queue.put(None, timeout=2)
         except queue.Full:
             pass
         self._sender.join(timeout=2)

@@ -5,7 +5,12 @@ changes, so it survives a SIGKILL of the learner):
 
 * `accepted`: env steps in segments any learner life of this run accepted;
 * `consumed`: the run's counted env steps (`summary.env_steps`) as of the last change;
-* `lost`: env steps lost, by cause (below); `lives`: actor lives whose report was counted.
+* `lost`: env steps lost, by cause (below); `lives`: actor lives whose report was counted;
+* `segments`: per actor life (`CLIENT/LIFE`, LIFE = segment_id >> 32), the newest segment id
+  accepted and the env steps accepted. An actor pushes its segments one at a time, in id order,
+  so a resumed learner refuses as a duplicate any id at or below the newest one (a segment whose
+  acknowledgement the crash cut off, sent again); and a killed life's losses are taken from what
+  learners accepted, not from its ledger file, which may have missed the last acknowledgement.
 
 Causes:
 
@@ -42,6 +47,7 @@ class LossLedger:
         self.consumed = 0
         self.lost: Counter[str] = Counter()
         self.lives: set[str] = set()
+        self.segments: dict[str, list[int]] = {}  # "client/life" -> [newest segment id, env steps accepted]
         self._lock = threading.Lock()
 
     def resume(self, checkpoint_env_steps: int) -> None:
@@ -57,6 +63,7 @@ class LossLedger:
             self.accepted, self.consumed = int(state["accepted"]), int(state["consumed"])
             self.lost = Counter({k: int(v) for k, v in state["lost"].items()})
             self.lives = set(state.get("lives", []))
+            self.segments = {k: [int(a), int(b)] for k, (a, b) in state.get("segments", {}).items()}
             learner_lost = self.lost["resume_rollback"] + self.lost["learner_queue"]
             rollback = max(0, self.consumed - checkpoint_env_steps)
             queued = max(0, self.accepted - self.consumed - learner_lost)
@@ -74,10 +81,19 @@ class LossLedger:
             self.consumed = self.accepted = env_steps
             self._save()
 
-    def accepted_segment(self, env_steps: int) -> None:
+    def accepted_segment(self, client_id: str, segment_id: int, env_steps: int) -> None:
         with self._lock:
             self.accepted += env_steps
+            entry = self.segments.setdefault(f"{client_id}/{segment_id >> 32:x}", [0, 0])
+            entry[0] = max(entry[0], segment_id)
+            entry[1] += env_steps
             self._save()
+
+    def seen_before(self, client_id: str, segment_id: int) -> bool:
+        """A segment a learner of this run already accepted (ids of one actor life only grow)."""
+        with self._lock:
+            entry = self.segments.get(f"{client_id}/{segment_id >> 32:x}")
+            return entry is not None and segment_id <= entry[0]
 
     def counted(self, env_steps_total: int) -> None:
         with self._lock:
@@ -87,10 +103,12 @@ class LossLedger:
     def life_ended(self, client_id: str, life: int, taken: int, accepted: int, rejected: int, crashed: bool) -> int:
         """An actor life's final account; returns the env steps it lost (0 for a repeated report)."""
         key = f"{client_id}/{life:x}"
-        lost = max(0, taken - accepted - rejected)
         with self._lock:
             if key in self.lives:
                 return 0
+            if crashed and key in self.segments:  # the learners' count: the ledger may miss a last ack
+                accepted = self.segments[key][1]
+            lost = max(0, taken - accepted - rejected)
             self.lives.add(key)
             self.lost["actor_crashed" if crashed else "actor_stopped"] += lost
             self.lost["rejected_segments"] += max(0, rejected)
@@ -108,5 +126,5 @@ class LossLedger:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(self.path.name + ".tmp")
         tmp.write_text(json.dumps({"accepted": self.accepted, "consumed": self.consumed, "lost": dict(self.lost),
-                                   "lives": sorted(self.lives)}))
+                                   "lives": sorted(self.lives), "segments": self.segments}))
         os.replace(tmp, self.path)

@@ -122,7 +122,8 @@ class Learner:
         self._frozen = frozenset(n for n, p in self.policy.named_parameters() if not p.requires_grad)
         self._digests: dict[str, str] = {}
         self._publish()
-        self.ingest = IngestQueue(cfg.learner.ingest_queue_size, on_accept=self.losses.accepted_segment)
+        self.ingest = IngestQueue(cfg.learner.ingest_queue_size, on_accept=self.losses.accepted_segment,
+                                  seen_before=self.losses.seen_before)
         obs_spec = run_observation_spec(cfg)
         lp_shape, extras = tuple(dims.logprob_shape), {k: tuple(v) for k, v in dims.extra_outputs.items()}
         group_size = cfg.algorithm.group_size if self.trainer.grpo_mode else 0  # GRPO: whole groups, whole episodes

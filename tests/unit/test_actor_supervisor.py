@@ -4,7 +4,12 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from rlfleet.actor_supervisor import ActorSupervisor, RestartBudget, RestartPolicy, last_error_line
+from rlfleet.actor_supervisor import (
+    ActorSupervisor,
+    RestartBudget,
+    RestartPolicy,
+    last_error_line,
+)
 
 
 class FakeProc:

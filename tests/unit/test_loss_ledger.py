@@ -10,18 +10,22 @@ from rlfleet.learner.losses import LEDGER_FILE, LossLedger
 def test_every_taken_step_is_counted_or_lost_by_cause_across_resumes(tmp_path):
     led = LossLedger(tmp_path)
     led.start()
-    for _ in range(10):
-        led.accepted_segment(100)  # 1000 accepted
+    base = 0xA << 32  # actor0's life 0xA: segment ids base+1, base+2, ...
+    for i in range(1, 11):
+        led.accepted_segment("actor0", base + i, 100)  # 1000 accepted
     for total in range(100, 701, 100):
         led.counted(total)  # 700 counted; the checkpoint saw 400; 300 still queued
-    assert led.life_ended("actor0", 0xA, taken=1250, accepted=1000, rejected=50, crashed=True) == 200
+    # its ledger file missed the last acknowledgement: the learners' count wins for a killed life
+    assert led.life_ended("actor0", 0xA, taken=1250, accepted=900, rejected=50, crashed=True) == 200
     assert led.life_ended("actor0", 0xA, taken=1250, accepted=1000, rejected=50, crashed=True) == 0  # once only
 
     again = LossLedger(tmp_path)  # the learner crashed; --resume from the checkpoint at 400
     again.resume(checkpoint_env_steps=400)
     assert again.by_cause() == {"actor_crashed": 200, "learner_queue": 300, "rejected_segments": 50,
                                 "resume_rollback": 300}
-    again.accepted_segment(100)
+    assert again.seen_before("actor0", base + 10) and not again.seen_before("actor0", base + 11)
+    assert not again.seen_before("actor1", (0xB << 32) + 1)  # a re-send after the crash is a duplicate
+    again.accepted_segment("actor1", (0xB << 32) + 1, 100)
     again.counted(500)
     again.life_ended("actor1", 0xB, taken=100, accepted=100, rejected=0, crashed=False)
     third = LossLedger(tmp_path)  # a second resume, from a checkpoint at 500: nothing more lost
@@ -41,7 +45,7 @@ def test_an_actor_life_ledger_outlives_the_process_and_is_found_by_the_next(tmp_
     second = LifeLedger("actor0", 0x9999, str(tmp_path))
     found = orphaned_lives(str(tmp_path), "actor0", second.path)
     assert len(found) == 1
-    path, report = found[0]
+    _, report = found[0]
     assert (report.life, report.env_steps, report.accepted_env_steps, report.rejected_env_steps, report.crashed) == \
         (0x1234, 640, 512, 64, True)
     assert orphaned_lives(str(tmp_path), "actor1", None) == []  # other client ids are not ours

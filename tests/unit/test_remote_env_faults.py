@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import ClassVar
 
 import grpc
 import numpy as np
@@ -27,7 +28,7 @@ class FaultyEnv(ChunkedEnv):
     """state = [steps this episode, env index]; reward 1 per step; 4-step episodes. The class-level
     `faults` dict injects failures: {"nan_reward": env, "nan_obs": env, "nan_reset": True, "sleep": s}."""
 
-    faults: dict = {}
+    faults: ClassVar[dict] = {}
     steps_taken = 0  # chunk_step calls across instances (what the server really applied)
 
     def __init__(self, cfg: EnvConfig, num_envs: int, env_offset: int = 0):
@@ -220,7 +221,7 @@ def test_a_timed_out_step_is_asked_again_and_applied_once(server):
 
 
 def test_settings_the_server_decides_are_not_ignored_silently(server, caplog):
-    import rlfleet.envs.remote as remote
+    from rlfleet.envs import remote
 
     port, _, _ = server
     remote._warned.clear()
