@@ -14,7 +14,7 @@ import pytest
 
 from rlfleet.wire.gen import learner_pb2, learner_pb2_grpc
 
-pytestmark = pytest.mark.slow  # about 3-6 minutes on the shared 2-core machine
+pytestmark = pytest.mark.slow  # 80-250 s on the shared 2-core development machine
 
 
 def _free_port() -> int:
