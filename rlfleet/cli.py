@@ -285,7 +285,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     policy, meta = load_checkpoint(args.checkpoint)
     env = dict(meta.get("env") or {})
+    if args.env_address:  # the same policy against another (or a restarted) env server
+        query = env.get("name", "").partition("?")[2] if str(env.get("name", "")).startswith("remote://") else ""
+        env["name"] = f"remote://{args.env_address}" + (f"?{query}" if query else "")
     if args.task:
+        if str(env.get("name", "")).startswith("remote://"):  # the server decides its task: say so
+            raise ValueError(f"--task {args.task} cannot apply to the remote env {env['name']}: its server decides "
+                             f"the task (start `rlfleet env-server --task {args.task}` and pass --env-address)")
         env["task"] = args.task
     if not env:
         raise SystemExit("the checkpoint does not name its env: pass --task")
@@ -524,6 +530,9 @@ def build_parser() -> argparse.ArgumentParser:
     ev = sub.add_parser("eval", help="evaluate a checkpoint folder: success by task, difficulty and ML45 split")
     ev.add_argument("checkpoint", help="checkpoint folder or hf://ORG/NAME[@REVISION] (Hugging Face Hub)")
     ev.add_argument("--task", help="task or task set, e.g. MT50 (default: the one it was trained on)")
+    ev.add_argument("--env-address", metavar="HOST:PORT",
+                    help="evaluate on the EnvService server there (env.name=remote://HOST:PORT) instead of the "
+                         "checkpoint's env")
     ev.add_argument("--episodes", type=int, default=10, help="episodes per task")
     ev.add_argument("--seed", type=int, default=10_000, help="first episode seed")
     ev.add_argument("--out", help="report folder (default: CHECKPOINT/eval; for hf:// eval/ORG--NAME)")
@@ -605,10 +614,13 @@ def main(argv: list[str] | None = None) -> int:
         if hasattr(args, "token_file"):
             _configure_auth(args)
         return args.func(args)
-    except (FileNotFoundError, ValueError) as exc:
+    except (FileNotFoundError, ValueError, ConnectionError, TimeoutError) as exc:  # e.g. an env server gone
         logging.getLogger("rlfleet").error("%s", exc)
         return 2
     except Exception as exc:
+        if type(exc).__name__ == "RemoteEnvError":  # a bad env server: its message says which and how
+            logging.getLogger("rlfleet").error("%s", exc)
+            return 2
         if not _unauthenticated(exc):
             raise
         logging.getLogger("rlfleet").error("a server refused this process's credentials: %s", exc.details())

@@ -65,8 +65,9 @@ class ActorConfig:
     send_queue_size: int = 4  # segments buffered before the actor waits for the learner
     transport: str = "shm"  # shm (same host) | zmq | grpc
     failover: InferenceFailoverConfig = field(default_factory=InferenceFailoverConfig)
-    max_restarts: int = 3  # local mode: times a crashed actor process is restarted (per actor)
+    max_restarts: int = 3  # local mode: restarts of a crashed actor in a burst (per actor; a token bucket)
     restart_backoff_s: float = 2.0  # local mode: wait before the first restart, doubled each time
+    restart_refill_s: float = 600.0  # local mode: one restart earned back per this many seconds (0: never)
 
 
 @dataclass

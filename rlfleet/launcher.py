@@ -17,7 +17,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from rlfleet.actor_supervisor import ActorSupervisor, RestartPolicy
+from rlfleet.actor_supervisor import ActorSupervisor, RestartPolicy, last_error_line
+from rlfleet.actors.learner_client import LEDGER_DIR_VAR
 from rlfleet.config import resolve_placement, to_yaml
 from rlfleet.placement import PlacementPlan
 from rlfleet.wire.auth import current as current_auth
@@ -75,13 +76,16 @@ def _inference_addresses(addresses: list[str], actor_index: int) -> str:
 ROLE_START_TIMEOUT_S = 900.0
 
 
-def _wait_address(path: Path, proc: subprocess.Popen, key: str, timeout: float = ROLE_START_TIMEOUT_S) -> str:
+def _wait_address(path: Path, proc: subprocess.Popen, key: str, timeout: float = ROLE_START_TIMEOUT_S,
+                  log_file: Path | None = None) -> str:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if path.exists():
             return json.loads(path.read_text())[key]
         if proc.poll() is not None:
-            raise RuntimeError(f"{key} exited with code {proc.returncode} before it was ready")
+            cause = last_error_line(log_file)
+            raise RuntimeError(f"{key} exited with code {proc.returncode} before it was ready"
+                               + (f": {cause}" if cause else ""))
         time.sleep(0.1)
     raise TimeoutError(f"{key} did not report its address within {timeout:.0f}s")
 
@@ -222,8 +226,9 @@ def _supervise(learner: subprocess.Popen, supervisor: ActorSupervisor, every_s: 
             if supervisor.procs and len(supervisor.given_up) == len(supervisor.procs):
                 learner.send_signal(signal.SIGINT)  # no data will come: checkpoint and stop
                 learner.wait()
-                raise RuntimeError("every actor crashed more than actor.max_restarts times; "
-                                   "see the run folder's logs/actor*.log")
+                last = "; ".join(f"actor {i}: {c}" for i, c in sorted(supervisor.causes.items()) if c)
+                raise RuntimeError("every actor crashed more often than actor.max_restarts allows"
+                                   + (f" ({last})" if last else "") + "; see the run folder's logs/actor*.log")
 
 
 def _run_fleet(cfg: DictConfig, run_dir: Path, ports: dict[str, int], metrics_host: str,
@@ -257,12 +262,16 @@ def _run_fleet(cfg: DictConfig, run_dir: Path, ports: dict[str, int], metrics_ho
                                 *placed, *_metrics_flags({name: ports.get(name, 0)}, name, metrics_host)],
                                logs / f"{name}.log", extra_env=plan.visible_devices(device) if plan else None)
             children.append(inference)
-            inference_addrs.append(_wait_address(addr_dir / f"{name}.json", inference, "inference"))
+            inference_addrs.append(_wait_address(addr_dir / f"{name}.json", inference, "inference",
+                                                 log_file=logs / f"{name}.log"))
         supervisor = ActorSupervisor(  # a stable id per index: the run's per-actor counts survive restarts
             lambda i: _spawn(["actor", "--learner", learner_addr, "--inference", _inference_addresses(inference_addrs, i),
                               "--index", str(i), "--id", f"actor{i}", *_metrics_flags(ports, f"actor{i}", metrics_host)],
-                             logs / f"actor{i}.log", extra_env=_render_device(plan, i)),
-            cfg.actor.num_actors, RestartPolicy(cfg.actor.max_restarts, cfg.actor.restart_backoff_s), run_dir / "pids")
+                             logs / f"actor{i}.log",  # ledgers: a killed actor's losses are still counted
+                             extra_env={**(_render_device(plan, i) or {}), LEDGER_DIR_VAR: str(run_dir / "ledgers")}),
+            cfg.actor.num_actors, RestartPolicy(cfg.actor.max_restarts, cfg.actor.restart_backoff_s,
+                                                refill_s=cfg.actor.get("restart_refill_s", 600.0)),
+            run_dir / "pids", log_file=lambda i: logs / f"actor{i}.log")
         _supervise(learner, supervisor)
     except KeyboardInterrupt:
         print("\nstopping: the learner writes a checkpoint before it exits", file=sys.stderr)

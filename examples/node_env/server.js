@@ -292,7 +292,20 @@ class EnvService {
     const session = this.session(req.session_id);
     const actions = decodeActions(req.actions, session.numEnvs, session.chunkSize);
     if (!session.wasReset) throw precondition(`session '${req.session_id}': call Reset before ChunkStep`);
-    return session.chunkStep(actions);
+    // step_seq (env.proto): a repeat of the last number is answered again without stepping twice
+    // (a client retrying a call that timed out); any other number but last + 1 means a lost step
+    const seq = BigInt(req.step_seq || '0');
+    const last = session.lastSeq || 0n;
+    if (seq !== 0n && seq === last && session.lastReply) return session.lastReply;
+    if (seq !== 0n && seq !== last + 1n) {
+      throw precondition(`session '${req.session_id}': step_seq ${seq}, expected ${last + 1n} (a ChunkStep was lost or repeated)`);
+    }
+    const reply = { ...session.chunkStep(actions), step_seq: seq.toString() };
+    if (seq !== 0n) {
+      session.lastSeq = seq;
+      session.lastReply = reply;
+    }
+    return reply;
   }
 
   close(req) {

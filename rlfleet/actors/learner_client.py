@@ -5,15 +5,25 @@ learner picks up where it left off); a segment keeps its id across retries, so t
 acknowledges a repeat without counting it twice. Ids start from a random per-process base, so
 a restarted actor that reuses its client id (`--id`) never sends ids the learner has already
 seen, which it would otherwise acknowledge as repeats and drop.
+
+Each process life accounts for its env steps: taken, accepted by a learner, rejected. It sends
+that account (`LifeReport`) once when it ends, so the learner counts what the life lost (its
+unfinished segments and send queue). With `RLFLEET_ACTOR_LEDGER_DIR` set (local mode sets it)
+the account is also kept in a small file, `DIR/CLIENT.LIFE.ledger`, rewritten as the counts
+change: a life killed before it could report is reported by the next life of the same client
+id, from that file (which is then renamed `.reported`).
 """
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import secrets
 import socket
+import struct
 import threading
 import time
+from pathlib import Path
 
 import grpc
 
@@ -36,6 +46,73 @@ def register(address: str, client_id: str, role: str, num_envs: int = 0,
         )
 
 
+LEDGER_DIR_VAR = "RLFLEET_ACTOR_LEDGER_DIR"
+_LEDGER = struct.Struct("<qqq")  # env steps taken, accepted, rejected
+
+
+class LifeLedger:
+    """One process life's env step account, optionally mirrored in a file that outlives a SIGKILL
+    (one 24-byte pwrite per change: the page cache keeps it when the process dies)."""
+
+    def __init__(self, client_id: str, life: int, folder: str | None):
+        self.client_id, self.life = client_id, life
+        self.taken = self.accepted = self.rejected = 0
+        self._lock = threading.Lock()
+        self.path = Path(folder) / f"{client_id}.{life:08x}.ledger" if folder else None
+        self._fd = None
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+            self._write()
+
+    def add(self, taken: int = 0, accepted: int = 0, rejected: int = 0) -> None:
+        with self._lock:
+            self.taken += taken
+            self.accepted += accepted
+            self.rejected += rejected
+            self._write()
+
+    def set_taken(self, taken: int) -> None:
+        with self._lock:
+            self.taken = taken
+            self._write()
+
+    def _write(self) -> None:
+        if self._fd is not None:
+            os.pwrite(self._fd, _LEDGER.pack(self.taken, self.accepted, self.rejected), 0)
+
+    def report(self, crashed: bool = False) -> learner_pb2.LifeReport:
+        with self._lock:
+            return learner_pb2.LifeReport(life=self.life, env_steps=self.taken, accepted_env_steps=self.accepted,
+                                          rejected_env_steps=self.rejected, crashed=crashed)
+
+    def close(self, reported: bool) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+            if reported:
+                self.path.replace(self.path.with_suffix(".reported"))
+
+
+def orphaned_lives(folder: str | None, client_id: str, own: Path | None) -> list[tuple[Path, learner_pb2.LifeReport]]:
+    """Earlier lives of this client id that never reported (they were killed): their ledgers."""
+    if not folder:
+        return []
+    out = []
+    for path in sorted(Path(folder).glob(f"{client_id}.*.ledger")):
+        if path == own:
+            continue
+        try:
+            life = int(path.name[len(client_id) + 1:].split(".")[0], 16)
+            taken, accepted, rejected = _LEDGER.unpack(path.read_bytes()[:_LEDGER.size])
+        except (ValueError, struct.error, OSError):
+            log.warning("unreadable actor ledger %s: skipped", path)
+            continue
+        out.append((path, learner_pb2.LifeReport(life=life, env_steps=taken, accepted_env_steps=accepted,
+                                                 rejected_env_steps=rejected, crashed=True)))
+    return out
+
+
 class LearnerClient:
     def __init__(self, address: str, client_id: str, queue_size: int, chunk_bytes: int = 4 * 1024 * 1024,
                  heartbeat_s: float = 1.0, give_up_s: float = 600.0):
@@ -47,21 +124,33 @@ class LearnerClient:
         self.give_up_s = give_up_s
         self.stop_requested = threading.Event()
         self.failed = threading.Event()
-        self.env_steps = 0
         self.segments_sent = 0
         self.rejected = 0
         self._next_id = secrets.randbits(31) << 32  # this process's id block (see the module doc)
-        self._queue: queue.Queue[tuple[int, bytes] | None] = queue.Queue(maxsize=queue_size)
+        self.life = self._next_id >> 32
+        folder = os.environ.get(LEDGER_DIR_VAR) or None
+        self.ledger = LifeLedger(client_id, self.life, folder)
+        self._orphans = orphaned_lives(folder, client_id, self.ledger.path)  # reported by the heartbeat
+        self._queue: queue.Queue[tuple[int, bytes, int] | None] = queue.Queue(maxsize=queue_size)
         self._sender = threading.Thread(target=self._send_loop, name="segment-sender", daemon=True)
         self._heart = threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)
         self._sender.start()
         self._heart.start()
 
+    @property
+    def env_steps(self) -> int:
+        return self.ledger.taken
+
+    @env_steps.setter
+    def env_steps(self, value: int) -> None:
+        """Env steps taken so far by this process (the actor loop sets it after each step)."""
+        self.ledger.set_taken(value)
+
     def push(self, segment: Segment) -> None:
         """Queue a segment; blocks while the queue is full (back-pressure from the learner)."""
         payload = codec.encode_map(segment.to_tensors()).SerializeToString()
         self._next_id += 1
-        item = (self._next_id, payload)
+        item = (self._next_id, payload, int(segment.env_steps))
         while not self.stop_requested.is_set() and not self.failed.is_set():
             try:
                 self._queue.put(item, timeout=0.2)
@@ -80,7 +169,7 @@ class LearnerClient:
             item = self._queue.get()
             if item is None:
                 return
-            segment_id, payload = item
+            segment_id, payload, steps = item
             backoff, down_since = 0.1, None
             while not self.failed.is_set():
                 try:
@@ -99,17 +188,30 @@ class LearnerClient:
                     self.stop_requested.set()
                 if ack.accepted:
                     self.segments_sent += 1
+                    self.ledger.add(accepted=steps)
                 elif not ack.stop:
                     self.rejected += 1
+                    self.ledger.add(rejected=steps)
                     log.error("learner rejected segment %d: %s", segment_id, ack.error)
                 break
+
+    def _heartbeat(self, ended: learner_pb2.LifeReport | None = None, timeout: float = 5.0):
+        return self.stub.Heartbeat(
+            learner_pb2.HeartbeatRequest(client_id=self.client_id, env_steps=self.env_steps,
+                                         segments_sent=self.segments_sent, life=self.life, ended=ended),
+            timeout=timeout)
 
     def _heartbeat_loop(self) -> None:
         while not self.failed.is_set():
             try:
-                reply = self.stub.Heartbeat(
-                    learner_pb2.HeartbeatRequest(client_id=self.client_id, env_steps=self.env_steps,
-                                                 segments_sent=self.segments_sent), timeout=5)
+                while self._orphans:  # a predecessor killed before it could report: report it for it
+                    path, report = self._orphans[0]
+                    self._heartbeat(report)
+                    path.replace(path.with_suffix(".reported"))
+                    log.info("reported an earlier life of %s: %d env steps, %d accepted", self.client_id,
+                             report.env_steps, report.accepted_env_steps)
+                    self._orphans.pop(0)
+                reply = self._heartbeat()
                 if reply.stop:
                     self.stop_requested.set()
             except grpc.RpcError:
@@ -122,9 +224,18 @@ class LearnerClient:
         while not self._queue.empty() and time.monotonic() < deadline and not self.stop_requested.is_set():
             time.sleep(0.05)
         self.failed.set()  # ends the heartbeat loop
-        try:
-            self._queue.put_nowait(None)
+        try:  # with `failed` set the sender only drops what is queued: room comes at once
+            self._queue.put(None, timeout=2)
         except queue.Full:
             pass
         self._sender.join(timeout=2)
+        self._heart.join(timeout=self.heartbeat_s + 6)
+        reported = False
+        if not self._sender.is_alive():  # the account is final: tell the learner what this life lost
+            try:
+                self._heartbeat(self.ledger.report(), timeout=5)
+                reported = True
+            except grpc.RpcError as exc:
+                log.info("could not report this process's env steps to the learner: %s", exc.code())
+        self.ledger.close(reported)
         self.channel.close()

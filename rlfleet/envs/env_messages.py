@@ -87,12 +87,13 @@ def decode_obs(msg: tensor_pb2.TensorMap) -> dict:
     return {k: (np.array(v) if isinstance(v, np.ndarray) else v) for k, v in codec.decode_map(msg).items()}
 
 
-def decode_step(msg: tensor_pb2.TensorMap, num_envs: int, chunk_size: int) -> tuple[dict, dict]:
-    """(StepResult fields, final_obs) from StepReply.step, every field checked for dtype and shape."""
+def decode_step(msg: tensor_pb2.TensorMap, num_envs: int, chunk_size: int, finite: bool = True) -> tuple[dict, dict]:
+    """(StepResult fields, final_obs) from StepReply.step, every field checked for dtype and shape
+    (and NaN/inf unless `finite=False`: the remote client checks those per env)."""
     raw = decode_obs(msg)
     fields = {}
     for name, (dtype, tail) in STEP_FIELDS.items():
         shape = [num_envs, *(chunk_size if d == "K" else d for d in tail)]
-        fields[name] = codec.require(raw, name, dtype, shape, finite=True)
+        fields[name] = codec.require(raw, name, dtype, shape, finite=finite)
     final_obs = {k[len(FINAL_PREFIX):]: v for k, v in raw.items() if k.startswith(FINAL_PREFIX)}
     return fields, final_obs

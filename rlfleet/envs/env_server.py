@@ -80,6 +80,8 @@ class _Session:
     was_reset: bool = False
     last_used: float = field(default_factory=time.monotonic)
     closed: bool = False
+    last_seq: int = 0  # the last numbered ChunkStep applied, and its reply (a retry gets it again)
+    last_reply: env_pb2.StepReply | None = None
 
 
 class EnvServicer(env_pb2_grpc.EnvServiceServicer):
@@ -228,13 +230,24 @@ class EnvServicer(env_pb2_grpc.EnvServiceServicer):
         actions = codec.decode_tensor(request.actions)
         actions = codec.require({"actions": actions}, "actions", "float32",
                                 (spec.num_envs, spec.chunk_size, spec.action_dim), finite=True)
+        seq = int(request.step_seq)
         with session.lock:
             self._check_open(session, request.session_id)
             if not session.was_reset:
                 raise RequestError(grpc.StatusCode.FAILED_PRECONDITION,
                                    f"session {request.session_id!r}: call Reset before ChunkStep")
-            result = session.env.chunk_step(actions)
-        return step_reply(result)
+            if seq and seq == session.last_seq and session.last_reply is not None:
+                self.calls["ChunkStep_repeated"] += 1  # a retry after a time-out: answered, not stepped again
+                return session.last_reply
+            if seq and seq != session.last_seq + 1:
+                raise RequestError(grpc.StatusCode.FAILED_PRECONDITION,
+                                   f"session {request.session_id!r}: step_seq {seq}, expected {session.last_seq + 1} "
+                                   f"(a ChunkStep was lost or repeated)")
+            reply = step_reply(session.env.chunk_step(actions))
+            reply.step_seq = seq
+            if seq:
+                session.last_seq, session.last_reply = seq, reply
+        return reply
 
     @staticmethod
     def _check_open(session: _Session, sid: str) -> None:

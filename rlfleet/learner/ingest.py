@@ -4,6 +4,7 @@ from __future__ import annotations
 import queue
 import threading
 from collections import Counter, OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from rlfleet.wire.segment import Segment
@@ -23,7 +24,8 @@ def _env_steps(item: IngestedSegment) -> int:
 class IngestQueue:
     """A full queue blocks the pushing RPC, which blocks the actor: a slow learner slows actors."""
 
-    def __init__(self, maxsize: int, remember: int = 4096):
+    def __init__(self, maxsize: int, remember: int = 4096, on_accept: Callable[[str, int, int], None] | None = None,
+                 seen_before: Callable[[str, int], bool] | None = None):
         self._q: queue.Queue[IngestedSegment] = queue.Queue(maxsize=maxsize)
         self._seen: OrderedDict[tuple[str, int], None] = OrderedDict()
         self._inflight: dict[tuple[str, int], threading.Event] = {}
@@ -37,6 +39,9 @@ class IngestQueue:
         self.accepted_env_steps = 0  # simulator steps in accepted segments (each counted once)
         self.consumed = 0  # segments handed to the trainer by get()
         self.consumed_env_steps = 0
+        # the run's loss ledger: told (client, segment id, env steps) of each accepted segment, and
+        # asked about segments an earlier learner life accepted (a re-send after a crash cut the ack)
+        self._on_accept, self._seen_before = on_accept, seen_before
 
     def seen(self, client_id: str, segment_id: int) -> bool:
         with self._lock:
@@ -51,7 +56,7 @@ class IngestQueue:
         key = (item.client_id, item.segment_id)
         while True:
             with self._lock:
-                if key in self._seen:
+                if key in self._seen or (self._seen_before is not None and self._seen_before(*key)):
                     self.duplicates += 1
                     return True
                 other = self._inflight.get(key)
@@ -74,6 +79,8 @@ class IngestQueue:
                 self.accepted += 1
                 self.accepted_env_steps += _env_steps(item)
                 self.by_client[item.client_id] = self.by_client.get(item.client_id, 0) + 1
+                if self._on_accept is not None:
+                    self._on_accept(item.client_id, item.segment_id, _env_steps(item))
         mine.set()
         return ok
 

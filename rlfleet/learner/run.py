@@ -25,6 +25,7 @@ from rlfleet.learner.checkpointer import Checkpointer, TrainerCounters, run_info
 from rlfleet.learner.distributed import Ranks, SingleRank, join_ranks
 from rlfleet.learner.follower import run_follower
 from rlfleet.learner.ingest import IngestQueue
+from rlfleet.learner.losses import LossLedger
 from rlfleet.learner.metrics import EpisodeWindow, MetricsWriter, make_progress
 from rlfleet.learner.service import LearnerServicer, segment_byte_limit
 from rlfleet.learner.trainer import PPOTrainer
@@ -112,12 +113,18 @@ class Learner:
                 if published > self.counters.version:  # the crashed run got further than its checkpoint
                     self.counters.version = published + 1
                 log.info("resumed from %s at version %d", latest, self.counters.version)
+        self.losses = LossLedger(self.checkpointer.root)  # env steps lost by cause, across restarts
+        if cfg.runner.resume:
+            self.losses.resume(self.counters.env_steps)
+        else:
+            self.losses.start(self.counters.env_steps)
         (run_dir / "config.yaml").write_text(to_yaml(cfg))
         self.publisher = WeightPublisher()
         self._frozen = frozenset(n for n, p in self.policy.named_parameters() if not p.requires_grad)
         self._digests: dict[str, str] = {}
         self._publish()
-        self.ingest = IngestQueue(cfg.learner.ingest_queue_size)
+        self.ingest = IngestQueue(cfg.learner.ingest_queue_size, on_accept=self.losses.accepted_segment,
+                                  seen_before=self.losses.seen_before)
         obs_spec = run_observation_spec(cfg)
         lp_shape, extras = tuple(dims.logprob_shape), {k: tuple(v) for k, v in dims.extra_outputs.items()}
         group_size = cfg.algorithm.group_size if self.trainer.grpo_mode else 0  # GRPO: whole groups, whole episodes
@@ -128,6 +135,7 @@ class Learner:
             max_segment_bytes=segment_byte_limit(obs_spec, max(cfg.actor.rollout_len, episode_rollout_len(  # GRPO
                 cfg.env.max_episode_steps, cfg.env.chunk_size)), cfg.actor.num_envs,
                                                  cfg.env.chunk_size, dims.action_dim, lp_shape, extras),
+            on_life_ended=self.losses.life_ended,
         )
         self.server = None  # start() serves: constructing a Learner opens no port
         self.port, self.address = 0, ""
@@ -166,6 +174,7 @@ class Learner:
             segments.append(seg)
             samples += seg.num_steps * seg.num_envs
             self.counters.env_steps += int(seg.env_steps)
+            self.losses.counted(self.counters.env_steps)
             self.episodes.add(seg)
             progress.update(task, completed=self.counters.env_steps)
         return segments
@@ -217,6 +226,7 @@ class Learner:
                     stats["queue/rejected_segments"] = float(self.ingest.rejected)
                     stats["learner/version"] = float(self.counters.version)
                     stats["actors/alive"] = float(self.servicer.alive_clients("actor"))
+                    stats.update({f"lost_env_steps/{k}": float(v) for k, v in self.losses.by_cause().items()})
                     writer.write(stats, self.counters.env_steps)
                     writer.write_lag_histogram(stats, self.counters.env_steps)
                     self.last_stats = stats
@@ -232,6 +242,7 @@ class Learner:
             self.servicer.stop_event.set()  # actors learn it from their next heartbeat or push
             final = self.save()
             self.servicer.wait_clients_told(timeout=5.0)
+            self.servicer.wait_lives_ended(timeout=10.0)  # actors' final accounts, for lost_env_steps
         steps = self.counters.env_steps - steps_at_start
         summary = {
             "version": self.counters.version,
@@ -247,6 +258,9 @@ class Learner:
             "rejected_by_reason": self.ingest.rejected_by_reason(),
             "ingest": self.ingest.accounting(),  # accepted == consumed + queued: nothing counted twice
         }
+        acct = summary["ingest"]
+        # env steps taken by the actors == env_steps + sum(lost_env_steps) (rlfleet.learner.losses)
+        summary["lost_env_steps"] = self.losses.by_cause(acct["accepted_env_steps"] - acct["consumed_env_steps"])
         return summary
 
     def evaluate(self) -> dict[str, float]:

@@ -47,13 +47,16 @@ class ClientInfo:
     last_seen: float
     env_steps: int = 0
     told_to_stop: bool = False
+    life: int = 0  # the process life it last heartbeated from, and whether that life has ended
+    life_ended: bool = False
 
 
 class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
     def __init__(self, config_yaml: str, run_id: str, ingest: IngestQueue, weights: WeightPublisher,
                  chunk_bytes: int = 4 * 1024 * 1024, heartbeat_ms: int = 1000,
                  check_segment: Callable[[Segment], None] | None = None,
-                 max_segment_bytes: int = MAX_SEGMENT_BYTES):
+                 max_segment_bytes: int = MAX_SEGMENT_BYTES,
+                 on_life_ended: Callable[..., int] | None = None):
         self.config_yaml = config_yaml
         self.run_id = run_id
         self.ingest = ingest
@@ -63,6 +66,7 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
         self.check_segment = check_segment or (lambda seg: None)
         self.max_segment_bytes = min(max_segment_bytes, MAX_SEGMENT_BYTES)
         self.other_rejections = RejectionCounter()  # refused calls that are not pushes, by reason
+        self.on_life_ended = on_life_ended  # (client_id, life, taken, accepted, rejected, crashed) -> lost
         self.stop_event = threading.Event()
         self._clients: dict[str, ClientInfo] = {}
         self._adopted: set[str] = set()  # ids first seen in a heartbeat, not a Register
@@ -120,8 +124,12 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
             if info is not None:
                 info.env_steps = request.env_steps
                 info.told_to_stop = self.stop_event.is_set()
+                if request.life and request.life != info.life:
+                    info.life, info.life_ended = request.life, False
         if info is None:
             self.other_rejections.count("unknown_client")
+        elif request.HasField("ended"):
+            self._life_ended(request.client_id, request.ended)
         current = self.weights.current()
         return learner_pb2.HeartbeatReply(
             stop=self.stop_event.is_set(), policy_version=current.version if current else -1
@@ -135,6 +143,30 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
             with self._lock:
                 pending = [c for c in self._clients.values()
                            if c.role == "actor" and not c.told_to_stop and now - c.last_seen < within_s]
+            if not pending:
+                return True
+            time.sleep(0.05)
+        return False
+
+    def _life_ended(self, client_id: str, r: learner_pb2.LifeReport) -> None:
+        with self._lock:
+            info = self._clients.get(client_id)
+            if info is not None and info.life == r.life:
+                info.life_ended = True
+        if self.on_life_ended is not None:
+            lost = self.on_life_ended(client_id, r.life, r.env_steps, r.accepted_env_steps, r.rejected_env_steps,
+                                      r.crashed)
+            log.info("%s life %x %s: %d env steps taken, %d lost", client_id, r.life,
+                     "crashed" if r.crashed else "ended", r.env_steps, lost)
+
+    def wait_lives_ended(self, timeout: float, within_s: float = 10.0) -> bool:
+        """After stop: wait for live actors' final reports, so the summary's loss account is whole."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            now = time.monotonic()
+            with self._lock:
+                pending = [c for c in self._clients.values()
+                           if c.role == "actor" and c.life and not c.life_ended and now - c.last_seen < within_s]
             if not pending:
                 return True
             time.sleep(0.05)

@@ -173,3 +173,33 @@ def test_env_server_rejects_a_bad_config(tmp_path):
     res = subprocess.run([sys.executable, "-m", "rlfleet.cli", "env-server", "--env", "metaworld", "colour=red"],
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and "bad env override" in res.stderr
+
+
+def test_eval_points_at_an_env_address_and_a_gone_server_is_one_line(env_server, tmp_path, caplog):
+    """`rlfleet eval`: --env-address picks the server; --task on a remote env is refused, not ignored;
+    a server that is gone is one error line (exit 2), not a traceback."""
+    import dataclasses
+
+    import torch
+
+    from rlfleet.cli import main
+    from rlfleet.policies.checkpoint_io import model_config, save_checkpoint_folder
+    from rlfleet.policies.registry import make_policy
+
+    torch.manual_seed(0)
+    policy_cfg = {"name": "gaussian_mlp", "hidden_sizes": [8]}
+    gone = dataclasses.asdict(EnvConfig(name="remote://127.0.0.1:1?connect_timeout=1", max_episode_steps=STEPS))
+    ckpt = tmp_path / "ckpt"
+    save_checkpoint_folder(ckpt, make_policy(policy_cfg, 39, 4, 1), model_config(policy_cfg, 39, 4, 1, gone))
+    address, _, _ = env_server
+    out = tmp_path / "report"
+    with caplog.at_level("ERROR"):
+        assert main(["eval", str(ckpt), "--episodes", "1"]) == 2
+        assert main(["eval", str(ckpt), "--task", "MT10"]) == 2
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert any("env server 127.0.0.1:1 unreachable" in e for e in errors), errors
+    assert any("--task MT10 cannot apply to the remote env" in e for e in errors), errors
+    assert main(["eval", str(ckpt), "--env-address", address, "--episodes", "1", "--out", str(out)]) == 0
+    import json
+
+    assert [t["task"] for t in json.loads((out / "eval.json").read_text())["tasks"]] == ["reach-v3"]

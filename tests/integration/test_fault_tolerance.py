@@ -213,6 +213,13 @@ def test_actor_keeps_going_on_the_other_server_when_one_is_killed(roles, tmp_pat
     assert summary["ingest"]["duplicates"] == 0 and summary["rejected_segments"] == 0
 
 
+def taken_by_ledger(path) -> int:
+    """Env steps an actor life took, from its ledger file (rlfleet.actors.learner_client.LifeLedger)."""
+    import struct
+
+    return struct.unpack("<qqq", path.read_bytes()[:24])[0]
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -266,3 +273,7 @@ def test_local_mode_restarts_a_killed_actor_and_counts_every_segment_once(tmp_pa
     assert ingest["consumed_env_steps"] == ingest["consumed"] * seg_steps
     assert ingest["duplicates"] == 0 and ingest["rejected"] == 0
     assert summary["segments_by_client"] == {"actor0": ingest["accepted"]}  # both lives under one id
+    # what the killed life had not pushed is counted: taken (each life's ledger) == counted + lost
+    lives = [taken_by_ledger(p) for p in (run / "ledgers").iterdir()]
+    assert len(lives) == 2 and summary["lost_env_steps"].get("actor_crashed", 0) > 0, summary
+    assert sum(lives) == summary["env_steps"] + sum(summary["lost_env_steps"].values()), (lives, summary)

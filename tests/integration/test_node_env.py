@@ -107,6 +107,32 @@ def test_node_env_keeps_the_env_contract(node_server):
     assert proc.poll() is None
 
 
+def test_node_env_numbers_its_steps(node_server):
+    """step_seq: a repeated number is answered again without stepping, a skipped one is refused."""
+    import grpc
+
+    from rlfleet.wire import codec
+    from rlfleet.wire.gen import env_pb2, env_pb2_grpc
+
+    address, _, _ = node_server
+    with make_channel(address) as channel:
+        stub = env_pb2_grpc.EnvServiceStub(channel)
+        stub.GetSpec(env_pb2.SpecRequest(session_id="seq", num_envs=2, chunk_size=1), timeout=30)
+        stub.Reset(env_pb2.ResetRequest(session_id="seq", seeds=[1, 2]), timeout=30)
+        act = codec.encode_tensor("actions", np.ones((2, 1, 2), np.float32))
+        first = stub.ChunkStep(env_pb2.ChunkStepRequest(session_id="seq", actions=act, step_seq=1), timeout=30)
+        again = stub.ChunkStep(env_pb2.ChunkStepRequest(session_id="seq", actions=act, step_seq=1), timeout=30)
+        assert first.step_seq == 1 and again == first
+        with pytest.raises(grpc.RpcError) as err:
+            stub.ChunkStep(env_pb2.ChunkStepRequest(session_id="seq", actions=act, step_seq=3), timeout=30)
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "expected 2" in err.value.details()
+        second = stub.ChunkStep(env_pb2.ChunkStepRequest(session_id="seq", actions=act, step_seq=2), timeout=30)
+        assert second.step_seq == 2
+        moved = codec.decode_map(second.obs)["states"] != codec.decode_map(first.obs)["states"]
+        assert moved.any()  # a real second step
+        stub.Close(env_pb2.CloseRequest(session_id="seq"), timeout=30)
+
+
 def test_ppo_learns_on_the_node_simulator(node_server, tmp_path):
     """`rlfleet train` in local mode, env steps over gRPC to Node: deterministic success must rise."""
     address, _, _ = node_server

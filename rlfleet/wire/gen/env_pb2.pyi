@@ -67,20 +67,24 @@ class ResetRequest(_message.Message):
     def __init__(self, seeds: _Optional[_Iterable[int]] = ..., session_id: _Optional[str] = ...) -> None: ...
 
 class ChunkStepRequest(_message.Message):
-    __slots__ = ("actions", "session_id")
+    __slots__ = ("actions", "session_id", "step_seq")
     ACTIONS_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    STEP_SEQ_FIELD_NUMBER: _ClassVar[int]
     actions: _tensor_pb2.Tensor
     session_id: str
-    def __init__(self, actions: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., session_id: _Optional[str] = ...) -> None: ...
+    step_seq: int
+    def __init__(self, actions: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., session_id: _Optional[str] = ..., step_seq: _Optional[int] = ...) -> None: ...
 
 class StepReply(_message.Message):
-    __slots__ = ("obs", "step")
+    __slots__ = ("obs", "step", "step_seq")
     OBS_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
+    STEP_SEQ_FIELD_NUMBER: _ClassVar[int]
     obs: _tensor_pb2.TensorMap
     step: _tensor_pb2.TensorMap
-    def __init__(self, obs: _Optional[_Union[_tensor_pb2.TensorMap, _Mapping]] = ..., step: _Optional[_Union[_tensor_pb2.TensorMap, _Mapping]] = ...) -> None: ...
+    step_seq: int
+    def __init__(self, obs: _Optional[_Union[_tensor_pb2.TensorMap, _Mapping]] = ..., step: _Optional[_Union[_tensor_pb2.TensorMap, _Mapping]] = ..., step_seq: _Optional[int] = ...) -> None: ...
 
 class CloseRequest(_message.Message):
     __slots__ = ("session_id",)

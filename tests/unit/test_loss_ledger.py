@@ -1,0 +1,54 @@
+"""Env steps lost by cause: the learner's ledger across resumes, and an actor life's ledger file."""
+from __future__ import annotations
+
+import json
+
+from rlfleet.actors.learner_client import LifeLedger, orphaned_lives
+from rlfleet.learner.losses import LEDGER_FILE, LossLedger
+
+
+def test_every_taken_step_is_counted_or_lost_by_cause_across_resumes(tmp_path):
+    led = LossLedger(tmp_path)
+    led.start()
+    base = 0xA << 32  # actor0's life 0xA: segment ids base+1, base+2, ...
+    for i in range(1, 11):
+        led.accepted_segment("actor0", base + i, 100)  # 1000 accepted
+    for total in range(100, 701, 100):
+        led.counted(total)  # 700 counted; the checkpoint saw 400; 300 still queued
+    # its ledger file missed the last acknowledgement: the learners' count wins for a killed life
+    assert led.life_ended("actor0", 0xA, taken=1250, accepted=900, rejected=50, crashed=True) == 200
+    assert led.life_ended("actor0", 0xA, taken=1250, accepted=1000, rejected=50, crashed=True) == 0  # once only
+
+    again = LossLedger(tmp_path)  # the learner crashed; --resume from the checkpoint at 400
+    again.resume(checkpoint_env_steps=400)
+    assert again.by_cause() == {"actor_crashed": 200, "learner_queue": 300, "rejected_segments": 50,
+                                "resume_rollback": 300}
+    assert again.seen_before("actor0", base + 10) and not again.seen_before("actor0", base + 11)
+    assert not again.seen_before("actor1", (0xB << 32) + 1)  # a re-send after the crash is a duplicate
+    again.accepted_segment("actor1", (0xB << 32) + 1, 100)
+    again.counted(500)
+    again.life_ended("actor1", 0xB, taken=100, accepted=100, rejected=0, crashed=False)
+    third = LossLedger(tmp_path)  # a second resume, from a checkpoint at 500: nothing more lost
+    third.resume(checkpoint_env_steps=500)
+    lost = third.by_cause()
+    taken = 1250 + 100
+    assert 500 + sum(lost.values()) == taken, lost  # counted + lost == taken, no double count
+    assert json.loads((tmp_path / LEDGER_FILE).read_text())["lives"] == ["actor0/a", "actor1/b"]
+
+
+def test_an_actor_life_ledger_outlives_the_process_and_is_found_by_the_next(tmp_path):
+    first = LifeLedger("actor0", 0x1234, str(tmp_path))
+    first.set_taken(640)
+    first.add(accepted=512)
+    first.add(rejected=64)
+    # killed here: no close(), no report; the next life of the same client id finds it
+    second = LifeLedger("actor0", 0x9999, str(tmp_path))
+    found = orphaned_lives(str(tmp_path), "actor0", second.path)
+    assert len(found) == 1
+    _, report = found[0]
+    assert (report.life, report.env_steps, report.accepted_env_steps, report.rejected_env_steps, report.crashed) == \
+        (0x1234, 640, 512, 64, True)
+    assert orphaned_lives(str(tmp_path), "actor1", None) == []  # other client ids are not ours
+    second.close(reported=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["actor0.00001234.ledger", "actor0.00009999.reported"]
+    assert LifeLedger("x", 1, None).path is None  # without a folder: counts only
