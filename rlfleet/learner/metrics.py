@@ -1,11 +1,12 @@
 """Metrics: TensorBoard scalars with RLinf's names, episode aggregation and a rich progress line."""
 from __future__ import annotations
 
+import time
 from collections import deque
 from pathlib import Path
 
 import numpy as np
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
 
 from rlfleet.chain_metrics import chain_metrics
 from rlfleet.wire.segment import Segment
@@ -75,16 +76,85 @@ class MetricsWriter:
         lags = np.repeat(np.fromiter(counts.keys(), np.int64), np.fromiter(counts.values(), np.int64))
         self.writer.add_histogram("throughput/policy_lag_hist", lags, step, bins=np.arange(-0.5, max(counts) + 1.0))
 
+    def video(self, tag: str, frames: np.ndarray, step: int, fps: int = 20) -> None:
+        """An episode video [T,H,W,3] uint8 as an animated GIF (what TensorBoard's image panel plays).
+
+        torch's ``add_video`` needs moviepy; Pillow, which TensorBoard already pulls in, encodes here."""
+        if self.writer is None or len(frames) == 0:
+            return
+        import io
+
+        from PIL import Image
+        from tensorboard.compat.proto.summary_pb2 import Summary
+
+        images = [Image.fromarray(np.asarray(f, np.uint8)) for f in frames]
+        buf = io.BytesIO()
+        images[0].save(buf, format="GIF", save_all=True, append_images=images[1:],
+                       duration=max(1, round(1000 / fps)), loop=0)
+        h, w = frames[0].shape[:2]
+        image = Summary.Image(height=h, width=w, colorspace=3, encoded_image_string=buf.getvalue())
+        self.writer._get_file_writer().add_summary(Summary(value=[Summary.Value(tag=tag, image=image)]), step)
+
+    def flush(self) -> None:
+        if self.writer is not None:
+            self.writer.flush()
+
     def close(self) -> None:
         if self.writer is not None:
             self.writer.flush()
             self.writer.close()
 
 
-def make_progress(total_env_steps: int) -> tuple[Progress, int]:
-    progress = Progress(
-        TextColumn("[bold]train[/bold]"), BarColumn(), TextColumn("{task.completed:,.0f}/{task.total:,.0f} steps"),
-        TextColumn("{task.fields[info]}"), TimeElapsedColumn(), transient=False,
-    )
-    task = progress.add_task("train", total=total_env_steps, info="waiting for actors")
-    return progress, task
+class TrainProgress:
+    """The training bar: on env steps, or on time when the run is bounded by the wall clock.
+
+    A run with `runner.max_wall_seconds` ends on whichever budget runs out first, so the bar shows
+    the larger of the two fractions and an ETA from it (a 100M-step budget a 30-minute run never
+    reaches would otherwise stop the bar at a fraction of a percent)."""
+
+    def __init__(self, total_env_steps: int, max_wall_seconds: float = 0.0, console=None):
+        from rich.progress import Progress
+
+        self.total_env_steps, self.max_wall_seconds = int(total_env_steps), float(max_wall_seconds)
+        self.progress = Progress(
+            TextColumn("[bold]train[/bold]"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
+            TextColumn("{task.fields[steps]}"), TextColumn("{task.fields[info]}"), TimeElapsedColumn(),
+            TextColumn("ETA {task.fields[eta]}"), transient=False, console=console,
+        )
+        self.task = self.progress.add_task("train", total=1.0, steps="", info="waiting for actors", eta="-")
+        self.t0 = time.monotonic()
+        self.steps0: int | None = None  # steps when counting started (a resumed run starts above 0)
+
+    def fraction(self, env_steps: int, elapsed: float) -> float:
+        frac = env_steps / self.total_env_steps if self.total_env_steps > 0 else 0.0
+        if self.max_wall_seconds > 0:
+            frac = max(frac, elapsed / self.max_wall_seconds)
+        return min(frac, 1.0)
+
+    def eta_seconds(self, env_steps: int, elapsed: float) -> float | None:
+        """Seconds left: the wall budget's remainder, or sooner if the step rate reaches the step budget first."""
+        left = [self.max_wall_seconds - elapsed] if self.max_wall_seconds > 0 else []
+        done = env_steps - (self.steps0 or 0)
+        if done > 0 and elapsed > 0:
+            left.append((self.total_env_steps - env_steps) / (done / elapsed))
+        return max(0.0, min(left)) if left else None
+
+    def update(self, env_steps: int, info: str | None = None) -> None:
+        if self.steps0 is None:
+            self.steps0 = env_steps
+        elapsed = time.monotonic() - self.t0
+        eta = self.eta_seconds(env_steps, elapsed)
+        steps = (f"{env_steps:,} steps" if self.max_wall_seconds > 0
+                 else f"{env_steps:,}/{self.total_env_steps:,} steps")
+        fields = {"steps": steps, "eta": "-" if eta is None else time.strftime("%H:%M:%S", time.gmtime(eta))}
+        if info is not None:
+            fields["info"] = info
+        self.progress.update(self.task, completed=self.fraction(env_steps, elapsed), **fields)
+
+    def __enter__(self) -> "TrainProgress":
+        self.t0 = time.monotonic()
+        self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.progress.__exit__(*exc)
