@@ -34,7 +34,7 @@ def episode_frames(policy, env_cfg, seed: int, image_size: int) -> tuple[list[np
         return list(iio.imread(videos[0])), bool(next(iter(success.values())))
 
 
-def strip(rows: list[tuple[str, list[np.ndarray]]], frames: int, side: int = 192) -> "Image.Image":
+def strip(rows: list[tuple[str, list[np.ndarray]]], frames: int, side: int = 256) -> "Image.Image":
     """Rows of `frames` evenly spaced frames (first and last included), each row titled on its left."""
     from PIL import Image, ImageDraw, ImageFont
 

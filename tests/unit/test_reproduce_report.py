@@ -75,3 +75,14 @@ def test_a_run_without_periodic_eval_still_has_its_end_points(tmp_path):
     raw = reproduce.read_curves(tmp_path)  # no event files
     curve = reproduce.run_curve(SUMMARIES[0], raw)
     assert list(curve["steps"]) == [0, 1000] and list(curve["success"]) == pytest.approx([0.3, 0.7])
+
+
+def test_policy_strip_lays_out_rows_of_evenly_spaced_frames():
+    spec = importlib.util.spec_from_file_location("policy_strip", Path(reproduce.__file__).parent / "policy_strip.py")
+    strip_mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(strip_mod)
+    video = [np.full((64, 64, 3), k, np.uint8) for k in range(11)]  # frame k is grey level k
+    img = strip_mod.strip([("before", video), ("after", video)], frames=3, side=32)
+    assert img.size == (150 + 3 * 36, 2 * 36)
+    tiles = [img.getpixel((150 + c * 36 + 16, 16)) for c in range(3)]
+    assert tiles == [(0, 0, 0), (5, 5, 5), (10, 10, 10)]  # first, middle and last frame
