@@ -12,7 +12,6 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 TASKS = "reach-v3,button-press-topdown-v3"
 
 
-@pytest.mark.slow
 def test_quickstart_like_run_writes_eval_curves_to_tensorboard(tmp_path):
     run = tmp_path / "run"
     # the quickstart recipe (tiny_oft on 64 px pixels) from fresh weights, shrunk to a few updates
