@@ -122,7 +122,7 @@ def plot_curves(curves: list[dict[str, np.ndarray]], x: str, path: Path, title: 
     import matplotlib.pyplot as plt
 
     grid, mean, se = mean_curve(curves, x)
-    scale, label = (1e6, "env steps (millions)") if x == "steps" else (60.0, "wall clock (minutes)")
+    scale, label = (1e6, "env steps (millions)") if x == "steps" else (60.0, "wall clock since training started (minutes)")
     fig, ax = plt.subplots(figsize=(5.5, 3.6), dpi=120)
     for k, c in enumerate(curves):
         ok = np.isfinite(c[x])
@@ -214,6 +214,8 @@ def main(argv: list[str] | None = None) -> int:
     commands, walls = [], []
     wall_file = out / "wall_seconds.json"
     recorded = json.loads(wall_file.read_text()) if wall_file.exists() else {}
+    if not args.report_only:  # the code that trains is the code at launch, whatever is committed later
+        recorded["commit"] = git_commit()
     for seed in range(args.seeds):
         run_dir = out / f"seed{seed}"
         cmd = seed_command(args.recipe, seed, run_dir, args.overrides)
@@ -244,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = load_config(args.recipe, args.overrides)
     note = (f"{cfg.eval.episodes_per_task} episodes per task from seed {cfg.eval.seed}, deterministic policy; "
             "curves: periodic evaluation during training")
-    page = results_markdown(name, agg, commands, git_commit(), walls, plots, note)
+    page = results_markdown(name, agg, commands, recorded.get("commit", git_commit()), walls, plots, note)
     (out / "results.md").write_text(page)
     (out / "results.json").write_text(json.dumps(agg, indent=2))
     print(page)
