@@ -114,8 +114,13 @@ class EvalConfig:
     at_end: bool = True
     task: str = ""  # task or task set to evaluate on; empty: the training tasks (ML45: "ML45_test")
     before: bool = False  # also evaluate the starting policy, for a before/after table
-    seed: int = 10_000  # episode seeds start here (demos and training use other seeds)
+    seed: int = 10_000  # episode seeds start here: held out from training and demos (see eval_seed_range)
     video_cfg: VideoConfig = field(default_factory=VideoConfig)  # MP4s of eval episodes (RLinf's names)
+    # Periodic evaluation during RL on the same held-out seeds, written to TensorBoard as eval/*
+    # (success curves for every run); 0 turns each trigger off, both set: whichever comes first.
+    every_updates: int = 0
+    every_seconds: float = 0.0
+    periodic_episodes_per_task: int = 0  # 0: episodes_per_task
 
 
 @dataclass
@@ -447,6 +452,22 @@ def eval_env_config(cfg: DictConfig) -> EnvConfig:
     held-out episodes where the env keeps them apart (CALVIN's eval chain pool)."""
     env = dataclasses.replace(EnvConfig(**as_dict(cfg.env)), pool="eval")
     return dataclasses.replace(env, task=cfg.eval.task) if cfg.eval.task else env
+
+
+def eval_seed_range(cfg: DictConfig, num_tasks: int) -> range:
+    """The episode seeds evaluation uses (`rlfleet.evaluation.evaluate_policy`: seed + j * tasks + i).
+
+    Held out by construction: demo seeds start at DEMO_SEED_BASE, above this range (checked here),
+    and training envs never reset with an integer seed but draw episodes from their own streams
+    (MetaWorld: `rlfleet.envs.metaworld.env.TRAIN_STREAM`), so no training run replays them."""
+    from rlfleet.data.demos import DEMO_SEED_BASE
+
+    episodes = max(cfg.eval.episodes_per_task, cfg.eval.periodic_episodes_per_task)
+    seeds = range(cfg.eval.seed, cfg.eval.seed + episodes * num_tasks)
+    if cfg.eval.seed < 0 or seeds.stop > DEMO_SEED_BASE:
+        raise ValueError(f"eval seeds {seeds.start}..{seeds.stop - 1} must lie in [0, {DEMO_SEED_BASE}) "
+                         f"where no demo episode starts")
+    return seeds
 
 
 def run_observation_spec(cfg: DictConfig) -> dict[str, tuple[tuple[int, ...], str]]:

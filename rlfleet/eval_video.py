@@ -46,6 +46,7 @@ class VideoConfig:
     fps: int = 20
     info_overlay: bool = True  # task, step, cumulative reward and success drawn on every frame
     max_videos_per_task: int = 1
+    tensorboard: bool = False  # periodic evaluation during RL also logs the videos to TensorBoard (eval/video/<task>)
 
 
 # --- frames ----------------------------------------------------------------------------------

@@ -19,8 +19,8 @@ MAX_EVAL_ENVS = 50
 
 def evaluate_policy(policy: nn.Module, env_cfg: EnvConfig, episodes_per_task: int, seed: int = 10_000,
                     video_cfg=None, out_dir: str | Path | None = None, max_envs: int = MAX_EVAL_ENVS,
-                    deterministic: bool = True, episode_returns: dict[str, list[float]] | None = None
-                    ) -> dict[str, float]:
+                    deterministic: bool = True, episode_returns: dict[str, list[float]] | None = None,
+                    progress: bool = True, videos: list[Path] | None = None) -> dict[str, float]:
     """Run `episodes_per_task` episodes of each task; returns success rate per task.
 
     Episode j of task i uses seed `seed + j * num_tasks + i` whatever the batching, so every
@@ -29,13 +29,21 @@ def evaluate_policy(policy: nn.Module, env_cfg: EnvConfig, episodes_per_task: in
     written as MP4 under `out_dir`. `deterministic=False` samples actions the way the fleet does
     in training (seeded by torch's global RNG), which is the policy RL actually optimises.
     `episode_returns`, when given, receives each task's episode returns (CALVIN: subtasks done).
+    `progress` shows a bar over episodes on the terminal (off where another live display runs,
+    such as the training bar); `videos`, when given, receives the paths of the MP4s written.
     """
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
     tasks = task_list(env_cfg)
     per_round = max(1, min(episodes_per_task, max_envs // len(tasks)))
     results: dict[str, list[bool]] = {t: [] for t in tasks}
     envs: dict[int, ChunkedEnv] = {}  # by batch size: rounds reuse one env batch (see below)
     done_eps = 0
+    bar = Progress(TextColumn("[bold]eval[/bold]"), BarColumn(), MofNCompleteColumn(), TextColumn("episodes"),
+                   TimeRemainingColumn(), transient=True, disable=not progress)
+    bar_task = bar.add_task("eval", total=episodes_per_task * len(tasks))
     try:
+        bar.start()
         while done_eps < episodes_per_task:
             r = min(per_round, episodes_per_task - done_eps)
             seeds = seed + done_eps * len(tasks) + np.arange(r * len(tasks))
@@ -45,22 +53,27 @@ def evaluate_policy(policy: nn.Module, env_cfg: EnvConfig, episodes_per_task: in
             if len(seeds) not in envs:
                 envs[len(seeds)] = make_env(env_cfg, len(seeds))
             env = envs[len(seeds)]
-            for task, ok, ret in zip(*_run_episodes(policy, env, seeds, video, out_dir, deterministic)):
+            names, ok_all, ret_all, written = _run_episodes(policy, env, seeds, video, out_dir, deterministic,
+                                                            on_done=lambda n: bar.advance(bar_task, n))
+            if videos is not None:
+                videos.extend(written)
+            for task, ok, ret in zip(names, ok_all, ret_all):
                 results[task].append(ok)
                 if episode_returns is not None:
                     episode_returns.setdefault(task, []).append(float(ret))
             done_eps += r
     finally:
+        bar.stop()
         for env in envs.values():
             env.close()
     return {task: float(np.mean(results[task])) for task in tasks}
 
 
 @torch.no_grad()
-def _run_episodes(policy: nn.Module, env: ChunkedEnv, seeds: np.ndarray, video_cfg,
-                  out_dir, deterministic: bool = True) -> tuple[list[str], np.ndarray, np.ndarray]:
+def _run_episodes(policy: nn.Module, env: ChunkedEnv, seeds: np.ndarray, video_cfg, out_dir,
+                  deterministic: bool = True, on_done=None) -> tuple[list[str], np.ndarray, np.ndarray, list[Path]]:
     """One episode per env of a batch reset with `seeds` (env i runs task i mod num_tasks);
-    success_once and return per env."""
+    success_once and return per env, and the videos written. `on_done(n)`: n more episodes ended."""
     from rlfleet.eval_video import EpisodeRecorder, VideoConfig
 
     n = len(seeds)
@@ -84,11 +97,13 @@ def _run_episodes(policy: nn.Module, env: ChunkedEnv, seeds: np.ndarray, video_c
             success[newly] = res.episode_success_once[newly]
             returns[newly] = res.episode_return[newly]
             done |= res.episode_done
+            if on_done is not None and newly.any():
+                on_done(int(newly.sum()))
             obs = res.obs
     finally:
         if recorder is not None:
             recorder.close()
-    return names, success, returns
+    return names, success, returns, list(recorder.written)
 
 
 def obs_tensors(obs: dict, keys: tuple[str, ...]) -> dict[str, torch.Tensor]:

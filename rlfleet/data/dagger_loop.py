@@ -323,7 +323,7 @@ def run_dagger(cfg: DictConfig, progress: bool = True) -> dict[str, Any]:
                         stats[f"env/success_once/{name}"] = float(np.mean(oks))
                 if dcfg.eval_every and counters.update % dcfg.eval_every == 0 and counters.update < dcfg.iterations:
                     bar.update(task, info="evaluating ...")
-                    ev = _evaluate(policy, eval_env, dcfg.eval_episodes_per_task, cfg.eval.seed)
+                    ev = _evaluate(policy, eval_env, dcfg.eval_episodes_per_task, cfg.eval.seed, progress=False)
                     stats["eval/success_mean"] = float(np.mean(list(ev.values())))
                 writer.write(stats, counters.update)
                 history.append({"iteration": counters.update, **{k: v for k, v in stats.items() if "/" in k

@@ -158,7 +158,7 @@ def run_sft(demos: str | Path, out: str | Path, policy_cfg: dict[str, Any], env_
     log.info("SFT on %d samples from %d episodes (%s)", len(data), len(episodes), demos)
 
     def evaluate(p):
-        success = evaluate_policy(p, env_cfg, cfg.eval_episodes_per_task)
+        success = evaluate_policy(p, env_cfg, cfg.eval_episodes_per_task, progress=False)  # inside the sft bar
         return {"eval_success_mean": float(np.mean(list(success.values())))}
 
     history = train_sft(policy, data, cfg, progress, evaluate)

@@ -2,13 +2,14 @@
 and a rich progress line."""
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
 
 from rlfleet.chain_metrics import chain_metrics
 from rlfleet.telemetry.trackers import Backend, MetricsLogger, TensorBoardBackend, logger_backends, make_backends
@@ -107,10 +108,57 @@ class MetricsWriter(MetricsLogger):
         self.histogram("throughput/policy_lag_hist", lags, step, bins=np.arange(-0.5, max(counts) + 1.0))
 
 
-def make_progress(total_env_steps: int) -> tuple[Progress, int]:
-    progress = Progress(
-        TextColumn("[bold]train[/bold]"), BarColumn(), TextColumn("{task.completed:,.0f}/{task.total:,.0f} steps"),
-        TextColumn("{task.fields[info]}"), TimeElapsedColumn(), transient=False,
-    )
-    task = progress.add_task("train", total=total_env_steps, info="waiting for actors")
-    return progress, task
+
+class TrainProgress:
+    """The training bar: on env steps, or on time when the run is bounded by the wall clock.
+
+    A run with `runner.max_wall_seconds` ends on whichever budget runs out first, so the bar shows
+    the larger of the two fractions and an ETA from it (a 100M-step budget a 30-minute run never
+    reaches would otherwise stop the bar at a fraction of a percent)."""
+
+    def __init__(self, total_env_steps: int, max_wall_seconds: float = 0.0, console=None):
+        from rich.progress import Progress
+
+        self.total_env_steps, self.max_wall_seconds = int(total_env_steps), float(max_wall_seconds)
+        self.progress = Progress(
+            TextColumn("[bold]train[/bold]"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
+            TextColumn("{task.fields[steps]}"), TextColumn("{task.fields[info]}"), TimeElapsedColumn(),
+            TextColumn("ETA {task.fields[eta]}"), transient=False, console=console,
+        )
+        self.task = self.progress.add_task("train", total=1.0, steps="", info="waiting for actors", eta="-")
+        self.t0 = time.monotonic()
+        self.steps0: int | None = None  # steps when counting started (a resumed run starts above 0)
+
+    def fraction(self, env_steps: int, elapsed: float) -> float:
+        frac = env_steps / self.total_env_steps if self.total_env_steps > 0 else 0.0
+        if self.max_wall_seconds > 0:
+            frac = max(frac, elapsed / self.max_wall_seconds)
+        return min(frac, 1.0)
+
+    def eta_seconds(self, env_steps: int, elapsed: float) -> float | None:
+        """Seconds left: the wall budget's remainder, or sooner if the step rate reaches the step budget first."""
+        left = [self.max_wall_seconds - elapsed] if self.max_wall_seconds > 0 else []
+        done = env_steps - (self.steps0 or 0)
+        if done > 0 and elapsed > 0:
+            left.append((self.total_env_steps - env_steps) / (done / elapsed))
+        return max(0.0, min(left)) if left else None
+
+    def update(self, env_steps: int, info: str | None = None) -> None:
+        if self.steps0 is None:
+            self.steps0 = env_steps
+        elapsed = time.monotonic() - self.t0
+        eta = self.eta_seconds(env_steps, elapsed)
+        steps = (f"{env_steps:,} steps" if self.max_wall_seconds > 0
+                 else f"{env_steps:,}/{self.total_env_steps:,} steps")
+        fields = {"steps": steps, "eta": "-" if eta is None else time.strftime("%H:%M:%S", time.gmtime(eta))}
+        if info is not None:
+            fields["info"] = info
+        self.progress.update(self.task, completed=self.fraction(env_steps, elapsed), **fields)
+
+    def __enter__(self) -> "TrainProgress":
+        self.t0 = time.monotonic()
+        self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.progress.__exit__(*exc)

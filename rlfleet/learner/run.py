@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 
+import copy
 import dataclasses
 import json
 import logging
@@ -17,7 +18,7 @@ from safetensors.torch import save as st_save
 
 from rlfleet.algorithms.grpo import check_stage_rows, episode_rollout_len
 from rlfleet.chain_metrics import chain_markdown, chain_report
-from rlfleet.config import as_dict, eval_env_config, run_observation_spec, to_yaml
+from rlfleet.config import as_dict, eval_env_config, eval_seed_range, run_observation_spec, to_yaml
 from rlfleet.envs.api import EnvConfig
 from rlfleet.envs.registry import make_env, scored_chain_length
 from rlfleet.evaluation import evaluate_policy, task_list
@@ -26,7 +27,7 @@ from rlfleet.learner.distributed import Ranks, SingleRank, join_ranks
 from rlfleet.learner.follower import run_follower
 from rlfleet.learner.ingest import IngestQueue
 from rlfleet.learner.losses import LossLedger
-from rlfleet.learner.metrics import EpisodeWindow, MetricsWriter, make_progress
+from rlfleet.learner.metrics import EpisodeWindow, MetricsWriter, TrainProgress
 from rlfleet.learner.service import LearnerServicer, segment_byte_limit
 from rlfleet.learner.trainer import PPOTrainer
 from rlfleet.learner.weight_publisher import WeightPublisher, tensor_digests
@@ -143,6 +144,9 @@ class Learner:
         # CALVIN's chain metrics need the subtask count as the return: the sparse reward only
         self.episodes = EpisodeWindow(task_list(self.env_cfg),
                                       chain_length=scored_chain_length(cfg.env.name, cfg.env.reward_type))
+        # fail at start, not at the first evaluation, if the eval seeds would meet the demo seeds
+        eval_tasks = self.episodes.task_names if not cfg.eval.task else task_list(eval_env_config(cfg))
+        eval_seed_range(cfg, len(eval_tasks))
         self.last_stats: dict[str, float] = {}
         self.eval_chain: dict[str, dict[str, float]] = {}  # chained envs: rlfleet.chain_metrics.chain_report
         self.writer: MetricsWriter | None = None  # opened by train()
@@ -161,7 +165,7 @@ class Learner:
             self.address = f"{self.cfg.learner.host}:{self.port}"
         return self.address
 
-    def _gather(self, progress, task) -> list[Segment] | None:
+    def _gather(self, progress: TrainProgress) -> list[Segment] | None:
         """Segments until one update's worth of samples; None when asked to stop first."""
         segments, samples = [], 0
         while samples < self.cfg.learner.batch_env_steps:
@@ -169,6 +173,7 @@ class Learner:
                 return None
             item = self.ingest.get(timeout=0.2)
             if item is None:
+                progress.update(self.counters.env_steps)  # the clock runs while waiting too
                 continue
             seg = item.segment
             segments.append(seg)
@@ -176,7 +181,7 @@ class Learner:
             self.counters.env_steps += int(seg.env_steps)
             self.losses.counted(self.counters.env_steps)
             self.episodes.add(seg)
-            progress.update(task, completed=self.counters.env_steps)
+            progress.update(self.counters.env_steps)
         return segments
 
     def _out_of_time(self) -> bool:
@@ -198,14 +203,14 @@ class Learner:
     def train(self) -> dict:
         cfg = self.cfg
         writer = self.writer = MetricsWriter.for_run(cfg, self.run_dir)  # stays open for evaluate(); close() ends it
-        progress, task = make_progress(cfg.runner.total_env_steps)
-        self._t_start = time.monotonic()
+        progress = TrainProgress(cfg.runner.total_env_steps, cfg.runner.max_wall_seconds)
+        self._t_start = self._last_eval = time.monotonic()
         steps_at_start, t_first = self.counters.env_steps, None
         try:
             with progress:
-                progress.update(task, completed=self.counters.env_steps)
+                progress.update(self.counters.env_steps)
                 while True:
-                    segments = self._gather(progress, task)
+                    segments = self._gather(progress)
                     if segments is None:
                         break
                     if t_first is None:  # throughput counts from the first data, not from start-up
@@ -230,9 +235,12 @@ class Learner:
                     writer.write(stats, self.counters.env_steps)
                     writer.write_lag_histogram(stats, self.counters.env_steps)
                     self.last_stats = stats
-                    progress.update(task, completed=self.counters.env_steps, info=(
+                    progress.update(self.counters.env_steps, info=(
                         f"v{self.counters.version} success {stats.get('env/success_once', float('nan')):.2f} "
                         f"{stats['throughput/env_steps_per_s']:,.0f} steps/s lag {stats.get('throughput/policy_lag', 0):.1f}"))
+                    if self._eval_due():
+                        progress.update(self.counters.env_steps, info="evaluating on the held-out seeds ...")
+                        self.periodic_eval(writer)
                     if self.counters.update % cfg.runner.checkpoint_every == 0:
                         self.save()
                 self.ranks.send_stop()  # a clean end only: after a crash torchrun ends the other ranks
@@ -262,6 +270,50 @@ class Learner:
         # env steps taken by the actors == env_steps + sum(lost_env_steps) (rlfleet.learner.losses)
         summary["lost_env_steps"] = self.losses.by_cause(acct["accepted_env_steps"] - acct["consumed_env_steps"])
         return summary
+
+    def _eval_due(self) -> bool:
+        e = self.cfg.eval
+        by_updates = e.every_updates > 0 and self.counters.update % e.every_updates == 0
+        by_time = e.every_seconds > 0 and time.monotonic() - self._last_eval >= e.every_seconds
+        return by_updates or by_time
+
+    def periodic_eval(self, writer: MetricsWriter) -> dict[str, float]:
+        """The current policy on the held-out eval seeds, as eval/* scalars at this env step:
+        eval/success_once (mean over tasks), eval/<task>/success_once, eval/elapsed_s (seconds since
+        training started, eval time included) and, for chained envs, eval/avg_num_subtasks and
+        eval/success_len_k. Videos (eval.video_cfg) go under periodic_eval/update_N/, and to
+        TensorBoard as eval/video/<task> with video_cfg.tensorboard."""
+        cfg = self.cfg
+        episodes = cfg.eval.periodic_episodes_per_task or cfg.eval.episodes_per_task
+        video = OmegaConf.to_object(cfg.eval.video_cfg)
+        returns: dict[str, list[float]] = {}
+        written: list[Path] = []
+        # on an accelerator, a CPU copy: the envs hand over CPU tensors, and the trained module stays put
+        on_cpu = next(self.policy.parameters()).device.type == "cpu"
+        policy = self.policy if on_cpu else copy.deepcopy(self.policy).cpu()
+        was_training = policy.training
+        try:
+            success = evaluate_policy(policy, eval_env_config(cfg), episodes, seed=cfg.eval.seed, video_cfg=video,
+                                      out_dir=self.run_dir / "periodic_eval" / f"update_{self.counters.update:06d}",
+                                      episode_returns=returns, progress=False, videos=written)
+        finally:
+            policy.train(was_training)
+        step = self.counters.env_steps
+        scalars = {"eval/success_once": sum(success.values()) / len(success),
+                   "eval/elapsed_s": time.monotonic() - self._t_start}
+        if len(success) > 1:
+            scalars.update({f"eval/{task}/success_once": v for task, v in success.items()})
+        if self.episodes.chain_length:
+            chain = chain_report(returns, self.episodes.chain_length)["all"]
+            scalars.update({f"eval/{k}": v for k, v in chain.items()})
+        writer.write(scalars, step)
+        if video.save_video and video.tensorboard:
+            for path in written:  # <base>/<task>/ep<k>_<label>.mp4
+                writer.video(f"eval/video/{path.parent.name}", path, step, video.fps)
+        writer.flush()
+        self._last_eval = time.monotonic()
+        log.info("eval at %d env steps: success_once %.3f", step, scalars["eval/success_once"])
+        return scalars
 
     def evaluate(self) -> dict[str, float]:
         video = OmegaConf.to_object(self.cfg.eval.video_cfg)

@@ -56,8 +56,8 @@ def _markdown_table(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> st
 
 
 class TensorBoardBackend:
-    """Event files in RUN/tensorboard. Tables are Markdown text; a video is a link to its MP4
-    (TensorBoard's own video summary needs moviepy and re-encodes as GIF)."""
+    """Event files in RUN/tensorboard. Tables are Markdown text; a video is an animated GIF image
+    (what TensorBoard's image panel plays; its own video summary needs moviepy)."""
 
     def __init__(self, log_dir: Path):
         from torch.utils.tensorboard import SummaryWriter  # torch's writer: tensorboard is a core dependency
@@ -75,10 +75,28 @@ class TensorBoardBackend:
         self.writer.add_text(key, _markdown_table(columns, rows), step)
 
     def video(self, key: str, path: Path, step: int, fps: int) -> None:
-        self.writer.add_text(key, f"video: `{path}`", step)
+        import io
+
+        import imageio.v3 as iio
+        from PIL import Image
+        from tensorboard.compat.proto.summary_pb2 import Summary
+
+        frames = iio.imread(path)
+        if len(frames) == 0:
+            return
+        images = [Image.fromarray(np.asarray(f, np.uint8)) for f in frames]
+        buf = io.BytesIO()
+        images[0].save(buf, format="GIF", save_all=True, append_images=images[1:],
+                       duration=max(1, round(1000 / fps)), loop=0)
+        h, w = frames[0].shape[:2]
+        image = Summary.Image(height=h, width=w, colorspace=3, encoded_image_string=buf.getvalue())
+        self.writer._get_file_writer().add_summary(Summary(value=[Summary.Value(tag=key, image=image)]), step)
 
     def histogram(self, key: str, values: np.ndarray, step: int, bins: Any) -> None:
         self.writer.add_histogram(key, values, step, bins=bins)
+
+    def flush(self) -> None:
+        self.writer.flush()
 
     def close(self) -> None:
         self.writer.flush()
@@ -212,6 +230,9 @@ class MetricsLogger:
     def histogram(self, key: str, values: np.ndarray, step: int, bins: Any = "tensorflow") -> None:
         """TensorBoard only (the other trackers get the per-bin counts as scalars)."""
         self._each("histogram", key, values, int(step), bins)
+
+    def flush(self) -> None:
+        self._each("flush")
 
     def close(self) -> None:
         self._each("close")

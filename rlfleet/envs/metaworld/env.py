@@ -132,6 +132,11 @@ _DIFFICULTY_TO_TASKS: dict[str, list[str]] = {
 }  # fmt: skip
 DIFFICULTY: dict[str, str] = {t: level for level, tasks in _DIFFICULTY_TO_TASKS.items() for t in tasks}
 
+# The third entropy word of a training env's episode stream. An integer reset seed s (evaluation,
+# demos, GRPO groups; all < 2**64) is numpy entropy [s] == [s, 0, 0] or [lo, hi] == [lo, hi, 0]:
+# with this word != 0 no training stream can equal an evaluation episode's, whatever env.seed is.
+TRAIN_STREAM = 1
+
 
 def resolve_tasks(task: str) -> list[str]:
     """Expand `EnvConfig.task` (a task, MT10/MT25/MT50, or "a-v3,b-v3") into the env's task list.
@@ -373,7 +378,7 @@ class MetaWorldEnv(ChunkedEnv):
     def reset(self, seeds: np.ndarray | None = None) -> dict:
         """Start a new episode everywhere; see `ChunkedEnv.reset`.
 
-        With `seeds=None` the first call seeds env i from (cfg.seed, env_offset + i); later calls
+        With `seeds=None` the first call seeds env i from (cfg.seed, env_offset + i, TRAIN_STREAM); later calls
         continue each env's generator, so repeated resets do not replay the same episodes.
         """
         if seeds is not None:
@@ -381,7 +386,7 @@ class MetaWorldEnv(ChunkedEnv):
             self._rngs = [np.random.default_rng(int(s)) for s in seeds]
         elif self._rngs is None:
             self._rngs = [
-                np.random.default_rng(np.random.SeedSequence([self._cfg.seed, self._env_offset + i]))
+                np.random.default_rng(np.random.SeedSequence([self._cfg.seed, self._env_offset + i, TRAIN_STREAM]))
                 for i in range(self._num_envs)
             ]
         for i in range(self._num_envs):

@@ -1,0 +1,257 @@
+"""Reproduce a recipe's learning result over several training seeds (CleanRL's benchmark style).
+
+    python bench/reproduce.py RECIPE --seeds 3 [--out DIR] [key=value ...]
+
+Runs `rlfleet train RECIPE runner.seed=S env.seed=S eval.before=true runner.logger.log_path=DIR/seedS
+[key=value ...]` for S = 0..N-1, one after another (they share the cores, so budgets in env steps
+compare seeds fairly; a wall-clock budget does not). Each run evaluates its starting policy and its
+final policy on the held-out eval seeds (`eval.seed` up, which no training env or demo replays:
+docs/evaluation.md "Held-out seeds") and, with `eval.every_updates` / `eval.every_seconds`, writes
+eval/* curves to TensorBoard. Then it writes DIR/results.md (per task and mean: success before and
+after as mean +- standard error over seeds, the exact commands, the commit, the wall time) and PNG
+plots of success against env steps and against wall clock (mean, standard error band and each seed).
+
+`--report-only` rebuilds the page and plots from the runs already in DIR.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+# --- statistics --------------------------------------------------------------------------------
+
+
+def mean_se(values: list[float]) -> tuple[float, float]:
+    """Mean and standard error of the mean (sample std / sqrt(n); 0 for a single value)."""
+    arr = np.asarray(values, np.float64)
+    if arr.size == 0:
+        return math.nan, math.nan
+    se = float(arr.std(ddof=1) / math.sqrt(arr.size)) if arr.size > 1 else 0.0
+    return float(arr.mean()), se
+
+
+def aggregate(summaries: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per-task and mean success before / after over seeds, from the runs' summary.json.
+
+    The mean row averages each seed's task mean first, so its standard error is over seeds."""
+    tasks = list(summaries[0]["eval_success"])
+    rows = {}
+    for task in tasks:
+        before = [s["eval_before"][task] for s in summaries if "eval_before" in s]
+        after = [s["eval_success"][task] for s in summaries]
+        gain = [s["eval_success"][task] - s["eval_before"][task] for s in summaries if "eval_before" in s]
+        rows[task] = {"before": mean_se(before), "after": mean_se(after), "gain": mean_se(gain)}
+    seed_before = [float(np.mean([s["eval_before"][t] for t in tasks])) for s in summaries if "eval_before" in s]
+    seed_after = [float(np.mean([s["eval_success"][t] for t in tasks])) for s in summaries]
+    seed_gain = [a - b for a, b in zip(seed_after, seed_before)] if len(seed_before) == len(seed_after) else []
+    out = {"tasks": rows, "mean": {"before": mean_se(seed_before), "after": mean_se(seed_after),
+                                   "gain": mean_se(seed_gain)},
+           "seeds": len(summaries), "env_steps": [s["env_steps"] for s in summaries],
+           "train_seconds": [s["train_seconds"] for s in summaries]}
+    chains = [s for s in summaries if s.get("eval_chain")]
+    if chains:  # CALVIN-style: avg_num_subtasks over all chains
+        out["avg_num_subtasks"] = {
+            "before": mean_se([s["eval_chain_before"]["all"]["avg_num_subtasks"] for s in chains
+                               if s.get("eval_chain_before")]),
+            "after": mean_se([s["eval_chain"]["all"]["avg_num_subtasks"] for s in chains])}
+    return out
+
+
+# --- curves ------------------------------------------------------------------------------------
+
+
+def read_curves(tensorboard_dir: Path) -> dict[str, np.ndarray]:
+    """eval/success_once and eval/elapsed_s of one run as arrays: steps, seconds, success."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(tensorboard_dir), size_guidance={"scalars": 0})
+    acc.Reload()
+    tags = set(acc.Tags().get("scalars", []))
+    if "eval/success_once" not in tags:
+        return {"steps": np.zeros(0), "seconds": np.zeros(0), "success": np.zeros(0)}
+    success = acc.Scalars("eval/success_once")
+    elapsed = {e.step: e.value for e in acc.Scalars("eval/elapsed_s")} if "eval/elapsed_s" in tags else {}
+    steps = np.array([e.step for e in success], np.float64)
+    seconds = np.array([elapsed.get(e.step, math.nan) for e in success], np.float64)
+    return {"steps": steps, "seconds": seconds, "success": np.array([e.value for e in success], np.float64)}
+
+
+def run_curve(summary: dict[str, Any], curves: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A run's success curve with its end points: the starting policy at (0 steps, 0 s) and the
+    final evaluation at (env_steps, train_seconds) of summary.json."""
+    tasks = list(summary["eval_success"])
+    steps, seconds, success = list(curves["steps"]), list(curves["seconds"]), list(curves["success"])
+    if "eval_before" in summary:
+        steps, seconds, success = [0.0] + steps, [0.0] + seconds, [float(np.mean([summary["eval_before"][t] for t in tasks]))] + success
+    steps.append(float(summary["env_steps"]))
+    seconds.append(float(summary["train_seconds"]))
+    success.append(float(np.mean([summary["eval_success"][t] for t in tasks])))
+    return {"steps": np.array(steps), "seconds": np.array(seconds), "success": np.array(success)}
+
+
+def mean_curve(curves: list[dict[str, np.ndarray]], x: str, points: int = 100) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Seeds interpolated onto a common x grid (up to the shortest run): grid, mean, standard error."""
+    usable = [(c[x][np.isfinite(c[x])], c["success"][np.isfinite(c[x])]) for c in curves]
+    usable = [(xs, ys) for xs, ys in usable if xs.size]
+    if not usable:
+        raise ValueError(f"no curve has {x}")
+    end = min(xs.max() for xs, _ in usable)
+    grid = np.linspace(0.0, end, points)
+    ys = np.stack([np.interp(grid, xs, y) for xs, y in usable])
+    se = ys.std(axis=0, ddof=1) / math.sqrt(len(ys)) if len(ys) > 1 else np.zeros_like(grid)
+    return grid, ys.mean(axis=0), se
+
+
+def plot_curves(curves: list[dict[str, np.ndarray]], x: str, path: Path, title: str) -> Path:
+    """Success against `x` ("steps" or "seconds"): each seed thin, the mean thick, +- 1 SE shaded."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+
+    grid, mean, se = mean_curve(curves, x)
+    scale, label = (1e6, "env steps (millions)") if x == "steps" else (60.0, "wall clock since training started (minutes)")
+    fig, ax = plt.subplots(figsize=(5.5, 3.6), dpi=120)
+    for k, c in enumerate(curves):
+        ok = np.isfinite(c[x])
+        ax.plot(c[x][ok] / scale, 100 * c["success"][ok], lw=0.8, alpha=0.5, marker=".", ms=3,
+                label="seeds" if k == 0 else None, color="tab:gray")
+    ax.plot(grid / scale, 100 * mean, lw=2, color="tab:blue", label=f"mean of {len(curves)} seeds")
+    ax.fill_between(grid / scale, 100 * (mean - se), 100 * (mean + se), color="tab:blue", alpha=0.2, label="+- 1 SE")
+    ax.set_xlabel(label)
+    ax.set_ylabel("eval success_once (%)")
+    ax.set_ylim(-2, 102)
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+# --- the page ----------------------------------------------------------------------------------
+
+
+def _pm(pair: tuple[float, float], scale: float = 100.0, signed: bool = False, digits: int = 1) -> str:
+    mean, se = pair
+    if math.isnan(mean):
+        return "-"
+    sign = "+" if signed else ""
+    return f"{scale * mean:{sign}.{digits}f} +- {scale * se:.{digits}f}"
+
+
+def results_markdown(recipe: str, agg: dict[str, Any], commands: list[str], commit: str, wall_seconds: list[float],
+                     plots: dict[str, str], eval_note: str) -> str:
+    """The results page: success before / after per task and mean (%, mean +- SE over seeds)."""
+    n = agg["seeds"]
+    lines = [f"## {recipe}: {n} seeds", "",
+             f"Success (%) on held-out eval seeds, mean +- standard error over {n} training seeds; {eval_note}.", "",
+             "| task | before | after | gain (points) |", "|---|---:|---:|---:|"]
+    for task, row in agg["tasks"].items():
+        lines.append(f"| {task} | {_pm(row['before'])} | {_pm(row['after'])} | {_pm(row['gain'], signed=True)} |")
+    m = agg["mean"]
+    lines.append(f"| **mean** | {_pm(m['before'])} | {_pm(m['after'])} | {_pm(m['gain'], signed=True)} |")
+    if "avg_num_subtasks" in agg:
+        a = agg["avg_num_subtasks"]
+        lines += ["", f"avg_num_subtasks: {_pm(a['before'], 1.0, digits=2)} before, {_pm(a['after'], 1.0, digits=2)} after."]
+    steps = ", ".join(f"{s:,}" for s in agg["env_steps"])
+    train = ", ".join(f"{t:.0f}" for t in agg["train_seconds"])
+    walls = ", ".join(f"{w:.0f}" for w in wall_seconds)
+    lines += ["", f"Env steps per seed: {steps}. Training seconds per seed: {train}. Wall seconds per seed "
+              f"(whole command: start-up, evaluations, training): {walls}; total {sum(wall_seconds) / 60:.1f} min.",
+              f"Commit: `{commit}`.", ""]
+    for label, path in plots.items():
+        lines.append(f"![{label}]({path})")
+    lines += ["", "Commands (one after another on the same machine):", "", "```"]
+    lines += commands
+    lines += ["```", ""]
+    return "\n".join(lines)
+
+
+def git_commit() -> str:
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+
+    head = git("rev-parse", "--short=12", "HEAD") or "unknown"
+    return head + (" (with uncommitted changes)" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
+def seed_command(recipe: str, seed: int, run_dir: Path, overrides: list[str]) -> list[str]:
+    return ["rlfleet", "train", recipe, f"runner.seed={seed}", f"env.seed={seed}", "eval.before=true",
+            f"runner.logger.log_path={run_dir}", *overrides]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("recipe")
+    p.add_argument("overrides", nargs="*", help="key=value overrides for every seed")
+    p.add_argument("--seeds", type=int, default=3, help="training seeds 0..N-1")
+    p.add_argument("--out", help="folder for the runs, results.md and plots (default: runs/reproduce/RECIPE)")
+    p.add_argument("--report-only", action="store_true", help="only rebuild the page from the runs in --out")
+    args = p.parse_intermixed_args(argv)  # overrides may follow the options
+    if args.seeds < 1:
+        p.error("--seeds must be >= 1")
+    bad = [o for o in args.overrides if "=" not in o]
+    if bad:
+        p.error(f"overrides must look like key=value, got {bad}")
+    name = Path(args.recipe).stem
+    out = Path(args.out or f"runs/reproduce/{name}")
+    out.mkdir(parents=True, exist_ok=True)
+    commands, walls = [], []
+    wall_file = out / "wall_seconds.json"
+    recorded = json.loads(wall_file.read_text()) if wall_file.exists() else {}
+    if not args.report_only:  # the code that trains is the code at launch, whatever is committed later
+        recorded["commit"] = git_commit()
+    for seed in range(args.seeds):
+        run_dir = out / f"seed{seed}"
+        cmd = seed_command(args.recipe, seed, run_dir, args.overrides)
+        commands.append(shlex.join(cmd))
+        if args.report_only:
+            walls.append(float(recorded.get(str(seed), math.nan)))
+            continue
+        print(f"[reproduce] seed {seed}: {shlex.join(cmd)}", flush=True)
+        t0 = time.monotonic()
+        with open(out / f"seed{seed}.log", "wb") as log:
+            res = subprocess.run([sys.executable, "-m", "rlfleet.cli", *cmd[1:]], stdout=log, stderr=subprocess.STDOUT)
+        walls.append(time.monotonic() - t0)
+        recorded[str(seed)] = walls[-1]
+        wall_file.write_text(json.dumps(recorded, indent=2))
+        if res.returncode != 0:
+            print(f"[reproduce] seed {seed} failed (exit {res.returncode}); see {out / f'seed{seed}.log'}", file=sys.stderr)
+            return 1
+        print(f"[reproduce] seed {seed} done in {walls[-1]:.0f} s", flush=True)
+    summaries = [json.loads((out / f"seed{s}" / "summary.json").read_text()) for s in range(args.seeds)]
+    agg = aggregate(summaries)
+    curves = [run_curve(s, read_curves(out / f"seed{k}" / "tensorboard")) for k, s in enumerate(summaries)]
+    plots = {}
+    for x, label in (("steps", "success vs env steps"), ("seconds", "success vs wall clock")):
+        path = plot_curves(curves, x, out / f"{name}_{x}.png", f"{name}: {label}")
+        plots[label] = path.name
+    from rlfleet.config import load_config
+
+    cfg = load_config(args.recipe, args.overrides)
+    note = (f"{cfg.eval.episodes_per_task} episodes per task from seed {cfg.eval.seed}, deterministic policy; "
+            "curves: periodic evaluation during training")
+    page = results_markdown(name, agg, commands, recorded.get("commit", git_commit()), walls, plots, note)
+    (out / "results.md").write_text(page)
+    (out / "results.json").write_text(json.dumps(agg, indent=2))
+    print(page)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

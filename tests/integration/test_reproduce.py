@@ -1,0 +1,38 @@
+"""bench/reproduce.py end to end: two tiny training seeds, a results page and both plots."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from role_processes import TINY
+
+REPRODUCE = Path(__file__).resolve().parents[2] / "bench" / "reproduce.py"
+
+
+@pytest.mark.slow
+def test_two_seeds_give_a_results_page_with_plots(tmp_path):
+    out = tmp_path / "repro"
+    overrides = [*TINY, "runner.total_env_steps=640", "eval.every_updates=4"]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    res = subprocess.run([sys.executable, str(REPRODUCE), "metaworld_reach_ppo", "--seeds", "2", "--out", str(out),
+                          *overrides], capture_output=True, text=True, env=env, timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:] + res.stdout[-2000:]
+    page = (out / "results.md").read_text()
+    assert "| reach-v3 |" in page and "| **mean** |" in page and "over 2 training seeds" in page
+    for seed in (0, 1):
+        assert f"runner.seed={seed} env.seed={seed} eval.before=true runner.logger.log_path={out}/seed{seed}" in page
+        summary = json.loads((out / f"seed{seed}" / "summary.json").read_text())
+        assert "eval_before" in summary and "eval_success" in summary
+    for png in ("metaworld_reach_ppo_steps.png", "metaworld_reach_ppo_seconds.png"):
+        assert (out / png).read_bytes()[:4] == b"\x89PNG" and f"({png})" in page
+    agg = json.loads((out / "results.json").read_text())
+    assert agg["seeds"] == 2 and len(agg["env_steps"]) == 2 and all(s >= 640 for s in agg["env_steps"])
+    # --report-only rebuilds the same page from the runs on disk, without training
+    again = subprocess.run([sys.executable, str(REPRODUCE), "metaworld_reach_ppo", "--seeds", "2", "--out", str(out),
+                            "--report-only", *overrides], capture_output=True, text=True, env=env, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert (out / "results.md").read_text() == page

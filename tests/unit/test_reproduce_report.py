@@ -1,0 +1,88 @@
+"""bench/reproduce.py's aggregation, curves and plots on synthetic runs."""
+from __future__ import annotations
+
+import importlib.util
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from torch.utils.tensorboard import SummaryWriter
+
+_spec = importlib.util.spec_from_file_location("reproduce", Path(__file__).resolve().parents[2] / "bench" / "reproduce.py")
+reproduce = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(reproduce)
+
+
+def _summary(before: dict, after: dict, steps: int = 1000, seconds: float = 60.0) -> dict:
+    return {"eval_before": before, "eval_success": after, "env_steps": steps, "train_seconds": seconds}
+
+
+SUMMARIES = [
+    _summary({"a": 0.2, "b": 0.4}, {"a": 0.6, "b": 0.8}),
+    _summary({"a": 0.2, "b": 0.4}, {"a": 0.8, "b": 0.8}),
+    _summary({"a": 0.2, "b": 0.4}, {"a": 1.0, "b": 0.5}),
+]
+
+
+def test_mean_and_standard_error_over_seeds():
+    agg = reproduce.aggregate(SUMMARIES)
+    mean, se = agg["tasks"]["a"]["after"]
+    assert mean == pytest.approx(0.8) and se == pytest.approx(0.2 / math.sqrt(3))  # std(0.6, 0.8, 1.0) = 0.2
+    assert agg["tasks"]["a"]["before"] == pytest.approx((0.2, 0.0))
+    # the mean row: each seed's task mean (0.7, 0.8, 0.75), then mean +- SE over seeds
+    mean, se = agg["mean"]["after"]
+    assert mean == pytest.approx(0.75) and se == pytest.approx(0.05 / math.sqrt(3))
+    assert agg["mean"]["gain"][0] == pytest.approx(0.45)
+    assert reproduce.mean_se([0.5]) == (0.5, 0.0)
+
+
+def test_results_page_has_table_commands_commit_and_plots():
+    agg = reproduce.aggregate(SUMMARIES)
+    page = reproduce.results_markdown("toy", agg, ["rlfleet train toy runner.seed=0"], "abc123", [60.0, 60.0, 96.0],
+                                      {"success vs env steps": "toy_steps.png"}, "10 episodes per task")
+    assert "| a | 20.0 +- 0.0 | 80.0 +- 11.5 | +60.0 +- 11.5 |" in page
+    assert "| **mean** | 30.0 +- 0.0 | 75.0 +- 2.9 | +45.0 +- 2.9 |" in page
+    assert "rlfleet train toy runner.seed=0" in page and "`abc123`" in page and "![success vs env steps](toy_steps.png)" in page
+    assert "total 3.6 min" in page
+
+
+def test_curves_from_tensorboard_to_png(tmp_path):
+    curves = []
+    for seed, (summary, rate) in enumerate(zip(SUMMARIES, (0.3, 0.5, 0.4))):
+        tb = tmp_path / f"seed{seed}"
+        w = SummaryWriter(str(tb))
+        for k, step in enumerate((250, 500, 750)):
+            w.add_scalar("eval/success_once", min(1.0, 0.3 + rate * k / 2), step)
+            w.add_scalar("eval/elapsed_s", 15.0 * (k + 1), step)
+        w.close()
+        raw = reproduce.read_curves(tb)
+        assert list(raw["steps"]) == [250, 500, 750] and list(raw["seconds"]) == [15, 30, 45]
+        curves.append(reproduce.run_curve(summary, raw))
+    # the starting policy at 0 and the final evaluation at the run's end frame the periodic points
+    assert list(curves[0]["steps"]) == [0, 250, 500, 750, 1000]
+    assert curves[0]["success"][0] == pytest.approx(0.3) and curves[0]["success"][-1] == pytest.approx(0.7)
+    grid, mean, se = reproduce.mean_curve(curves, "steps", points=5)
+    assert list(grid) == [0, 250, 500, 750, 1000]
+    assert mean[2] == pytest.approx(np.mean([0.3 + r / 2 for r in (0.3, 0.5, 0.4)]))
+    assert se[0] == 0.0 and se[2] > 0
+    for x in ("steps", "seconds"):
+        png = reproduce.plot_curves(curves, x, tmp_path / f"toy_{x}.png", "toy")
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+
+
+def test_a_run_without_periodic_eval_still_has_its_end_points(tmp_path):
+    raw = reproduce.read_curves(tmp_path)  # no event files
+    curve = reproduce.run_curve(SUMMARIES[0], raw)
+    assert list(curve["steps"]) == [0, 1000] and list(curve["success"]) == pytest.approx([0.3, 0.7])
+
+
+def test_policy_strip_lays_out_rows_of_evenly_spaced_frames():
+    spec = importlib.util.spec_from_file_location("policy_strip", Path(reproduce.__file__).parent / "policy_strip.py")
+    strip_mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(strip_mod)
+    video = [np.full((64, 64, 3), k, np.uint8) for k in range(11)]  # frame k is grey level k
+    img = strip_mod.strip([("before", video), ("after", video)], frames=3, side=32)
+    assert img.size == (150 + 3 * 36, 2 * 36)
+    tiles = [img.getpixel((150 + c * 36 + 16, 16)) for c in range(3)]
+    assert tiles == [(0, 0, 0), (5, 5, 5), (10, 10, 10)]  # first, middle and last frame
