@@ -118,9 +118,12 @@ def cmd_train(args: argparse.Namespace) -> int:
 
         before, after = summary["eval_before"], summary["eval_success"]
         method = summary.get("method", "RL")  # DAgger runs name themselves
+        from rlfleet.envs.registry import task_groups
+
         Console().print(compare_rich(before, after, title=f"success before / after {method} fine-tuning"))
         title = f"{cfg.runner.experiment_name}: success before / after {method} ({summary.get('train_seconds')} s of training)"
-        (Path(cfg.runner.logger.log_path) / "before_after.md").write_text(compare_markdown(before, after, title))
+        (Path(cfg.runner.logger.log_path) / "before_after.md").write_text(
+            compare_markdown(before, after, title, task_groups(cfg.env.name)))
     print(f"run folder: {cfg.runner.logger.log_path}")
     return 0
 
@@ -219,11 +222,11 @@ def cmd_actor(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    """Success per task, by MetaWorld difficulty and on the ML45 held-out tasks, as JSON and Markdown."""
+    """Success per task and per task group the env declares (MetaWorld: difficulty, ML45 held-out), as JSON and Markdown."""
     from pathlib import Path
 
     from rlfleet.envs.api import EnvConfig
-    from rlfleet.envs.registry import scored_chain_length
+    from rlfleet.envs.registry import scored_chain_length, task_groups
     from rlfleet.eval_report import rich_table, success_table, write_report
     from rlfleet.eval_video import VideoConfig
     from rlfleet.evaluation import evaluate_policy
@@ -245,7 +248,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     returns: dict[str, list[float]] = {}
     success = evaluate_policy(policy, EnvConfig(**env), args.episodes, seed=args.seed, video_cfg=video, out_dir=out,
                               deterministic=not args.sample, episode_returns=returns)
-    table = success_table(success, {t: args.episodes for t in success})
+    table = success_table(success, {t: args.episodes for t in success}, task_groups(env.get("name", "metaworld")))
     mode = "sampled" if args.sample else "deterministic"
     Console().print(rich_table(table, title=f"evaluation of {args.checkpoint} ({args.episodes} episodes per task, {mode})"))
     json_path, md_path = write_report(table, out, name="eval", title=f"Evaluation of {args.checkpoint}")
@@ -268,23 +271,14 @@ def cmd_collect(args: argparse.Namespace) -> int:
     """Record scripted-expert demonstrations (the SFT data)."""
     from pathlib import Path
 
-    from rlfleet.data.demos import collect_demos
     from rlfleet.data.env_demos import collect_env_demos
     from rlfleet.envs.api import EnvConfig
 
     try:
-        if args.env == "metaworld":
-            from rlfleet.envs.metaworld.env import resolve_tasks
-
-            summary = collect_demos(Path(args.out), resolve_tasks(args.tasks), args.episodes_per_task,
-                                    image_size=args.image_size, camera=args.camera,
-                                    max_episode_steps=args.max_episode_steps, num_workers=args.workers,
-                                    seed=args.seed, keep_failed=args.keep_failed, overwrite=args.overwrite)
-        else:  # envs with built-in experts (robotwin, calvin): one lockstep batch
-            cfg = EnvConfig(name=args.env, task=args.tasks, max_episode_steps=args.max_episode_steps,
-                            image_size=args.image_size)
-            summary = collect_env_demos(Path(args.out), cfg, args.episodes_per_task, seed=args.seed,
-                                        keep_failed=args.keep_failed, overwrite=args.overwrite)
+        cfg = EnvConfig(name=args.env, task=args.tasks, max_episode_steps=args.max_episode_steps,
+                        image_size=args.image_size, camera=args.camera)
+        summary = collect_env_demos(Path(args.out), cfg, args.episodes_per_task, seed=args.seed,
+                                    keep_failed=args.keep_failed, overwrite=args.overwrite)
     except FileExistsError as exc:  # main() only maps FileNotFoundError / ValueError to exit code 2
         logging.getLogger("rlfleet").error("%s", exc)
         return 2
@@ -447,7 +441,8 @@ def build_parser() -> argparse.ArgumentParser:
     co.add_argument("--image-size", type=int, default=64, help="camera frame side in pixels; 0: states only")
     co.add_argument("--camera", default="corner", help="camera for main_images (MetaWorld)")
     co.add_argument("--max-episode-steps", type=int, default=150, help="episode limit (calvin chains: 1800)")
-    co.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1), help="worker processes")
+    co.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1),
+                    help="unused (kept for old scripts): one env batch steps every expert in lockstep")
     co.add_argument("--seed", type=int, default=0, help="seed block (demo seeds never overlap eval seeds)")
     co.add_argument("--keep-failed", action="store_true", help="also write failed expert episodes, flagged")
     co.add_argument("--overwrite", action="store_true", help="replace an existing --out folder")

@@ -146,6 +146,27 @@ class ChunkedEnv(abc.ABC):
     _spec: EnvSpec
     _task_list: list[str] | None = None
 
+    # Declared capabilities (generic modules read these, never a simulator's name):
+    # an episode is a chain of CHAIN_LENGTH instructions whose return counts those done in a row
+    # (CALVIN's metrics); 0 for an ordinary env.
+    CHAIN_LENGTH: int = 0
+
+    @staticmethod
+    def task_groups() -> dict[str, list[str]]:
+        """Named groups of tasks an evaluation report averages over (MetaWorld: difficulty levels
+        and ML45 held-out); none by default."""
+        return {}
+
+    @classmethod
+    def config_tasks(cls, cfg: "EnvConfig") -> list[str] | None:
+        """The task list a config gives without building an env, when the env can say (None: build one to ask)."""
+        return None
+
+    @property
+    def has_expert(self) -> bool:
+        """Whether `expert_actions()` and `expert_chunk_step()` work (scripted demos, DAgger)."""
+        return False
+
     @property
     def spec(self) -> EnvSpec:
         """Shapes and task assignment of this batch."""

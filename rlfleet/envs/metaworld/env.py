@@ -29,7 +29,8 @@ import numpy as np
 from rlfleet.envs.core import EpisodeEnv, Outcome, episode_rng
 from rlfleet.envs.api import EnvConfig
 from rlfleet.envs.metaworld.tasks import (ALL_TASKS, DIFFICULTY, TASK_DESCRIPTIONS, TASK_SETS, _env_dict,  # noqa: F401
-                                          resolve_tasks, task_groups)
+                                          resolve_tasks)
+from rlfleet.envs.metaworld.tasks import task_groups as _task_groups
 from rlfleet.envs.metaworld.render import CameraRenderer
 from rlfleet.envs.metaworld.speed import _quat_from_matrix, install_fast_rotation  # noqa: F401
 from rlfleet.envs.metaworld.speed import touching_object as _touching_object
@@ -71,7 +72,11 @@ class MetaWorldEnv(EpisodeEnv):
     never end by themselves: episodes end by truncation, or on success with terminate_on_success.
     """
 
-    TASK_GROUPS = staticmethod(task_groups)  # difficulty split and ML45 held-out, for reports
+    task_groups = staticmethod(_task_groups)  # difficulty split and ML45 held-out, for reports
+
+    @classmethod
+    def config_tasks(cls, cfg: EnvConfig) -> list[str]:
+        return resolve_tasks(cfg.task)
 
     def __init__(self, cfg: EnvConfig, num_envs: int, env_offset: int = 0) -> None:
         self._init_core(cfg, num_envs, env_offset, STATE_DIM, ACTION_DIM, resolve_tasks(cfg.task))

@@ -124,6 +124,7 @@ class RoboTwinEnv(EpisodeEnv):
         self._init_core(cfg, num_envs, env_offset, STATE_DIM, ACTION_DIM, resolve_tasks(cfg.task))
         if cfg.image_size > 0:
             require_renderer()
+        num_total_envs = num_total_envs or cfg.fleet_envs or None  # the fleet's envs, when actors say
         self._stride = num_total_envs if num_total_envs is not None else env_offset + num_envs
         if self._stride < env_offset + num_envs:
             raise ValueError(f"num_total_envs {num_total_envs} < env_offset + num_envs = {env_offset + num_envs}")
