@@ -204,8 +204,10 @@ def load_config(recipe: str | None, overrides: list[str] | None = None) -> DictC
         if bad:
             raise ValueError(f"overrides must look like key=value, got {bad}")
         cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(overrides))
+    from rlfleet.envs.registry import check_env_name
     from rlfleet.policies.registry import check_policy_config
 
+    check_env_name(cfg.env.name)
     check_policy_config(as_dict(cfg.policy))
     if cfg.cluster.component_placement:
         resolve_placement(cfg)  # a bad placement fails here, before anything is spawned

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from importlib.metadata import entry_points
 from typing import Any
 
@@ -43,10 +43,10 @@ def entry_point_names(group: str) -> list[str]:
     return sorted({ep.name for ep in entry_points(group=group)})
 
 
-def resolve(name: str, kind: str, group: str, known: Mapping[str, Any]) -> Any:
+def resolve(name: str, kind: str, group: str, known: Mapping[str, Any], also: Sequence[str] = ()) -> Any:
     """The object behind `name`: `known[name]` (an import-path string is imported), an import
     path, or the entry point `name` of `group`. Unknown names raise one ValueError line naming
-    what was looked up and what is available."""
+    what was looked up and what is available (`known`, then the forms in `also`)."""
     if name in known:
         value = known[name]
         return import_path(value, kind) if isinstance(value, str) else value
@@ -61,5 +61,5 @@ def resolve(name: str, kind: str, group: str, known: Mapping[str, Any]) -> Any:
                              f"({type(exc).__name__}: {exc})") from None
     plugins = entry_point_names(group)
     raise ValueError(f"unknown {kind} {name!r}: not built in or registered, not a 'package.module:factory' path, "
-                     f"and no entry point of that name in group {group!r}; available: {', '.join(sorted(known))}"
+                     f"and no entry point of that name in group {group!r}; available: {', '.join([*sorted(known), *also])}"
                      + (f"; entry points: {', '.join(plugins)}" if plugins else ""))

@@ -43,6 +43,8 @@ class EnvConfig:
     # Envs in the whole fleet (actors set it to num_actors x num_envs; 0: this batch alone). Envs that
     # walk a seed list (RoboTwin) stride by it, so workers and actors never replay each other's seeds.
     fleet_envs: int = 0
+    # gymnasium envs (`gym:<id>`): the info key that says the task is solved ("": "is_success" or "success")
+    success_key: str = ""
 
 
 INSTRUCTION_BYTES = 128  # fixed width of the `instructions` observation (UTF-8, zero padded)

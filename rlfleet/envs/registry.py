@@ -57,7 +57,18 @@ def env_factory(name: str) -> Any:
     prefix = name.split(":", 1)[0]
     if ":" in name and prefix in _PREFIXES:
         return _PREFIXES[prefix]
-    return resolve(name, "env", ENTRY_POINT_GROUP, {**_BUILTIN, **_REGISTRY})
+    forms = [f"{s}://..." for s in sorted(_SCHEMES)] + [f"{p}:<id>" for p in sorted(_PREFIXES)]
+    return resolve(name, "env", ENTRY_POINT_GROUP, {**_BUILTIN, **_REGISTRY}, forms)
+
+
+def check_env_name(name: str) -> None:
+    """A one-line ValueError for a name no process could resolve, without importing a built-in
+    simulator (config loading stays fast); plugin paths are imported to check them."""
+    if name in _BUILTIN or name in _REGISTRY or ("://" in name and name.split("://", 1)[0] in _SCHEMES):
+        return
+    if ":" in name and name.split(":", 1)[0] in _PREFIXES:
+        return
+    env_factory(name)
 
 
 def chain_length(name: str) -> int:
@@ -122,7 +133,7 @@ def _make_remote(cfg: EnvConfig, num_envs: int, env_offset: int) -> ChunkedEnv:
 
 
 def _make_gym(cfg: EnvConfig, num_envs: int, env_offset: int) -> ChunkedEnv:
-    from rlfleet.envs.gym import GymEnv
+    from rlfleet.envs.gymnasium_env import GymEnv
 
     return GymEnv(cfg, num_envs, env_offset=env_offset)
 
