@@ -435,7 +435,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.set_defaults(func=cmd_eval)
 
     co = sub.add_parser("collect", help="record scripted-expert demonstrations to a dataset folder")
-    co.add_argument("--env", default="metaworld", help="metaworld, robotwin or calvin")
+    co.add_argument("--env", default="metaworld", help="any env with scripted experts: metaworld, robotwin, calvin, a plugin")
     co.add_argument("--tasks", required=True, help="env.task: a task, MT10/MT25/MT50, a comma-separated list; "
                     "robotwin: e.g. place_empty_cup:randomized; calvin: scene variants, e.g. D or ABC")
     co.add_argument("--episodes-per-task", type=int, default=20, help="successful episodes wanted per task")

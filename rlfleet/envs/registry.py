@@ -26,6 +26,7 @@ _BUILTIN: dict[str, str] = {
     "metaworld": "rlfleet.envs.metaworld.env:MetaWorldEnv",
     "calvin": "rlfleet.envs.calvin.env:CalvinEnv",  # pybullet playtable, chains of 5 subtasks
     "robotwin": "rlfleet.envs.robotwin.env:RoboTwinEnv",
+    "bench": "rlfleet.envs.bench_env:BenchEnv",  # zero-cost steps: the fleet's own overhead
 }
 _REGISTRY: dict[str, EnvFactory] = {}
 # In-process registrations' chain lengths (built-ins and plugins declare CHAIN_LENGTH instead)

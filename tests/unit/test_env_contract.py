@@ -1,6 +1,6 @@
 """One contract, every env: the episode semantics of `rlfleet.envs.api` checked the same way for
-MetaWorld, RoboTwin-style, CALVIN-style, a remote env (EnvService on loopback), gymnasium envs and
-the example plugin: shapes, seeds reproduce, truncation vs termination, the final observation,
+MetaWorld, RoboTwin-style, CALVIN-style, a remote env (EnvService on loopback), gymnasium envs,
+the example plugin and the zero-cost benchmark env: shapes, seeds reproduce, truncation vs termination, the final observation,
 episode stats, auto-reset, terminate_on_success and bad actions."""
 from __future__ import annotations
 
@@ -107,7 +107,16 @@ CASES = [
     Case("gym-mujoco", dict(name="gym:InvertedPendulum-v5"), None, needs=("gymnasium", "mujoco")),
     Case("gym-dict", dict(name="gym-dict"), _goal_dict_solver, needs=("gymnasium",)),
     Case("plugin", dict(name=PLUGIN_ENV), _point_solver),
+    Case("bench", dict(name="bench", task="state_dim=6,action_dim=2"), lambda env, obs: _bench_solver(env, obs)),
 ]
+
+
+def _bench_solver(env: ChunkedEnv, obs: dict) -> np.ndarray:
+    """The bench env's point (the first action_dim state entries) moved straight to 0."""
+    point = obs["states"][:, : env.spec.action_dim]
+    norm = np.linalg.norm(point, axis=1, keepdims=True)
+    u = -point / np.maximum(norm, 1e-6) * np.minimum(1.0, norm / 0.1)
+    return np.repeat(u[:, None, :].astype(np.float32), env.spec.chunk_size, axis=1)
 
 
 class _Served:
@@ -275,3 +284,19 @@ def test_bad_actions_are_rejected(build) -> None:
     bad[0, 0, 0] = np.nan
     with pytest.raises(ValueError):
         env.chunk_step(bad)
+
+
+def test_bench_env_settings_and_busy_wait() -> None:
+    from rlfleet.envs.bench_env import parse_task
+
+    assert parse_task("a,b,state_dim=8,busy_us=20") == (["a", "b"], {"state_dim": 8, "action_dim": 4, "busy_us": 20})
+    with pytest.raises(ValueError, match="settings: state_dim, action_dim, busy_us"):
+        parse_task("size=3")
+    with make_env(EnvConfig(name="bench", task="state_dim=3,action_dim=5,busy_us=50", chunk_size=4,
+                            image_size=8, max_episode_steps=7), 2) as env:
+        assert (env.spec.state_dim, env.spec.action_dim, env.task_list) == (3, 5, ["bench"])
+        obs = env.reset()
+        assert obs["main_images"].shape == (2, 8, 8, 3)
+        res = env.chunk_step(np.zeros((2, 4, 5), np.float32))
+        res = env.chunk_step(np.zeros((2, 4, 5), np.float32))
+        assert res.truncated.all() and (res.episode_length == 7).all()
