@@ -10,7 +10,8 @@ subtask is not done within `SUBTASK_STEPS` env steps (CALVIN's 360) or the episo
 Reward. `reward_type` "success" and "dense": 1 on the step a subtask completes (no shaping: dense
 is treated as sparse), so `episode_return` is the number of subtasks completed; "success_once":
 1 only when the whole chain completes (return = chain success, 0/1). `episode_success_once` is
-"all 5 done"; `success` marks chunks in which a chain completed. `last_chain_progress` holds, per
+"all 5 done"; `success` marks chunks in which a chain completed (success and termination
+coincide, so `terminate_on_success` changes nothing here). `last_chain_progress` holds, per
 env, the subtasks its last finished episode completed, whatever the reward type.
 
 Tasks. The "task" of an env is its scene variant: `EnvConfig.task` "D", "ABC" (each letter a
