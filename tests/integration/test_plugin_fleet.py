@@ -64,6 +64,9 @@ def test_plugin_trains_in_local_mode(with_plugin, tmp_path) -> None:
     ckpt = run / "checkpoints" / (run / "checkpoints" / "latest").read_text().strip()
     saved = json.loads((ckpt / "config.json").read_text())
     assert "linear_gaussian" in json.dumps(saved)
+    ev = _cli("eval", str(ckpt), "--episodes", "2", "--json", timeout=200)  # eval rebuilds both by name
+    assert ev.returncode == 0, ev.stderr[-3000:]
+    assert [row["task"] for row in json.loads(ev.stdout.strip().splitlines()[-1])["tasks"]] == ["point-reach"]
 
 
 def test_plugin_trains_role_by_role(with_plugin, roles, tmp_path) -> None:
