@@ -172,9 +172,12 @@ def cmd_train(args: argparse.Namespace) -> int:
 
         before, after = summary["eval_before"], summary["eval_success"]
         method = summary.get("method", "RL")  # DAgger runs name themselves
+        from rlfleet.envs.registry import task_groups
+
         Console().print(compare_rich(before, after, title=f"success before / after {method} fine-tuning"))
         title = f"{cfg.runner.experiment_name}: success before / after {method} ({summary.get('train_seconds')} s of training)"
-        (Path(cfg.runner.logger.log_path) / "before_after.md").write_text(compare_markdown(before, after, title))
+        (Path(cfg.runner.logger.log_path) / "before_after.md").write_text(
+            compare_markdown(before, after, title, task_groups(cfg.env.name)))
     print(f"run folder: {cfg.runner.logger.log_path}")
     return 0
 
@@ -273,11 +276,11 @@ def cmd_actor(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    """Success per task, by MetaWorld difficulty and on the ML45 held-out tasks, as JSON and Markdown."""
+    """Success per task and per task group the env declares (MetaWorld: difficulty, ML45 held-out), as JSON and Markdown."""
     from pathlib import Path
 
     from rlfleet.envs.api import EnvConfig
-    from rlfleet.envs.registry import scored_chain_length
+    from rlfleet.envs.registry import scored_chain_length, task_groups
     from rlfleet.eval_report import rich_table, success_table, write_report
     from rlfleet.eval_video import VideoConfig
     from rlfleet.evaluation import evaluate_policy
@@ -305,9 +308,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
     returns: dict[str, list[float]] = {}
     success = evaluate_policy(policy, EnvConfig(**env), args.episodes, seed=args.seed, video_cfg=video, out_dir=out,
                               deterministic=not args.sample, episode_returns=returns)
-    table = success_table(success, {t: args.episodes for t in success})
+    table = success_table(success, {t: args.episodes for t in success}, task_groups(env.get("name", "metaworld")))
     mode = "sampled" if args.sample else "deterministic"
     Console().print(rich_table(table, title=f"evaluation of {args.checkpoint} ({args.episodes} episodes per task, {mode})"))
+    table["mean_return"] = {t: sum(r) / len(r) for t, r in returns.items() if r}  # envs judged by return (gym:...)
+    print("mean episode return: " + ", ".join(f"{t} {v:.1f}" for t, v in table["mean_return"].items()))
     json_path, md_path = write_report(table, out, name="eval", title=f"Evaluation of {args.checkpoint}")
     n = scored_chain_length(env.get("name", "metaworld"), env.get("reward_type", "dense"))
     if n:
@@ -356,23 +361,14 @@ def cmd_collect(args: argparse.Namespace) -> int:
     """Record scripted-expert demonstrations (the SFT data)."""
     from pathlib import Path
 
-    from rlfleet.data.demos import collect_demos
     from rlfleet.data.env_demos import collect_env_demos
     from rlfleet.envs.api import EnvConfig
 
     try:
-        if args.env == "metaworld":
-            from rlfleet.envs.metaworld.env import resolve_tasks
-
-            summary = collect_demos(Path(args.out), resolve_tasks(args.tasks), args.episodes_per_task,
-                                    image_size=args.image_size, camera=args.camera,
-                                    max_episode_steps=args.max_episode_steps, num_workers=args.workers,
-                                    seed=args.seed, keep_failed=args.keep_failed, overwrite=args.overwrite)
-        else:  # envs with built-in experts (robotwin, calvin): one lockstep batch
-            cfg = EnvConfig(name=args.env, task=args.tasks, max_episode_steps=args.max_episode_steps,
-                            image_size=args.image_size)
-            summary = collect_env_demos(Path(args.out), cfg, args.episodes_per_task, seed=args.seed,
-                                        keep_failed=args.keep_failed, overwrite=args.overwrite)
+        cfg = EnvConfig(name=args.env, task=args.tasks, max_episode_steps=args.max_episode_steps,
+                        image_size=args.image_size, camera=args.camera)
+        summary = collect_env_demos(Path(args.out), cfg, args.episodes_per_task, seed=args.seed,
+                                    keep_failed=args.keep_failed, overwrite=args.overwrite)
     except FileExistsError as exc:  # main() only maps FileNotFoundError / ValueError to exit code 2
         logging.getLogger("rlfleet").error("%s", exc)
         return 2
@@ -543,7 +539,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.set_defaults(func=cmd_eval)
 
     co = sub.add_parser("collect", help="record scripted-expert demonstrations to a dataset folder")
-    co.add_argument("--env", default="metaworld", help="metaworld, robotwin or calvin")
+    co.add_argument("--env", default="metaworld", help="any env with scripted experts: metaworld, robotwin, calvin, a plugin")
     co.add_argument("--tasks", required=True, help="env.task: a task, MT10/MT25/MT50, a comma-separated list; "
                     "robotwin: e.g. place_empty_cup:randomized; calvin: scene variants, e.g. D or ABC")
     co.add_argument("--episodes-per-task", type=int, default=20, help="successful episodes wanted per task")
@@ -551,7 +547,8 @@ def build_parser() -> argparse.ArgumentParser:
     co.add_argument("--image-size", type=int, default=64, help="camera frame side in pixels; 0: states only")
     co.add_argument("--camera", default="corner", help="camera for main_images (MetaWorld)")
     co.add_argument("--max-episode-steps", type=int, default=150, help="episode limit (calvin chains: 1800)")
-    co.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1), help="worker processes")
+    co.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1),
+                    help="unused (kept for old scripts): one env batch steps every expert in lockstep")
     co.add_argument("--seed", type=int, default=0, help="seed block (demo seeds never overlap eval seeds)")
     co.add_argument("--keep-failed", action="store_true", help="also write failed expert episodes, flagged")
     co.add_argument("--overwrite", action="store_true", help="replace an existing --out folder")

@@ -330,12 +330,13 @@ def load_config(recipe: str | None, overrides: list[str] | None = None) -> DictC
         except ValueError as exc:
             raise ConfigError(f"bad value in {section}: {_first_line(exc)}") from None
     _check_policy(cfg)
-    from rlfleet.envs.registry import require_env_extra
+    from rlfleet.envs.registry import check_env_name, require_env_extra
     from rlfleet.telemetry.trackers import check_backends, logger_backends
 
     try:
         check_backends(logger_backends(cfg.runner.logger))  # a tracker that is not installed: fail before the run
         require_env_extra(cfg.env.name)  # a simulator whose extra is not installed: the same
+        check_env_name(cfg.env.name)  # a name no process could resolve: one line, before anything starts
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     if cfg.cluster.component_placement:
@@ -403,28 +404,31 @@ def _merge(cfg: DictConfig, layer: DictConfig, source: str) -> DictConfig:
 
 def _check_policy(cfg: DictConfig) -> None:
     """The free-form `policy` section against the chosen policy's own settings."""
-    from rlfleet.policies.registry import POLICIES, check_policy_config
+    from rlfleet.policies.registry import check_policy_config, policy_classes
 
     settings = as_dict(cfg.policy)
+    name = settings.get("name", "gaussian_mlp")
+    try:
+        cfg_cls = policy_classes(name)[1]
+    except ValueError as exc:  # an unknown name, or a plugin that is not a policy class
+        raise ConfigError(f"policy.name: {_first_line(exc)}") from None
+    fields = [f.name for f in dataclasses.fields(cfg_cls)]
     try:
         check_policy_config(settings)
-        name = settings.get("name", "gaussian_mlp")
-        raw = {k: v for k, v in settings.items() if k != "model_path"}
-        OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(POLICIES[name][1]), raw))  # its __post_init__
+        raw = {k: v for k, v in settings.items() if k != "model_path" and (k != "name" or "name" in fields)}
+        OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(cfg_cls), raw))  # its __post_init__
     except OmegaConfBaseException as exc:
-        name = settings.get("name", "gaussian_mlp")
         key = f"policy.{getattr(exc, 'full_key', '')}"
-        fields = [f.name for f in dataclasses.fields(POLICIES[name][1])] + ["model_path"]
         if isinstance(exc, KeyError):
-            near = difflib.get_close_matches(key.split(".", 1)[1], fields, n=3, cutoff=0.5)
+            near = difflib.get_close_matches(key.split(".", 1)[1], fields + ["model_path"], n=3, cutoff=0.5)
             hint = f"; did you mean {' or '.join('policy.' + n for n in near)}?" if near else ""
             raise ConfigError(f"unknown config key {key} for policy {name}{hint}\n"
-                              f"  keys of {name}: {', '.join(fields)}") from None
-        field_type = {f.name: f.type for f in dataclasses.fields(POLICIES[name][1])}.get(key.split(".")[1], "?")
+                              f"  keys of {name}: {', '.join(fields + ['model_path'])}") from None
+        field_type = {f.name: f.type for f in dataclasses.fields(cfg_cls)}.get(key.split(".")[1], "?")
         value = settings.get(key.split(".")[1])
         raise ConfigError(f"bad value for {key} (policy {name}): expected {field_type}, got {value!r}") from None
     except ValueError as exc:  # the policy's own checks (its settings dataclass's __post_init__)
-        raise ConfigError(f"bad value in policy ({settings.get('name', 'gaussian_mlp')}): {_first_line(exc)}") from None
+        raise ConfigError(f"bad value in policy ({name}): {_first_line(exc)}") from None
 
 
 def resolve_placement(cfg: DictConfig):
@@ -459,7 +463,7 @@ def eval_seed_range(cfg: DictConfig, num_tasks: int) -> range:
 
     Held out by construction: demo seeds start at DEMO_SEED_BASE, above this range (checked here),
     and training envs never reset with an integer seed but draw episodes from their own streams
-    (MetaWorld: `rlfleet.envs.metaworld.env.TRAIN_STREAM`), so no training run replays them."""
+    (`rlfleet.envs.core.TRAIN_STREAM`), so no training run replays them."""
     from rlfleet.data.demos import DEMO_SEED_BASE
 
     episodes = max(cfg.eval.episodes_per_task, cfg.eval.periodic_episodes_per_task)

@@ -1,9 +1,11 @@
-"""The evaluation report: per-task success grouped the way MetaWorld results are published.
+"""The evaluation report: per-task success, averaged over the task groups the env declares.
 
-Why: a bare per-task list (50 rows for MT50) is hard to compare with papers. VLA papers on
-MetaWorld (TinyVLA, SmolVLA, RLinf) report success averaged over the easy / medium / hard /
-very-hard split of Seo et al. (2022), and meta-RL work over ML45's 5 held-out tasks. This module
-turns `evaluate_policy`'s `{task: success}` into that summary (JSON + Markdown + a rich table) and
+Why: a bare per-task list (50 rows for MT50) is hard to compare with papers, which average over
+groups of tasks: VLA papers on MetaWorld (TinyVLA, SmolVLA, RLinf) over the easy / medium / hard
+/ very-hard split of Seo et al. (2022), meta-RL work over ML45's 5 held-out tasks. Which groups
+exist is the env's to say (`ChunkedEnv.task_groups()`, read through
+`rlfleet.envs.registry.task_groups(name)`): this module knows no simulator. It turns
+`evaluate_policy`'s `{task: success}` into that summary (JSON + Markdown + a rich table) and
 prints before/after comparisons for fine-tuning runs.
 
 All success values are fractions in [0, 1]; means are unweighted over tasks (each task counts
@@ -16,29 +18,15 @@ import json
 import math
 import numbers
 import os
-import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from rich.table import Table
 
-try:  # MetaWorld's difficulty split and ML45 tasks; the core install (no [metaworld] extra) has neither
-    from rlfleet.envs.metaworld.env import DIFFICULTY
+Groups = Mapping[str, Sequence[str]]
+"""Group title -> its tasks, in report order (a task may be in several groups)."""
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        import metaworld.env_dict as _env_dict
-
-    # ML45: meta-train on 45 tasks, meta-test on 5 held-out ones (taken from the installed package).
-    ML45_TEST_TASKS: list[str] = list(_env_dict.ML45_V3["test"])
-    ML45_TRAIN_TASKS: list[str] = list(_env_dict.ML45_V3["train"])
-except ImportError:
-    DIFFICULTY, ML45_TEST_TASKS, ML45_TRAIN_TASKS = {}, [], []
-
-LEVELS: tuple[str, ...] = ("easy", "medium", "hard", "very_hard")
-LEVEL_TITLES: dict[str, str] = {"easy": "Easy", "medium": "Medium", "hard": "Hard", "very_hard": "Very Hard"}
-SUMMARY_COLUMNS: tuple[str, ...] = ("Easy", "Medium", "Hard", "Very Hard", "ML45 held-out", "Avg.")
 _MISSING = "-"
 
 
@@ -53,32 +41,34 @@ def _group(values: list[float]) -> dict[str, Any] | None:
     return {"success": sum(values) / len(values), "tasks": len(values)} if values else None
 
 
-def success_table(success: Mapping[str, float], episodes: Mapping[str, int] | None = None) -> dict[str, Any]:
-    """Group per-task success (fractions) into the difficulty split, ML45 held-out and overall mean.
+def _first_group(task: str, groups: Groups) -> str | None:
+    return next((title for title, tasks in groups.items() if task in tasks), None)
 
-    Returns a JSON-serialisable dict:
-    `levels`: {easy|medium|hard|very_hard: {"success", "tasks"} or None when no task of it ran},
-    `ml45_test`: {"success", "tasks"} or None, `mean`: float or None, `num_tasks`: int,
-    `tasks`: [{"task", "difficulty" (None if unknown), "success", "episodes" (None if unknown),
-    "ml45_test"}] in the order of `success`.
+
+def success_table(success: Mapping[str, float], episodes: Mapping[str, int] | None = None,
+                  groups: Groups | None = None) -> dict[str, Any]:
+    """Per-task success (fractions) with the mean of every group and overall.
+
+    Returns a JSON-serialisable dict: `groups`: {title: {"success", "tasks"} or None when no task
+    of it ran} in `groups` order, `mean`: float or None, `num_tasks`: int, `tasks`: [{"task",
+    "group" (the first group holding it, None if none), "success", "episodes" (None if unknown)}]
+    in the order of `success`.
     """
     _check(success)
     episodes = episodes or {}
+    groups = groups or {}
     rows = [
         {
             "task": task,
-            "difficulty": DIFFICULTY.get(task),
+            "group": _first_group(task, groups),
             "success": float(value),
             "episodes": int(episodes[task]) if task in episodes else None,
-            "ml45_test": task in ML45_TEST_TASKS,
         }
         for task, value in success.items()
     ]
-    levels = {level: _group([r["success"] for r in rows if r["difficulty"] == level]) for level in LEVELS}
     overall = _group([r["success"] for r in rows])
     return {
-        "levels": levels,
-        "ml45_test": _group([r["success"] for r in rows if r["ml45_test"]]),
+        "groups": {title: _group([r["success"] for r in rows if r["task"] in tasks]) for title, tasks in groups.items()},
         "mean": overall["success"] if overall else None,
         "num_tasks": len(rows),
         "tasks": rows,
@@ -90,8 +80,8 @@ def _pct(value: float | None) -> str:
 
 
 def _summary_cells(table: Mapping[str, Any]) -> tuple[list[str], list[str]]:
-    """Success % and task count for each summary column, in `SUMMARY_COLUMNS` order."""
-    groups = [table["levels"].get(level) for level in LEVELS] + [table.get("ml45_test")]
+    """Success % and task count for each group column, then the overall mean."""
+    groups = list(table["groups"].values())
     success = [_pct(g["success"]) if g else _MISSING for g in groups] + [_pct(table.get("mean"))]
     counts = [str(g["tasks"]) if g else "0" for g in groups] + [str(table.get("num_tasks", 0))]
     return success, counts
@@ -109,25 +99,18 @@ def to_markdown(table: Mapping[str, Any], title: str) -> str:
         "",
         "Success rate (%) of the deterministic policy; split means are unweighted over the tasks evaluated.",
         "",
-        _md_row(["Split", *SUMMARY_COLUMNS]),
-        _md_row(["---"] + ["---:"] * len(SUMMARY_COLUMNS)),
+        _md_row(["Split", *table["groups"], "Avg."]),
+        _md_row(["---"] + ["---:"] * (len(table["groups"]) + 1)),
         _md_row(["Success (%)", *success]),
         _md_row(["Tasks", *counts]),
         "",
-        _md_row(["Task", "Difficulty", "Success (%)", "Episodes"]),
+        _md_row(["Task", "Group", "Success (%)", "Episodes"]),
         _md_row(["---", "---", "---:", "---:"]),
     ]
     for row in table["tasks"]:
-        level = LEVEL_TITLES.get(row["difficulty"], _MISSING)
         eps = _MISSING if row["episodes"] is None else str(row["episodes"])
-        lines.append(_md_row([row["task"], level, _pct(row["success"]), eps]))
-    held_out = [r["task"] for r in table["tasks"] if r["ml45_test"]]
-    lines += [
-        "",
-        f"ML45 held-out tasks: {', '.join(ML45_TEST_TASKS)} ({len(held_out)} of {len(ML45_TEST_TASKS)} evaluated).",
-        "Difficulty split: Seo et al. (2022), as used by TinyVLA, SmolVLA and RLinf.",
-        "",
-    ]
+        lines.append(_md_row([row["task"], row["group"] or _MISSING, _pct(row["success"]), eps]))
+    lines.append("")
     return "\n".join(lines)
 
 
@@ -164,17 +147,14 @@ def rich_table(table: Mapping[str, Any], title: str = "evaluation (success_once,
     """Terminal view of a `success_table`: one row per task, then the split summary rows."""
     out = Table(title=title)
     out.add_column("task")
-    out.add_column("difficulty")
+    out.add_column("group")
     out.add_column("success %", justify="right")
     out.add_column("episodes", justify="right")
     for row in table["tasks"]:
         eps = _MISSING if row["episodes"] is None else str(row["episodes"])
-        out.add_row(row["task"], LEVEL_TITLES.get(row["difficulty"], _MISSING),
-                    _colour(row["success"], _pct(row["success"])), eps)
+        out.add_row(row["task"], row["group"] or _MISSING, _colour(row["success"], _pct(row["success"])), eps)
     out.add_section()
-    groups = [(LEVEL_TITLES[level], table["levels"].get(level)) for level in LEVELS]
-    groups.append(("ML45 held-out", table.get("ml45_test")))
-    for label, group in groups:
+    for label, group in table["groups"].items():
         if group:
             out.add_row(f"[bold]{label}[/bold]", "", _colour(group["success"], _pct(group["success"])),
                         f"{group['tasks']} tasks")
@@ -186,7 +166,7 @@ def rich_table(table: Mapping[str, Any], title: str = "evaluation (success_once,
 # --- before / after --------------------------------------------------------------------------
 
 
-def compare(before: Mapping[str, float], after: Mapping[str, float]) -> dict[str, Any]:
+def compare(before: Mapping[str, float], after: Mapping[str, float], groups: Groups | None = None) -> dict[str, Any]:
     """Per-task before/after success and delta, plus means over the tasks present in both.
 
     Rows follow `before`'s order, then tasks only in `after`; a task missing on one side has
@@ -200,7 +180,7 @@ def compare(before: Mapping[str, float], after: Mapping[str, float]) -> dict[str
         b = float(before[task]) if task in before else None
         a = float(after[task]) if task in after else None
         delta = None if a is None or b is None else a - b
-        rows.append({"task": task, "difficulty": DIFFICULTY.get(task), "before": b, "after": a, "delta": delta})
+        rows.append({"task": task, "group": _first_group(task, groups or {}), "before": b, "after": a, "delta": delta})
     common = [r for r in rows if r["delta"] is not None]
     mean_b = sum(r["before"] for r in common) / len(common) if common else None
     mean_a = sum(r["after"] for r in common) / len(common) if common else None
@@ -212,17 +192,18 @@ def _delta(value: float | None) -> str:
     return _MISSING if value is None else f"{100.0 * value:+.1f}"
 
 
-def compare_markdown(before: Mapping[str, float], after: Mapping[str, float], title: str) -> str:
+def compare_markdown(before: Mapping[str, float], after: Mapping[str, float], title: str,
+                     groups: Groups | None = None) -> str:
     """Markdown before/after table (success %, delta in percentage points), ending with the mean row."""
-    cmp = compare(before, after)
+    cmp = compare(before, after, groups)
     lines = [
         f"# {title}",
         "",
-        _md_row(["Task", "Difficulty", "Before (%)", "After (%)", "Delta (pp)"]),
+        _md_row(["Task", "Group", "Before (%)", "After (%)", "Delta (pp)"]),
         _md_row(["---", "---", "---:", "---:", "---:"]),
     ]
     for r in cmp["tasks"]:
-        lines.append(_md_row([r["task"], LEVEL_TITLES.get(r["difficulty"], _MISSING),
+        lines.append(_md_row([r["task"], r["group"] or _MISSING,
                               _pct(r["before"]), _pct(r["after"]), _delta(r["delta"])]))
     m = cmp["mean"]
     mean_cells = [_pct(m["before"]), _pct(m["after"]), _delta(m["delta"])]

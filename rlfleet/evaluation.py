@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from rlfleet.envs.api import ChunkedEnv, EnvConfig
-from rlfleet.envs.registry import make_env
+from rlfleet.envs.registry import env_factory, make_env
 
 
 # A rendering env holds a ~60 MB offscreen context: evaluate in rounds of at most this many envs.
@@ -113,11 +113,10 @@ def obs_tensors(obs: dict, keys: tuple[str, ...]) -> dict[str, torch.Tensor]:
 
 def task_list(env_cfg: EnvConfig) -> list[str]:
     """The distinct tasks of a config, in order (envs are spread over them round-robin)."""
-    if env_cfg.name == "metaworld":
-        from rlfleet.envs.metaworld.env import resolve_tasks
-
-        return resolve_tasks(env_cfg.task)
-    probe = make_env(dataclasses.replace(env_cfg, image_size=0), 1)  # other envs (remote://...) say themselves
+    tasks = getattr(env_factory(env_cfg.name), "config_tasks", lambda cfg: None)(env_cfg)
+    if tasks is not None:
+        return list(tasks)
+    probe = make_env(dataclasses.replace(env_cfg, image_size=0), 1)  # other envs say themselves (no renderer)
     try:
         return probe.task_list
     finally:

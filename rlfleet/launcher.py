@@ -129,7 +129,10 @@ def evaluate_only(cfg: DictConfig, run_dir: Path) -> dict:
         raise ValueError("runner.only_eval needs policy.model_path (or demos.bootstrap: true)")
     success = evaluate_start(cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
-    write_report(success_table(success), run_dir, name="eval", title=f"Evaluation of {cfg.policy.model_path}")
+    from rlfleet.envs.registry import task_groups
+
+    write_report(success_table(success, groups=task_groups(cfg.env.name)), run_dir, name="eval",
+                 title=f"Evaluation of {cfg.policy.model_path}")
     summary = {"eval_success": success, "eval_success_mean": sum(success.values()) / len(success)}
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary

@@ -49,7 +49,6 @@ def sft_folder(cfg: DictConfig) -> Path:
 
 def ensure_sft_checkpoint(cfg: DictConfig, progress: bool = True) -> Path:
     """Collect demos and run SFT unless cached; returns the checkpoint folder."""
-    from rlfleet.data.demos import collect_demos
     from rlfleet.data.env_demos import collect_env_demos
     from rlfleet.config import SFTConfig
     from rlfleet.data.sft import run_sft
@@ -62,15 +61,7 @@ def ensure_sft_checkpoint(cfg: DictConfig, progress: bool = True) -> Path:
         if cfg.demos.path:
             raise FileNotFoundError(f"demos.path {demos} holds no demo dataset (index.json)")
         log.info("collecting %d expert demos per task into %s", cfg.demos.episodes_per_task, demos)
-        if cfg.env.name != "metaworld":  # envs with built-in experts (robotwin, calvin)
-            collect_env_demos(demos, EnvConfig(**as_dict(cfg.env)), cfg.demos.episodes_per_task,
-                              seed=cfg.demos.seed, progress=progress)
-        else:
-            from rlfleet.envs.metaworld.env import resolve_tasks
-
-            collect_demos(demos, resolve_tasks(cfg.env.task), cfg.demos.episodes_per_task,
-                          image_size=cfg.env.image_size, camera=cfg.env.camera,
-                          max_episode_steps=cfg.env.max_episode_steps, num_workers=cfg.demos.num_workers,
+        collect_env_demos(demos, EnvConfig(**as_dict(cfg.env)), cfg.demos.episodes_per_task,
                           seed=cfg.demos.seed, progress=progress)
     log.info("behaviour cloning %s on %s -> %s", cfg.policy.get("name"), demos, ckpt)
     sft_cfg = SFTConfig(**as_dict(cfg.sft))

@@ -73,17 +73,14 @@ class RolloutBatch:
     episode_tasks: list[str]
 
 
-EXPERT_ENVS = ("metaworld", "robotwin", "calvin")  # envs with expert_chunk_step
-
-
 def collect_rollouts(env: Any, policy: torch.nn.Module, cfg: DAggerConfig, beta: float,
                      rng: np.random.Generator, seeds: np.ndarray) -> RolloutBatch:
     """Roll out the beta-mixture (or the gated student) for `cfg.episodes_per_env` episodes per env.
 
-    `env` must have scripted experts (`expert_chunk_step`: MetaWorld, RoboTwin, CALVIN envs). Episodes of all envs start
+    `env` must declare scripted experts (`has_expert`: MetaWorld, RoboTwin, CALVIN envs). Episodes of all envs start
     together from `seeds` and never end early, so each env runs exactly T/K chunk steps each.
     """
-    if not hasattr(env, "expert_chunk_step"):
+    if not env.has_expert:
         raise ValueError(f"{type(env).__name__} has no scripted expert (expert_chunk_step) for DAgger")
     B, K = env.spec.num_envs, env.spec.chunk_size
     steps = cfg.episodes_per_env * chunks_per_episode(env.spec.max_episode_steps, K)
@@ -211,7 +208,7 @@ def _evaluate(policy: torch.nn.Module, env_cfg: EnvConfig, episodes: int, seed: 
 def run_dagger(cfg: DictConfig, progress: bool = True) -> dict[str, Any]:
     """Run DAgger / HG-DAgger as configured in `cfg.dagger`; returns (and writes) the run summary."""
     from rlfleet.eval_report import compare_markdown
-    from rlfleet.envs.registry import make_env
+    from rlfleet.envs.registry import make_env, task_groups
     from rlfleet.learner.checkpointer import Checkpointer, TrainerCounters, run_info
     from rlfleet.learner.metrics import MetricsWriter
     from rlfleet.learner.run import archive_previous_run, fill_model_dims
@@ -219,9 +216,10 @@ def run_dagger(cfg: DictConfig, progress: bool = True) -> dict[str, Any]:
     from rlfleet.telemetry.trackers import log_eval
 
     dcfg: DAggerConfig = OmegaConf.to_object(cfg.dagger)
-    if cfg.env.name not in EXPERT_ENVS:
-        raise ValueError(f"DAgger needs an env with scripted experts ({', '.join(EXPERT_ENVS)}); "
-                         f"env.name is {cfg.env.name!r}")
+    env = make_env(EnvConfig(**as_dict(cfg.env)), dcfg.num_envs)
+    if not env.has_expert:
+        env.close()
+        raise ValueError(f"DAgger needs an env with scripted experts; env {cfg.env.name!r} declares none")
     run_dir = Path(cfg.runner.logger.log_path)
     run_dir.mkdir(parents=True, exist_ok=True)
     if not cfg.runner.resume:
@@ -266,7 +264,6 @@ def run_dagger(cfg: DictConfig, progress: bool = True) -> dict[str, Any]:
             print("evaluating the starting policy ...", flush=True)
         before = _evaluate(policy, eval_env, cfg.eval.episodes_per_task, cfg.eval.seed)
 
-    env = make_env(EnvConfig(**as_dict(cfg.env)), dcfg.num_envs)
     writer = MetricsWriter.for_run(cfg, run_dir)
     unnorm_key = cfg.policy.get("unnorm_key", "metaworld")
     history: list[dict[str, float]] = []
@@ -390,5 +387,6 @@ def run_dagger(cfg: DictConfig, progress: bool = True) -> dict[str, Any]:
     if before is not None and "eval_success" in summary:
         title = (f"{cfg.runner.experiment_name}: success before / after {summary['method']} "
                  f"({summary['train_seconds']} s of training)")  # the same title `rlfleet train` writes
-        (run_dir / "before_after.md").write_text(compare_markdown(before, summary["eval_success"], title))
+        (run_dir / "before_after.md").write_text(compare_markdown(before, summary["eval_success"], title,
+                                                                  task_groups(cfg.env.name)))
     return summary

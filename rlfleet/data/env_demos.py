@@ -1,8 +1,7 @@
-"""Scripted-expert demos from any env that has `expert_actions()` (RoboTwin-style, CALVIN-style).
+"""Scripted-expert demos from any env that declares experts (`has_expert`: MetaWorld, RoboTwin, CALVIN).
 
-MetaWorld keeps its own collector (`rlfleet.data.demos.collect_demos`: its experts are separate
-objects run in a process pool). The envs built here carry their experts inside the env batch, so
-one batch of envs steps in lockstep, every env driven by its own expert, and writes the same
+The one demo collector of the CLI and the SFT bootstrap. Envs carry their experts inside the env
+batch, so one batch of envs steps in lockstep, every env driven by its own expert, and writes the same
 ``rlfleet-demos/1`` dataset (docs/datasets.md) that `rlfleet sft` reads, plus one more key:
 
     step_instructions [L,128] uint8: the instruction each action was chosen under (a CALVIN chain
@@ -104,7 +103,7 @@ def collect_env_demos(out: Path, env_cfg: EnvConfig, episodes_per_task: int, env
         env.close()
         num_envs = len(tasks) * envs_per_task
         env = make_env(cfg, num_envs)
-        if not hasattr(env, "expert_actions"):
+        if not env.has_expert:
             env.close()
             raise ValueError(f"env {cfg.name!r} has no scripted experts (expert_actions) to collect demos with")
         entries, attempts = _collect_rounds(env, tmp, tasks, episodes_per_task, seed, keep_failed, progress)

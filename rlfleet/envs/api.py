@@ -43,6 +43,8 @@ class EnvConfig:
     # Envs in the whole fleet (actors set it to num_actors x num_envs; 0: this batch alone). Envs that
     # walk a seed list (RoboTwin) stride by it, so workers and actors never replay each other's seeds.
     fleet_envs: int = 0
+    # gymnasium envs (`gym:<id>`): the info key that says the task is solved ("": "is_success" or "success")
+    success_key: str = ""
 
 
 INSTRUCTION_BYTES = 128  # fixed width of the `instructions` observation (UTF-8, zero padded)
@@ -145,6 +147,27 @@ class ChunkedEnv(abc.ABC):
     # of the config's tasks (a slice of a MetaWorld task set, a remote env's whole list).
     _spec: EnvSpec
     _task_list: list[str] | None = None
+
+    # Declared capabilities (generic modules read these, never a simulator's name):
+    # an episode is a chain of CHAIN_LENGTH instructions whose return counts those done in a row
+    # (CALVIN's metrics); 0 for an ordinary env.
+    CHAIN_LENGTH: int = 0
+
+    @staticmethod
+    def task_groups() -> dict[str, list[str]]:
+        """Named groups of tasks an evaluation report averages over (MetaWorld: difficulty levels
+        and ML45 held-out); none by default."""
+        return {}
+
+    @classmethod
+    def config_tasks(cls, cfg: "EnvConfig") -> list[str] | None:
+        """The task list a config gives without building an env, when the env can say (None: build one to ask)."""
+        return None
+
+    @property
+    def has_expert(self) -> bool:
+        """Whether `expert_actions()` and `expert_chunk_step()` work (scripted demos, DAgger)."""
+        return False
 
     @property
     def spec(self) -> EnvSpec:

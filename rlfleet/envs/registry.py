@@ -1,23 +1,39 @@
 """Name -> factory lookup for simulators, so configs pick a simulator by `EnvConfig.name`.
 
-Factories are registered as callables and the simulator ones import their modules lazily: importing
-`rlfleet.envs` stays cheap (no mujoco/metaworld/pybullet import) for processes that never step an env,
-such as the learner.
+`EnvConfig.name` may be a built-in name (`metaworld`, `robotwin`, `calvin`), a scheme
+(`remote://HOST:PORT`, `gym:<gymnasium id>`), a `package.module:factory` path, or a name an
+installed package publishes in the `rlfleet.envs` entry-point group (see docs/simulators.md).
+Names resolve from the string alone (`rlfleet.plugins`), so every process of a run finds the same
+env. Built-ins are import paths resolved lazily: importing `rlfleet.envs` stays cheap (no
+mujoco/metaworld/pybullet import) for processes that never step an env.
+
+A factory is any callable (cfg, num_envs, env_offset) -> ChunkedEnv, usually the env class.
+Capabilities are declared on it: `CHAIN_LENGTH` > 0 marks a chained-instruction env (CALVIN
+metrics), `task_groups()` the groups an evaluation report averages over.
 """
 
 import importlib.util
 from collections.abc import Callable
+from typing import Any
 
 from rlfleet.envs.api import ChunkedEnv, EnvConfig
+from rlfleet.plugins import resolve
 
 EnvFactory = Callable[[EnvConfig, int, int], ChunkedEnv]
 """(cfg, num_envs, env_offset) -> ChunkedEnv."""
 
+ENTRY_POINT_GROUP = "rlfleet.envs"
+_BUILTIN: dict[str, str] = {
+    "metaworld": "rlfleet.envs.metaworld.env:MetaWorldEnv",
+    "calvin": "rlfleet.envs.calvin.env:CalvinEnv",  # pybullet playtable, chains of 5 subtasks
+    "robotwin": "rlfleet.envs.robotwin.env:RoboTwinEnv",
+    "bench": "rlfleet.envs.bench_env:BenchEnv",  # zero-cost steps: the fleet's own overhead
+}
 _REGISTRY: dict[str, EnvFactory] = {}
-# Envs whose episode is a chain of instructions scored by how many succeed in a row (CALVIN):
-# name -> chain length, for the avg_num_subtasks / success_len_k metrics (rlfleet.chain_metrics)
+# In-process registrations' chain lengths (built-ins and plugins declare CHAIN_LENGTH instead)
 _CHAIN_LENGTHS: dict[str, int] = {}
 _SCHEMES: dict[str, EnvFactory] = {}  # "remote" serves every name "remote://..."
+_PREFIXES: dict[str, EnvFactory] = {}  # "gym" serves every name "gym:..."
 
 
 # Simulators are extras of the rlfleet package: env name -> (extra, modules it provides)
@@ -42,7 +58,9 @@ def require_env_extra(name: str) -> None:
 
 
 def register_env(name: str, factory: EnvFactory, chain_length: int = 0) -> None:
-    """Make `factory` available as `EnvConfig.name == name`; re-registering a name replaces it.
+    """Make `factory` available as `EnvConfig.name == name` in this process (tests, notebooks);
+    re-registering a name replaces it. Roles started as other processes do not see it: publish
+    a plugin through an entry point or name it `package.module:factory` instead.
 
     `chain_length` > 0 says an episode is a chain of that many subtasks whose sparse return is
     the number completed in a row (CALVIN's metrics then apply).
@@ -55,15 +73,53 @@ def register_env(name: str, factory: EnvFactory, chain_length: int = 0) -> None:
     _CHAIN_LENGTHS[name] = chain_length
 
 
+def env_factory(name: str) -> Any:
+    """The factory `make_env` would call for env name `name` (one-line ValueError when unknown)."""
+    if "://" in name and name.split("://", 1)[0] in _SCHEMES:
+        return _SCHEMES[name.split("://", 1)[0]]
+    prefix = name.split(":", 1)[0]
+    if ":" in name and prefix in _PREFIXES:
+        return _PREFIXES[prefix]
+    forms = [f"{s}://..." for s in sorted(_SCHEMES)] + [f"{p}:<id>" for p in sorted(_PREFIXES)]
+    return resolve(name, "env", ENTRY_POINT_GROUP, {**_BUILTIN, **_REGISTRY}, forms)
+
+
+def check_env_name(name: str) -> None:
+    """A one-line ValueError for a name no process could resolve, without importing a built-in
+    simulator (config loading stays fast); plugin paths are imported to check them."""
+    if name in _BUILTIN or name in _REGISTRY or ("://" in name and name.split("://", 1)[0] in _SCHEMES):
+        return
+    if ":" in name and name.split(":", 1)[0] in _PREFIXES:
+        return
+    env_factory(name)
+
+
 def chain_length(name: str) -> int:
-    """Subtasks per episode of a chained-instruction env (0: an ordinary env)."""
-    return _CHAIN_LENGTHS.get(name, 0)
+    """Subtasks per episode of a chained-instruction env (0: an ordinary env, or an unknown name)."""
+    if name in _CHAIN_LENGTHS:
+        return _CHAIN_LENGTHS[name]
+    try:
+        factory = env_factory(name)
+    except ValueError:
+        return 0
+    return int(getattr(factory, "CHAIN_LENGTH", 0) or 0)
 
 
 def scored_chain_length(name: str, reward_type: str) -> int:
     """`chain_length` where the episode return counts the subtasks done (sparse or dense reward),
     which the chain metrics are computed from; 0 otherwise (e.g. `success_once`)."""
     return chain_length(name) if reward_type in ("success", "dense") else 0
+
+
+def task_groups(name: str) -> dict[str, list[str]]:
+    """Groups of tasks an env declares for evaluation reports (MetaWorld: difficulty levels and
+    ML45 held-out); {} when it declares none."""
+    try:
+        factory = env_factory(name)
+    except ValueError:
+        return {}
+    groups = getattr(factory, "task_groups", None)
+    return dict(groups()) if callable(groups) else {}
 
 
 def register_env_scheme(scheme: str, factory: EnvFactory) -> None:
@@ -74,8 +130,9 @@ def register_env_scheme(scheme: str, factory: EnvFactory) -> None:
 
 
 def registered_envs() -> list[str]:
-    """Names `make_env` accepts (schemes as `scheme://...`)."""
-    return sorted(_REGISTRY) + sorted(f"{s}://..." for s in _SCHEMES)
+    """Names `make_env` accepts (schemes as `scheme://...`; plugins as well, see `rlfleet.plugins`)."""
+    return (sorted({*_BUILTIN, *_REGISTRY}) + sorted(f"{s}://..." for s in _SCHEMES)
+            + sorted(f"{p}:..." for p in _PREFIXES))
 
 
 def make_env(cfg: EnvConfig, num_envs: int, env_offset: int = 0) -> ChunkedEnv:
@@ -84,35 +141,13 @@ def make_env(cfg: EnvConfig, num_envs: int, env_offset: int = 0) -> ChunkedEnv:
     The offset lets several worker processes each hold a slice of one big env batch while still
     getting distinct tasks and seeds.
     """
-    factory = _REGISTRY.get(cfg.name)
-    if factory is None and "://" in cfg.name:
-        factory = _SCHEMES.get(cfg.name.split("://", 1)[0])
-    if factory is None:
-        raise ValueError(f"unknown env name {cfg.name!r}; registered: {', '.join(registered_envs())}")
     require_env_extra(cfg.name)
+    factory = env_factory(cfg.name)
     if num_envs < 1:
         raise ValueError(f"num_envs must be >= 1, got {num_envs}")
     if env_offset < 0:
         raise ValueError(f"env_offset must be >= 0, got {env_offset}")
     return factory(cfg, num_envs, env_offset)
-
-
-def _make_metaworld(cfg: EnvConfig, num_envs: int, env_offset: int) -> ChunkedEnv:
-    from rlfleet.envs.metaworld.env import MetaWorldEnv
-
-    return MetaWorldEnv(cfg, num_envs, env_offset=env_offset)
-
-
-def _make_robotwin(cfg: EnvConfig, num_envs: int, env_offset: int) -> ChunkedEnv:
-    from rlfleet.envs.robotwin.env import RoboTwinEnv
-
-    return RoboTwinEnv(cfg, num_envs, env_offset=env_offset, num_total_envs=cfg.fleet_envs or None)
-
-
-def _make_calvin(cfg: EnvConfig, num_envs: int, env_offset: int) -> ChunkedEnv:
-    from rlfleet.envs.calvin.env import CalvinEnv
-
-    return CalvinEnv(cfg, num_envs, env_offset=env_offset)
 
 
 def _make_remote(cfg: EnvConfig, num_envs: int, env_offset: int) -> ChunkedEnv:
@@ -121,7 +156,11 @@ def _make_remote(cfg: EnvConfig, num_envs: int, env_offset: int) -> ChunkedEnv:
     return RemoteEnv(cfg, num_envs, env_offset=env_offset)
 
 
-register_env("metaworld", _make_metaworld)
-register_env("calvin", _make_calvin, chain_length=5)  # pybullet playtable, chains of 5 subtasks
-register_env("robotwin", _make_robotwin)
+def _make_gym(cfg: EnvConfig, num_envs: int, env_offset: int) -> ChunkedEnv:
+    from rlfleet.envs.gymnasium_env import GymEnv
+
+    return GymEnv(cfg, num_envs, env_offset=env_offset)
+
+
 register_env_scheme("remote", _make_remote)  # any simulator behind EnvService: remote://HOST:PORT
+_PREFIXES["gym"] = _make_gym  # any gymnasium env with Box actions: gym:<id> or gym:package.module:Id

@@ -1,4 +1,10 @@
-"""Build a policy from its config and the env's dimensions (the one place that knows names)."""
+"""Build a policy from its config and the env's dimensions.
+
+`policy.name` is a built-in name, a `package.module:Class` path, or a name an installed package
+publishes in the `rlfleet.policies` entry-point group (resolved from the name in every process,
+see `rlfleet.plugins`). A policy class takes (state_dim, action_dim, chunk_size, config[,
+image_size]) and names its settings dataclass in `config_class` (built-ins pair it below).
+"""
 from __future__ import annotations
 
 import dataclasses
@@ -9,15 +15,36 @@ from typing import Any
 from omegaconf import OmegaConf
 from torch import nn
 
-from rlfleet.policies.gaussian_mlp import GaussianMLPPolicy, PolicyConfig
-from rlfleet.policies.vla import TinyOFTPolicy, TinyPi05Policy, TinyPi0Policy, VLAConfig
+from rlfleet.plugins import resolve
 
-POLICIES = {
-    "gaussian_mlp": (GaussianMLPPolicy, PolicyConfig),
-    "tiny_oft": (TinyOFTPolicy, VLAConfig),
-    "tiny_pi0": (TinyPi0Policy, VLAConfig),
-    "tiny_pi05": (TinyPi05Policy, VLAConfig),
+ENTRY_POINT_GROUP = "rlfleet.policies"
+# name -> (policy class, settings dataclass) as import paths, imported on first use
+_BUILTIN: dict[str, tuple[str, str]] = {
+    "gaussian_mlp": ("rlfleet.policies.gaussian_mlp:GaussianMLPPolicy", "rlfleet.policies.gaussian_mlp:PolicyConfig"),
+    "tiny_oft": ("rlfleet.policies.vla:TinyOFTPolicy", "rlfleet.policies.vla:VLAConfig"),
+    "tiny_pi0": ("rlfleet.policies.vla:TinyPi0Policy", "rlfleet.policies.vla:VLAConfig"),
+    "tiny_pi05": ("rlfleet.policies.vla:TinyPi05Policy", "rlfleet.policies.vla:VLAConfig"),
 }
+BUILTIN_POLICIES: tuple[str, ...] = tuple(_BUILTIN)
+
+
+def policy_classes(name: str) -> tuple[type, type]:
+    """(policy class, settings dataclass) of policy `name`; a one-line ValueError when unknown."""
+    if name in _BUILTIN:
+        from rlfleet.plugins import import_path
+
+        cls_path, cfg_path = _BUILTIN[name]
+        return import_path(cls_path, "policy"), import_path(cfg_path, "policy")
+    cls = resolve(name, "policy", ENTRY_POINT_GROUP, dict.fromkeys(_BUILTIN))
+    cfg_cls = getattr(cls, "config_class", None)
+    if not (isinstance(cls, type) and dataclasses.is_dataclass(cfg_cls)):
+        raise ValueError(f"policy {name!r} must be a class with a dataclass `config_class` attribute, got {cls!r}")
+    return cls, cfg_cls
+
+
+def _settings(cfg_cls: type, raw: dict[str, Any]) -> dict[str, Any]:
+    """`raw` without `name` when the settings dataclass has no such field (plugin policies)."""
+    return raw if "name" in cfg_cls.__dataclass_fields__ else {k: v for k, v in raw.items() if k != "name"}
 
 
 def make_policy(cfg: Mapping[str, Any] | Any, state_dim: int, action_dim: int, chunk_size: int,
@@ -26,9 +53,8 @@ def make_policy(cfg: Mapping[str, Any] | Any, state_dim: int, action_dim: int, c
     is_dc = dataclasses.is_dataclass(cfg) and not isinstance(cfg, type)
     raw = dict(vars(cfg)) if is_dc else OmegaConf.to_container(OmegaConf.create(cfg), resolve=True)
     name = raw.get("name", "gaussian_mlp")
-    if name not in POLICIES:
-        raise ValueError(f"unknown policy {name!r} (registered: {', '.join(sorted(POLICIES))})")
-    cls, cfg_cls = POLICIES[name]
+    cls, cfg_cls = policy_classes(name)
+    raw = _settings(cfg_cls, raw)
     known = set(cfg_cls.__dataclass_fields__)
     unknown = set(raw) - known
     if unknown:
@@ -42,6 +68,5 @@ def check_policy_config(cfg: Mapping[str, Any]) -> None:
     """Type-check a run's `policy` section against its policy's settings (before any process starts)."""
     raw = {k: v for k, v in dict(cfg).items() if k != "model_path"}
     name = raw.get("name", "gaussian_mlp")
-    if name not in POLICIES:
-        raise ValueError(f"unknown policy {name!r} (registered: {', '.join(sorted(POLICIES))})")
-    OmegaConf.merge(OmegaConf.structured(POLICIES[name][1]), raw)
+    cfg_cls = policy_classes(name)[1]
+    OmegaConf.merge(OmegaConf.structured(cfg_cls), _settings(cfg_cls, raw))

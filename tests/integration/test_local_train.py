@@ -41,7 +41,7 @@ def test_train_local_then_eval(tmp_path):
     assert ev.returncode == 0, ev.stderr[-3000:]
     result = json.loads(ev.stdout.strip().splitlines()[-1])
     assert [row["task"] for row in result["tasks"]] == ["reach-v3"]
-    assert result["levels"]["easy"]["tasks"] == 1  # reach is an easy task in the difficulty split
+    assert result["groups"]["Easy"]["tasks"] == 1  # reach is an easy task in MetaWorld's declared split
     assert (ckpt / "eval" / "eval.json").exists() and (ckpt / "eval" / "eval.md").exists()
 
 

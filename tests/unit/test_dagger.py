@@ -234,6 +234,8 @@ def test_chunk_step_is_unchanged_by_the_expert_path():
 class _FakeExpertEnv:
     """1-D stand-in for MetaWorldEnv: state x, expert action -x, an episode lasts `T` steps."""
 
+    has_expert = True  # the declared capability collect_rollouts checks
+
     def __init__(self, num_envs: int, K: int = 2, T: int = 4):
         self.spec = EnvSpec(state_dim=1, action_dim=D, chunk_size=K, num_envs=num_envs, max_episode_steps=T,
                             task_names=["a", "b"] * (num_envs // 2) + ["a"] * (num_envs % 2))

@@ -73,3 +73,15 @@ def test_calvin_chain_demo_switches_instructions(tmp_path):
     texts = list(dict.fromkeys(decode_instructions(ep.step_instructions)))
     assert len(texts) == 5 and ep.instruction_text == " | ".join(texts)  # one per subtask of the chain
     assert ep.rewards.sum() == 5 and ep.states.shape[1] == 39 and ep.actions.shape[1] == 7
+
+
+def test_metaworld_goes_through_the_same_collector(tmp_path):
+    """One collector for every simulator: MetaWorld's experts drive the env batch like the others."""
+    pytest.importorskip("metaworld")
+    cfg = EnvConfig(name="metaworld", task="reach-v3,drawer-close-v3", max_episode_steps=150, image_size=0)
+    summary = collect_env_demos(tmp_path / "mw", cfg, 1, progress=False)
+    assert {t: s["episodes"] for t, s in summary.items()} == {"reach-v3": 1, "drawer-close-v3": 1}
+    episodes = load_demos(tmp_path / "mw")
+    assert sorted(e.task for e in episodes) == ["drawer-close-v3", "reach-v3"]
+    for ep in episodes:
+        assert ep.states.shape[1] == 39 and ep.actions.shape[1] == 4 and ep.success and ep.step_success.any()

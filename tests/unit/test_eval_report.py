@@ -1,4 +1,4 @@
-"""eval_report: difficulty grouping, ML45 held-out split, Markdown/JSON output, before/after tables."""
+"""eval_report: groups the env declares (MetaWorld: difficulty, ML45 held-out), Markdown/JSON output, before/after."""
 
 import json
 
@@ -6,9 +6,8 @@ import pytest
 from rich.console import Console
 
 from rlfleet.envs.metaworld import DIFFICULTY, TASK_SETS
+from rlfleet.envs.registry import task_groups
 from rlfleet.eval_report import (
-    ML45_TEST_TASKS,
-    ML45_TRAIN_TASKS,
     compare,
     compare_markdown,
     compare_rich,
@@ -33,6 +32,10 @@ SUCCESS = {
 }
 
 
+GROUPS = task_groups("metaworld")  # declared by MetaWorldEnv; the report itself knows no simulator
+ML45_TEST_TASKS, ML45_TRAIN_TASKS = TASK_SETS["ML45_test"], TASK_SETS["ML45_train"]
+
+
 def render(table) -> str:
     console = Console(width=200, record=True, color_system=None)
     console.print(table)
@@ -49,22 +52,25 @@ def test_ml45_split_from_package() -> None:
 
 def test_difficulty_grouping() -> None:
     assert DIFFICULTY["door-lock-v3"] == "easy" and DIFFICULTY["hand-insert-v3"] == "hard"
-    t = success_table(SUCCESS, episodes={task: 10 for task in SUCCESS})
-    assert t["levels"]["easy"]["success"] == pytest.approx(1.75 / 3) and t["levels"]["easy"]["tasks"] == 3
-    assert t["levels"]["medium"]["success"] == pytest.approx(0.5) and t["levels"]["medium"]["tasks"] == 2
-    assert t["levels"]["hard"]["success"] == pytest.approx(0.3) and t["levels"]["hard"]["tasks"] == 2
-    assert t["levels"]["very_hard"] is None
-    assert t["ml45_test"] == {"success": pytest.approx(0.35), "tasks": 3}
+    assert list(GROUPS) == ["Easy", "Medium", "Hard", "Very Hard", "ML45 held-out"]
+    t = success_table(SUCCESS, episodes={task: 10 for task in SUCCESS}, groups=GROUPS)
+    g = t["groups"]
+    assert g["Easy"]["success"] == pytest.approx(1.75 / 3) and g["Easy"]["tasks"] == 3
+    assert g["Medium"]["success"] == pytest.approx(0.5) and g["Medium"]["tasks"] == 2
+    assert g["Hard"]["success"] == pytest.approx(0.3) and g["Hard"]["tasks"] == 2
+    assert g["Very Hard"] is None
+    assert g["ML45 held-out"] == {"success": pytest.approx(0.35), "tasks": 3}
     assert t["mean"] == pytest.approx(3.35 / 7) and t["num_tasks"] == 7
     assert [r["task"] for r in t["tasks"]] == list(SUCCESS)
     row = t["tasks"][4]
-    assert row == {"task": "bin-picking-v3", "difficulty": "medium", "success": 0.2, "episodes": 10, "ml45_test": True}
+    assert row == {"task": "bin-picking-v3", "group": "Medium", "success": 0.2, "episodes": 10}
 
 
 def test_unknown_task_and_bad_values() -> None:
-    t = success_table({"my-task": 0.5})
-    assert t["tasks"][0]["difficulty"] is None and t["tasks"][0]["episodes"] is None
-    assert all(v is None for v in t["levels"].values()) and t["ml45_test"] is None and t["mean"] == 0.5
+    t = success_table({"my-task": 0.5}, groups=GROUPS)
+    assert t["tasks"][0]["group"] is None and t["tasks"][0]["episodes"] is None
+    assert all(v is None for v in t["groups"].values()) and t["mean"] == 0.5
+    assert success_table({"my-task": 0.5})["groups"] == {}  # an env that declares no groups
     assert success_table({})["mean"] is None
     with pytest.raises(ValueError):
         success_table({"reach-v3": 1.5})
@@ -73,19 +79,18 @@ def test_unknown_task_and_bad_values() -> None:
 
 
 def test_markdown() -> None:
-    md = to_markdown(success_table(SUCCESS, {"reach-v3": 10}), "MT50 eval")
+    md = to_markdown(success_table(SUCCESS, {"reach-v3": 10}, GROUPS), "MT50 eval")
     assert md.startswith("# MT50 eval\n")
     assert "| Split | Easy | Medium | Hard | Very Hard | ML45 held-out | Avg. |" in md
     assert "| Success (%) | 58.3 | 50.0 | 30.0 | - | 35.0 | 47.9 |" in md
     assert "| Tasks | 3 | 2 | 2 | 0 | 3 | 7 |" in md
-    assert "| Task | Difficulty | Success (%) | Episodes |" in md
+    assert "| Task | Group | Success (%) | Episodes |" in md
     assert "| reach-v3 | Easy | 100.0 | 10 |" in md
     assert "| hand-insert-v3 | Hard | 60.0 | - |" in md
-    assert "3 of 5 evaluated" in md
 
 
 def test_write_report(tmp_path) -> None:
-    table = success_table(SUCCESS)
+    table = success_table(SUCCESS, groups=GROUPS)
     json_path, md_path = write_report(table, tmp_path / "run", name="eval_final")
     assert json_path == tmp_path / "run" / "eval_final.json" and md_path.name == "eval_final.md"
     assert json.loads(json_path.read_text()) == json.loads(json.dumps(table))
@@ -94,7 +99,7 @@ def test_write_report(tmp_path) -> None:
 
 
 def test_rich_table() -> None:
-    text = render(rich_table(success_table(SUCCESS)))
+    text = render(rich_table(success_table(SUCCESS, groups=GROUPS)))
     for needle in ("bin-picking-v3", "58.3", "ML45 held-out", "35.0", "Avg.", "47.9"):
         assert needle in text
     assert "Very Hard" not in text  # no very-hard task evaluated: no summary row for it
@@ -103,15 +108,15 @@ def test_rich_table() -> None:
 def test_compare() -> None:
     before = {"reach-v3": 0.5, "push-v3": 0.25, "door-open-v3": 1.0}
     after = {"reach-v3": 1.0, "push-v3": 0.0, "soccer-v3": 0.4}
-    cmp = compare(before, after)
+    cmp = compare(before, after, GROUPS)
     assert [r["task"] for r in cmp["tasks"]] == ["reach-v3", "push-v3", "door-open-v3", "soccer-v3"]
     assert cmp["tasks"][0]["delta"] == pytest.approx(0.5) and cmp["tasks"][1]["delta"] == pytest.approx(-0.25)
     assert cmp["tasks"][2]["after"] is None and cmp["tasks"][2]["delta"] is None
     # means over the 2 tasks in both: before 0.375, after 0.5
     assert cmp["mean"] == {"before": pytest.approx(0.375), "after": pytest.approx(0.5),
                            "delta": pytest.approx(0.125), "tasks": 2}
-    md = compare_markdown(before, after, "before / after")
-    assert "| Task | Difficulty | Before (%) | After (%) | Delta (pp) |" in md
+    md = compare_markdown(before, after, "before / after", GROUPS)
+    assert "| Task | Group | Before (%) | After (%) | Delta (pp) |" in md
     assert "| reach-v3 | Easy | 50.0 | 100.0 | +50.0 |" in md
     assert "| push-v3 | Hard | 25.0 | 0.0 | -25.0 |" in md
     assert "| door-open-v3 | Easy | 100.0 | - | - |" in md

@@ -1,0 +1,152 @@
+"""Any gymnasium env with a Box action space as a `ChunkedEnv`: `env.name=gym:<id>`.
+
+`gym:InvertedPendulum-v5` makes a registered id; `gym:package.module:Id-v0` imports
+`package.module` first (gymnasium's own `module:id` syntax), so a package that registers its envs
+on import needs no other glue. One gymnasium env per batch slot, stepped by the shared episode
+core (`rlfleet.envs.core.EpisodeEnv`): gymnasium's vector envs auto-reset with their own rules, the
+core keeps the final observation and the stats the same way for every simulator.
+
+Mapping:
+* Observations: a Box becomes `states` (flattened, float32). A Dict puts its first image-like
+  entry (uint8 [H, W, 3]) into `main_images` and the other entries, flattened in key order, into
+  `states`. With `image_size` > 0 and no image entry, frames come from `render()` (rgb_array).
+  Frames of another size are resized by nearest-neighbour sampling.
+* Actions: the policy's [-1, 1] are rescaled to the Box bounds (dims with infinite bounds pass through).
+* Episode ends: gymnasium's `terminated` is termination, its `truncated` (the TimeLimit wrapper)
+  is truncation; `EnvConfig.max_episode_steps` truncates as well, whichever comes first.
+* Success: `info[EnvConfig.success_key]` when set, else `info["is_success"]` or `info["success"]`
+  when present (else never).
+* Tasks: one, the id. Seeds: `reset(seeds)` seeds env i's gymnasium `reset(seed=...)`; without
+  seeds the first reset seeds it from (cfg.seed, global index) and later ones continue its RNG.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from rlfleet.envs.api import EnvConfig
+from rlfleet.envs.core import EpisodeEnv, Outcome
+
+PREFIX = "gym:"
+# MuJoCo envs render offscreen without a display through EGL (Mesa's llvmpipe on CPU); must be set
+# before mujoco is first imported, a user's setting wins.
+os.environ.setdefault("MUJOCO_GL", "egl")
+
+
+def gym_id(name: str) -> str:
+    """The gymnasium id of an env name `gym:<id>`."""
+    if not name.startswith(PREFIX) or not name[len(PREFIX):]:
+        raise ValueError(f"a gymnasium env name is 'gym:<id>' or 'gym:package.module:<id>', got {name!r}")
+    return name[len(PREFIX):]
+
+
+def _make(env_id: str, image_size: int) -> Any:
+    """gymnasium's env (its checker off: it re-validates every step); rendering envs are asked for
+    frames of `image_size` when they take width/height (MuJoCo's do), else frames are resized."""
+    import gymnasium as gym
+
+    try:
+        if not image_size:
+            return gym.make(env_id, disable_env_checker=True)
+        try:
+            return gym.make(env_id, render_mode="rgb_array", width=image_size, height=image_size,
+                            disable_env_checker=True)
+        except TypeError:  # no width/height arguments
+            return gym.make(env_id, render_mode="rgb_array", disable_env_checker=True)
+    except gym.error.Error as exc:
+        raise ValueError(f"gymnasium cannot make {env_id!r}: {exc}") from None
+    except ModuleNotFoundError as exc:
+        raise ValueError(f"gymnasium cannot make {env_id!r}: {exc}") from None
+
+
+def _image_key(space: Any) -> str | None:
+    from gymnasium import spaces
+
+    for key, sub in space.spaces.items():
+        if isinstance(sub, spaces.Box) and sub.dtype == np.uint8 and len(sub.shape) == 3 and sub.shape[-1] == 3:
+            return key
+    return None
+
+
+def _resize(frame: np.ndarray, size: int) -> np.ndarray:
+    """Nearest-neighbour resize of an [H, W, 3] frame to [size, size, 3] (no copy when already that size)."""
+    h, w = frame.shape[:2]
+    if h == size and w == size:
+        return frame
+    rows = (np.arange(size) * h // size).astype(np.intp)
+    cols = (np.arange(size) * w // size).astype(np.intp)
+    return frame[rows][:, cols]
+
+
+class GymEnv(EpisodeEnv):
+    """A batch of gymnasium envs of one id behind the chunked, auto-resetting API."""
+
+    def __init__(self, cfg: EnvConfig, num_envs: int, env_offset: int = 0) -> None:
+        from gymnasium import spaces
+
+        env_id = gym_id(cfg.name)
+        first = _make(env_id, cfg.image_size)
+        act = first.action_space
+        if not isinstance(act, spaces.Box):
+            first.close()
+            raise ValueError(f"gym env {env_id!r} has a {type(act).__name__} action space; rlfleet needs a Box")
+        obs_space = first.observation_space
+        self._image_key = _image_key(obs_space) if isinstance(obs_space, spaces.Dict) else None
+        if isinstance(obs_space, spaces.Dict):
+            self._state_keys = [k for k in obs_space.spaces if k != self._image_key]
+            state_dim = sum(int(np.prod(obs_space.spaces[k].shape)) for k in self._state_keys)
+        elif isinstance(obs_space, spaces.Box):
+            self._state_keys = []
+            state_dim = int(np.prod(obs_space.shape))
+        else:
+            first.close()
+            raise ValueError(f"gym env {env_id!r} has a {type(obs_space).__name__} observation space; "
+                             f"rlfleet maps Box and Dict")
+        self._init_core(cfg, num_envs, env_offset, state_dim, int(np.prod(act.shape)), [env_id])
+        self._action_shape = act.shape
+        low, high = act.low.reshape(-1).astype(np.float64), act.high.reshape(-1).astype(np.float64)
+        finite = np.isfinite(low) & np.isfinite(high)
+        # a = low + (u + 1) / 2 * (high - low) where bounded; u itself elsewhere
+        self._scale = np.where(finite, (high - low) / 2.0, 1.0)
+        self._shift = np.where(finite, (high + low) / 2.0, 0.0)
+        self._action_dtype = act.dtype
+        self._success_keys = [cfg.success_key] if cfg.success_key else ["is_success", "success"]
+        self._envs = [first] + [_make(env_id, cfg.image_size) for _ in range(num_envs - 1)]
+        self._last: list[Any] = [None] * num_envs
+        self._seeded = [False] * num_envs
+
+    # --- EpisodeEnv hooks ------------------------------------------------------------------------
+
+    def reset_one(self, i: int, seed: int | None) -> None:
+        if seed is None and not self._seeded[i]:
+            seed = int(np.random.SeedSequence([self._cfg.seed, self._env_offset + i]).generate_state(1)[0])
+        self._last[i], _ = self._envs[i].reset(seed=seed)
+        self._seeded[i] = True
+
+    def step_one(self, i: int, action: np.ndarray) -> Outcome:
+        a = (action * self._scale + self._shift).astype(self._action_dtype).reshape(self._action_shape)
+        obs, reward, terminated, truncated, info = self._envs[i].step(a)
+        self._last[i] = obs
+        success = next((bool(info[k]) for k in self._success_keys if k in info), False)
+        return Outcome(float(reward), success, bool(terminated), bool(truncated))
+
+    def state_one(self, i: int) -> np.ndarray:
+        obs = self._last[i]
+        if not self._state_keys:
+            return np.asarray(obs, np.float32).reshape(-1)
+        return np.concatenate([np.asarray(obs[k], np.float32).reshape(-1) for k in self._state_keys])
+
+    def render_one(self, i: int) -> np.ndarray:
+        if self._image_key is not None:
+            frame = self._last[i][self._image_key]
+        else:
+            frame = self._envs[i].render()
+        return _resize(np.asarray(frame, np.uint8), self._cfg.image_size)
+
+    def close(self) -> None:
+        for env in self._envs:
+            env.close()
+        self._envs = []
+        self._started = False

@@ -1,0 +1,41 @@
+"""`main_images` for MetaWorld envs: mujoco offscreen rendering tuned for CPU (llvmpipe)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+class CameraRenderer:
+    """`main_images` for one env: mujoco offscreen rendering with the CPU-friendly settings of FACTS.md.
+
+    Multisampling, shadows and reflections cost most of a llvmpipe frame and add nothing a small
+    policy can use (the unused 4096^2 shadow map alone is ~65 MB per renderer); MetaWorld's `corner` cameras come out rotated 180 degrees, so frames are flipped.
+    """
+
+    def __init__(self, env: Any, size: int, camera: str) -> None:
+        import mujoco
+
+        model = env.model
+        try:
+            self._camera = model.camera(camera).id
+        except KeyError as exc:
+            names = [model.camera(i).name for i in range(model.ncam)]
+            raise ValueError(f"unknown camera {camera!r}; this task has {names}") from exc
+        model.vis.quality.offsamples = 0
+        model.vis.quality.shadowsize = 0
+        model.vis.global_.offwidth = max(model.vis.global_.offwidth, size)
+        model.vis.global_.offheight = max(model.vis.global_.offheight, size)
+        self._renderer = mujoco.Renderer(model, size, size)
+        self._renderer.scene.flags[mujoco.mjtRndFlag.mjRND_SHADOW] = 0
+        self._renderer.scene.flags[mujoco.mjtRndFlag.mjRND_REFLECTION] = 0
+        self._flip = camera.startswith("corner")
+        self._env = env
+
+    def render(self) -> np.ndarray:
+        self._renderer.update_scene(self._env.data, camera=self._camera)
+        img = self._renderer.render()
+        return img[::-1, ::-1] if self._flip else img
+
+    def close(self) -> None:
+        self._renderer.close()
