@@ -60,14 +60,16 @@ def _norm_stats(checkpoint: Path) -> dict[str, Any] | None:
     return {"observation": stats} if stats else None
 
 
-def _eval_markdown(summary: Mapping[str, Any], checkpoint: Path) -> str | None:
+def _eval_markdown(summary: Mapping[str, Any], checkpoint: Path, env_name: str) -> str | None:
+    from rlfleet.envs.registry import task_groups
     from rlfleet.eval_report import compare_markdown, success_table, to_markdown
 
     after = summary.get("eval_success")
+    groups = task_groups(env_name)  # the env's own report groups (MetaWorld: difficulty levels)
     if after and summary.get("eval_before"):
-        return compare_markdown(summary["eval_before"], after, "Success before / after RL fine-tuning")
+        return compare_markdown(summary["eval_before"], after, "Success before / after RL fine-tuning", groups)
     if after:
-        return to_markdown(success_table(after), "Evaluation (success_once, deterministic policy)")
+        return to_markdown(success_table(after, groups=groups), "Evaluation (success_once, deterministic policy)")
     if (checkpoint / "eval" / "eval.md").exists():  # `rlfleet eval CHECKPOINT` wrote one
         return (checkpoint / "eval" / "eval.md").read_text()
     return None
@@ -126,7 +128,7 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, repo_id: str | No
         (out / TRAINING_INFO).write_text(json.dumps(info, indent=2))
     run = _run_folder(src)
     summary = json.loads((run / "summary.json").read_text()) if run and (run / "summary.json").exists() else {}
-    (out / "README.md").write_text(model_card(config, info, summary, _eval_markdown(summary, src), repo_id))
+    (out / "README.md").write_text(model_card(config, info, summary, _eval_markdown(summary, src, (config.get("env") or {}).get("name", "")), repo_id))
     return out
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import grpc
 import numpy as np
@@ -102,6 +103,9 @@ def test_a_session_over_the_env_budget_is_refused_while_another_is_being_built(s
     stub = env_pb2_grpc.EnvServiceStub(channel)
     BUILD_GATE.clear()
     slow = stub.GetSpec.future(env_pb2.SpecRequest(session_id="slow", num_envs=10, seed=13), timeout=60)
+    deadline = time.monotonic() + 30
+    while servicer._reserved == 0 and time.monotonic() < deadline:  # the slow build has reserved its envs
+        time.sleep(0.01)
     try:
         with pytest.raises(grpc.RpcError) as err:  # 10 reserved + 10 > 16
             stub.GetSpec(env_pb2.SpecRequest(session_id="big", num_envs=10), timeout=20)
