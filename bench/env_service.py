@@ -9,6 +9,7 @@ With `--remote HOST:PORT` it measures only an already running server (e.g. the N
     python bench/env_service.py --task reach-v3 --num-envs 8 --seconds 10
     python bench/env_service.py --remote 127.0.0.1:50070 --num-envs 16
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,9 +44,22 @@ def step_rate(cfg: EnvConfig, num_envs: int, seconds: float) -> float:
 def start_server(args: argparse.Namespace, folder: Path) -> tuple[subprocess.Popen, str]:
     addr_file = folder / "env.json"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "rlfleet.cli", "env-server", "--env", args.env, "--task", args.task,
-         "--address-file", str(addr_file), f"max_episode_steps={args.max_episode_steps}"],
-        env=dict(os.environ, OMP_NUM_THREADS="1"), stderr=subprocess.DEVNULL)
+        [
+            sys.executable,
+            "-m",
+            "rlfleet.cli",
+            "env-server",
+            "--env",
+            args.env,
+            "--task",
+            args.task,
+            "--address-file",
+            str(addr_file),
+            f"max_episode_steps={args.max_episode_steps}",
+        ],
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + 120
     while not addr_file.exists():
         if proc.poll() is not None or time.monotonic() > deadline:
@@ -76,15 +90,25 @@ def main() -> None:
             proc, address = start_server(args, Path(tmp))
             remote = EnvConfig(name=f"remote://{address}", **common)
             try:
-                rates = [(step_rate(local, args.num_envs, args.seconds), step_rate(remote, args.num_envs, args.seconds))
-                         for _ in range(args.repeats)]
+                rates = [
+                    (step_rate(local, args.num_envs, args.seconds), step_rate(remote, args.num_envs, args.seconds))
+                    for _ in range(args.repeats)
+                ]
             finally:
                 proc.send_signal(signal.SIGINT)
                 proc.wait(timeout=30)
         result["local"], result["remote"] = max(r[0] for r in rates), max(r[1] for r in rates)
         result["remote/local"] = result["remote"] / result["local"]
-    print(json.dumps({"env": args.remote or f"{args.env}:{args.task}", "num_envs": args.num_envs,
-                      "chunk_size": args.chunk_size, **{k: round(v, 3 if "/" in k else 1) for k, v in result.items()}}))
+    print(
+        json.dumps(
+            {
+                "env": args.remote or f"{args.env}:{args.task}",
+                "num_envs": args.num_envs,
+                "chunk_size": args.chunk_size,
+                **{k: round(v, 3 if "/" in k else 1) for k, v in result.items()},
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Measure MetaWorldEnv throughput (env steps/s, one process) with random actions.
 
-    .venv/bin/python bench/env_step_rate.py                       # reach-v3, 8 envs, K=1, ~5 s
-    .venv/bin/python bench/env_step_rate.py --task MT10 --num-envs 10
+.venv/bin/python bench/env_step_rate.py                       # reach-v3, 8 envs, K=1, ~5 s
+.venv/bin/python bench/env_step_rate.py --task MT10 --num-envs 10
 """
 
 import argparse

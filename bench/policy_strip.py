@@ -8,6 +8,7 @@ episode (seed `--seed`, first task) rendered from the env's camera, also for a s
 (it still reads only its states); the frames come from `rlfleet.eval_video`'s recorder, with its
 task / step / success overlay and green (success) or red status bar.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -15,8 +16,12 @@ import dataclasses
 import sys
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from PIL import Image
 
 
 def episode_frames(policy, env_cfg, seed: int, image_size: int) -> tuple[list[np.ndarray], bool]:
@@ -29,12 +34,20 @@ def episode_frames(policy, env_cfg, seed: int, image_size: int) -> tuple[list[np
     env_cfg = dataclasses.replace(env_cfg, image_size=image_size, task=env_cfg.task.split(",")[0])
     with tempfile.TemporaryDirectory() as tmp:
         videos: list[Path] = []
-        success = evaluate_policy(policy, env_cfg, 1, seed=seed, video_cfg=VideoConfig(save_video=True), out_dir=tmp,
-                                  progress=False, videos=videos)
+        success = evaluate_policy(
+            policy,
+            env_cfg,
+            1,
+            seed=seed,
+            video_cfg=VideoConfig(save_video=True),
+            out_dir=tmp,
+            progress=False,
+            videos=videos,
+        )
         return list(iio.imread(videos[0])), bool(next(iter(success.values())))
 
 
-def strip(rows: list[tuple[str, list[np.ndarray]]], frames: int, side: int = 256) -> "Image.Image":
+def strip(rows: list[tuple[str, list[np.ndarray]]], frames: int, side: int = 256) -> Image.Image:
     """Rows of `frames` evenly spaced frames (first and last included), each row titled on its left."""
     from PIL import Image, ImageDraw, ImageFont
 

@@ -13,6 +13,7 @@ plots of success against env steps and against wall clock (mean, standard error 
 
 `--report-only` rebuilds the page and plots from the runs already in DIR.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -56,16 +57,21 @@ def aggregate(summaries: list[dict[str, Any]]) -> dict[str, Any]:
     seed_before = [float(np.mean([s["eval_before"][t] for t in tasks])) for s in summaries if "eval_before" in s]
     seed_after = [float(np.mean([s["eval_success"][t] for t in tasks])) for s in summaries]
     seed_gain = [a - b for a, b in zip(seed_after, seed_before)] if len(seed_before) == len(seed_after) else []
-    out = {"tasks": rows, "mean": {"before": mean_se(seed_before), "after": mean_se(seed_after),
-                                   "gain": mean_se(seed_gain)},
-           "seeds": len(summaries), "env_steps": [s["env_steps"] for s in summaries],
-           "train_seconds": [s["train_seconds"] for s in summaries]}
+    out = {
+        "tasks": rows,
+        "mean": {"before": mean_se(seed_before), "after": mean_se(seed_after), "gain": mean_se(seed_gain)},
+        "seeds": len(summaries),
+        "env_steps": [s["env_steps"] for s in summaries],
+        "train_seconds": [s["train_seconds"] for s in summaries],
+    }
     chains = [s for s in summaries if s.get("eval_chain")]
     if chains:  # CALVIN-style: avg_num_subtasks over all chains
         out["avg_num_subtasks"] = {
-            "before": mean_se([s["eval_chain_before"]["all"]["avg_num_subtasks"] for s in chains
-                               if s.get("eval_chain_before")]),
-            "after": mean_se([s["eval_chain"]["all"]["avg_num_subtasks"] for s in chains])}
+            "before": mean_se(
+                [s["eval_chain_before"]["all"]["avg_num_subtasks"] for s in chains if s.get("eval_chain_before")]
+            ),
+            "after": mean_se([s["eval_chain"]["all"]["avg_num_subtasks"] for s in chains]),
+        }
     return out
 
 
@@ -94,14 +100,20 @@ def run_curve(summary: dict[str, Any], curves: dict[str, np.ndarray]) -> dict[st
     tasks = list(summary["eval_success"])
     steps, seconds, success = list(curves["steps"]), list(curves["seconds"]), list(curves["success"])
     if "eval_before" in summary:
-        steps, seconds, success = [0.0] + steps, [0.0] + seconds, [float(np.mean([summary["eval_before"][t] for t in tasks]))] + success
+        steps, seconds, success = (
+            [0.0] + steps,
+            [0.0] + seconds,
+            [float(np.mean([summary["eval_before"][t] for t in tasks]))] + success,
+        )
     steps.append(float(summary["env_steps"]))
     seconds.append(float(summary["train_seconds"]))
     success.append(float(np.mean([summary["eval_success"][t] for t in tasks])))
     return {"steps": np.array(steps), "seconds": np.array(seconds), "success": np.array(success)}
 
 
-def mean_curve(curves: list[dict[str, np.ndarray]], x: str, points: int = 100) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def mean_curve(
+    curves: list[dict[str, np.ndarray]], x: str, points: int = 100
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Seeds interpolated onto a common x grid (up to the shortest run): grid, mean, standard error."""
     usable = [(c[x][np.isfinite(c[x])], c["success"][np.isfinite(c[x])]) for c in curves]
     usable = [(xs, ys) for xs, ys in usable if xs.size]
@@ -122,12 +134,22 @@ def plot_curves(curves: list[dict[str, np.ndarray]], x: str, path: Path, title: 
     import matplotlib.pyplot as plt
 
     grid, mean, se = mean_curve(curves, x)
-    scale, label = (1e6, "env steps (millions)") if x == "steps" else (60.0, "wall clock since training started (minutes)")
+    scale, label = (
+        (1e6, "env steps (millions)") if x == "steps" else (60.0, "wall clock since training started (minutes)")
+    )
     fig, ax = plt.subplots(figsize=(5.5, 3.6), dpi=120)
     for k, c in enumerate(curves):
         ok = np.isfinite(c[x])
-        ax.plot(c[x][ok] / scale, 100 * c["success"][ok], lw=0.8, alpha=0.5, marker=".", ms=3,
-                label="seeds" if k == 0 else None, color="tab:gray")
+        ax.plot(
+            c[x][ok] / scale,
+            100 * c["success"][ok],
+            lw=0.8,
+            alpha=0.5,
+            marker=".",
+            ms=3,
+            label="seeds" if k == 0 else None,
+            color="tab:gray",
+        )
     ax.plot(grid / scale, 100 * mean, lw=2, color="tab:blue", label=f"mean of {len(curves)} seeds")
     ax.fill_between(grid / scale, 100 * (mean - se), 100 * (mean + se), color="tab:blue", alpha=0.2, label="+- 1 SE")
     ax.set_xlabel(label)
@@ -154,26 +176,45 @@ def _pm(pair: tuple[float, float], scale: float = 100.0, signed: bool = False, d
     return f"{scale * mean:{sign}.{digits}f} +- {scale * se:.{digits}f}"
 
 
-def results_markdown(recipe: str, agg: dict[str, Any], commands: list[str], commit: str, wall_seconds: list[float],
-                     plots: dict[str, str], eval_note: str) -> str:
+def results_markdown(
+    recipe: str,
+    agg: dict[str, Any],
+    commands: list[str],
+    commit: str,
+    wall_seconds: list[float],
+    plots: dict[str, str],
+    eval_note: str,
+) -> str:
     """The results page: success before / after per task and mean (%, mean +- SE over seeds)."""
     n = agg["seeds"]
-    lines = [f"## {recipe}: {n} seeds", "",
-             f"Success (%) on held-out eval seeds, mean +- standard error over {n} training seeds; {eval_note}.", "",
-             "| task | before | after | gain (points) |", "|---|---:|---:|---:|"]
+    lines = [
+        f"## {recipe}: {n} seeds",
+        "",
+        f"Success (%) on held-out eval seeds, mean +- standard error over {n} training seeds; {eval_note}.",
+        "",
+        "| task | before | after | gain (points) |",
+        "|---|---:|---:|---:|",
+    ]
     for task, row in agg["tasks"].items():
         lines.append(f"| {task} | {_pm(row['before'])} | {_pm(row['after'])} | {_pm(row['gain'], signed=True)} |")
     m = agg["mean"]
     lines.append(f"| **mean** | {_pm(m['before'])} | {_pm(m['after'])} | {_pm(m['gain'], signed=True)} |")
     if "avg_num_subtasks" in agg:
         a = agg["avg_num_subtasks"]
-        lines += ["", f"avg_num_subtasks: {_pm(a['before'], 1.0, digits=2)} before, {_pm(a['after'], 1.0, digits=2)} after."]
+        lines += [
+            "",
+            f"avg_num_subtasks: {_pm(a['before'], 1.0, digits=2)} before, {_pm(a['after'], 1.0, digits=2)} after.",
+        ]
     steps = ", ".join(f"{s:,}" for s in agg["env_steps"])
     train = ", ".join(f"{t:.0f}" for t in agg["train_seconds"])
     walls = ", ".join(f"{w:.0f}" for w in wall_seconds)
-    lines += ["", f"Env steps per seed: {steps}. Training seconds per seed: {train}. Wall seconds per seed "
-              f"(whole command: start-up, evaluations, training): {walls}; total {sum(wall_seconds) / 60:.1f} min.",
-              f"Commit: `{commit}`.", ""]
+    lines += [
+        "",
+        f"Env steps per seed: {steps}. Training seconds per seed: {train}. Wall seconds per seed "
+        f"(whole command: start-up, evaluations, training): {walls}; total {sum(wall_seconds) / 60:.1f} min.",
+        f"Commit: `{commit}`.",
+        "",
+    ]
     for label, path in plots.items():
         lines.append(f"![{label}]({path})")
     lines += ["", "Commands (one after another on the same machine):", "", "```"]
@@ -191,8 +232,16 @@ def git_commit() -> str:
 
 
 def seed_command(recipe: str, seed: int, run_dir: Path, overrides: list[str]) -> list[str]:
-    return ["rlfleet", "train", recipe, f"runner.seed={seed}", f"env.seed={seed}", "eval.before=true",
-            f"runner.logger.log_path={run_dir}", *overrides]
+    return [
+        "rlfleet",
+        "train",
+        recipe,
+        f"runner.seed={seed}",
+        f"env.seed={seed}",
+        "eval.before=true",
+        f"runner.logger.log_path={run_dir}",
+        *overrides,
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -231,7 +280,10 @@ def main(argv: list[str] | None = None) -> int:
         recorded[str(seed)] = walls[-1]
         wall_file.write_text(json.dumps(recorded, indent=2))
         if res.returncode != 0:
-            print(f"[reproduce] seed {seed} failed (exit {res.returncode}); see {out / f'seed{seed}.log'}", file=sys.stderr)
+            print(
+                f"[reproduce] seed {seed} failed (exit {res.returncode}); see {out / f'seed{seed}.log'}",
+                file=sys.stderr,
+            )
             return 1
         print(f"[reproduce] seed {seed} done in {walls[-1]:.0f} s", flush=True)
     summaries = [json.loads((out / f"seed{s}" / "summary.json").read_text()) for s in range(args.seeds)]
@@ -244,8 +296,10 @@ def main(argv: list[str] | None = None) -> int:
     from rlfleet.config import load_config
 
     cfg = load_config(args.recipe, args.overrides)
-    note = (f"{cfg.eval.episodes_per_task} episodes per task from seed {cfg.eval.seed}, deterministic policy; "
-            "curves: periodic evaluation during training")
+    note = (
+        f"{cfg.eval.episodes_per_task} episodes per task from seed {cfg.eval.seed}, deterministic policy; "
+        "curves: periodic evaluation during training"
+    )
     page = results_markdown(name, agg, commands, recorded.get("commit", git_commit()), walls, plots, note)
     (out / "results.md").write_text(page)
     (out / "results.json").write_text(json.dumps(agg, indent=2))

@@ -37,8 +37,9 @@ def expert_success(item: str, episodes: int, max_steps: int) -> tuple[float, flo
 
 def step_rate(item: str, seconds: float, image_size: int = 0) -> float:
     K = 10
-    env = RoboTwinEnv(EnvConfig(name="robotwin", task=item, max_episode_steps=100, chunk_size=K,
-                                image_size=image_size), 1)
+    env = RoboTwinEnv(
+        EnvConfig(name="robotwin", task=item, max_episode_steps=100, chunk_size=K, image_size=image_size), 1
+    )
     env.reset()
     rng = np.random.default_rng(0)
     steps, start = 0, time.perf_counter()

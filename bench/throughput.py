@@ -6,6 +6,7 @@
 (d) fleet training: the full fleet while PPO updates run.
 Prints each in env steps/s and the ratios b/a, b/c and d/a.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,8 +38,10 @@ def _bare_loop(task: str, num_envs: int, offset: int, seconds: float, out: mp.Qu
 def limit(task: str, num_envs: int, workers: int, seconds: float) -> float:
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    procs = [ctx.Process(target=_bare_loop, args=(task, num_envs // workers, w * (num_envs // workers), seconds, q))
-             for w in range(workers)]
+    procs = [
+        ctx.Process(target=_bare_loop, args=(task, num_envs // workers, w * (num_envs // workers), seconds, q))
+        for w in range(workers)
+    ]
     for p in procs:
         p.start()
     rates = [q.get(timeout=seconds + 120) for _ in procs]
@@ -73,9 +76,17 @@ def fleet(recipe: str, overrides: list[str], seconds: float, consume_only: bool)
     from rlfleet.launcher import train_local
 
     with tempfile.TemporaryDirectory() as tmp:
-        cfg = load_config(recipe, [*overrides, f"runner.logger.log_path={tmp}/run", f"runner.max_wall_seconds={seconds}",
-                                   "runner.total_env_steps=100000000", "eval.at_end=false",
-                                   f"learner.consume_only={str(consume_only).lower()}"])
+        cfg = load_config(
+            recipe,
+            [
+                *overrides,
+                f"runner.logger.log_path={tmp}/run",
+                f"runner.max_wall_seconds={seconds}",
+                "runner.total_env_steps=100000000",
+                "eval.at_end=false",
+                f"learner.consume_only={str(consume_only).lower()}",
+            ],
+        )
         summary = train_local(cfg)
     return float(summary["throughput_env_steps_per_s"])
 
@@ -84,8 +95,12 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--recipe", default="metaworld_reach_ppo")
     p.add_argument("--seconds", type=float, default=20.0, help="per bare/synchronous measurement")
-    p.add_argument("--fleet-seconds", type=float, default=60.0,
-                   help="per fleet run, start-up included (throughput counts from the first full batch)")
+    p.add_argument(
+        "--fleet-seconds",
+        type=float,
+        default=60.0,
+        help="per fleet run, start-up included (throughput counts from the first full batch)",
+    )
     p.add_argument("--json", help="also write the results here")
     p.add_argument("overrides", nargs="*", help="recipe overrides, e.g. actor.num_envs=32")
     args = p.parse_args()

@@ -3,6 +3,7 @@
 One thread because an inference server shares the machine with env workers; the ratio
 batch32/batch1 (same process, same thread count) says how much batching buys per sample.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -54,17 +55,25 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    print(f"act() samples/s, {args.threads} thread(s), {args.image_size}x{args.image_size} images, "
-          f"K={args.chunk}, D={args.action_dim}, median of {args.repeats} x {args.calls} calls")
-    print(f"{'policy':<10} {'params':>8} " + " ".join(f"{'b=' + str(b):>9}" for b in BATCHES)
-          + f" {'ms/call b=32':>13} {'b32/b1':>7}")
+    print(
+        f"act() samples/s, {args.threads} thread(s), {args.image_size}x{args.image_size} images, "
+        f"K={args.chunk}, D={args.action_dim}, median of {args.repeats} x {args.calls} calls"
+    )
+    print(
+        f"{'policy':<10} {'params':>8} "
+        + " ".join(f"{'b=' + str(b):>9}" for b in BATCHES)
+        + f" {'ms/call b=32':>13} {'b32/b1':>7}"
+    )
     for name in args.policies.split(","):
         cfg = VLAConfig(name=name)
         policy = VLA_POLICIES[name](STATE_DIM, args.action_dim, args.chunk, cfg, args.image_size).eval()
         rates = {b: samples_per_s(policy, b, args.image_size, args.repeats, args.calls) for b in BATCHES}
         params = sum(p.numel() for p in policy.parameters())
-        print(f"{name:<10} {params:>8} " + " ".join(f"{rates[b]:>9.1f}" for b in BATCHES)
-              + f" {1000 * 32 / rates[32]:>13.2f} {rates[32] / rates[1]:>7.1f}")
+        print(
+            f"{name:<10} {params:>8} "
+            + " ".join(f"{rates[b]:>9.1f}" for b in BATCHES)
+            + f" {1000 * 32 / rates[32]:>13.2f} {rates[32] / rates[1]:>7.1f}"
+        )
 
 
 if __name__ == "__main__":

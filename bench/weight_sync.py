@@ -8,6 +8,7 @@ pullers / wall time), as ratios against full sync to one server measured in the 
 
     .venv/bin/python bench/weight_sync.py [--mb 104] [--frozen 0.9] [--versions 3]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -74,9 +75,13 @@ def run_case(address: str, publish, n_pullers: int, delta: bool, versions: int, 
     for p in procs:
         p.join()
     wall = sum(walls) / len(walls)
-    return {"pullers": n_pullers, "delta": delta, "s_per_version": wall,
-            "model_MBps": model_bytes * n_pullers / wall / 1e6,
-            "wire_MB_per_version": sent / versions / 1e6}
+    return {
+        "pullers": n_pullers,
+        "delta": delta,
+        "s_per_version": wall,
+        "model_MBps": model_bytes * n_pullers / wall / 1e6,
+        "wire_MB_per_version": sent / versions / 1e6,
+    }
 
 
 def main() -> None:
@@ -89,8 +94,12 @@ def main() -> None:
     tensors, frozen = make_model(args.mb, args.frozen)
     publisher = WeightPublisher()
     servicer = LearnerServicer("runner: {}\n", "bench", IngestQueue(1), publisher)
-    server, port = start_grpc_server("127.0.0.1", 0, [lambda s: learner_pb2_grpc.add_LearnerServiceServicer_to_server(servicer, s)],
-                                     ["rlfleet.v1.LearnerService"])
+    server, port = start_grpc_server(
+        "127.0.0.1",
+        0,
+        [lambda s: learner_pb2_grpc.add_LearnerServiceServicer_to_server(servicer, s)],
+        ["rlfleet.v1.LearnerService"],
+    )
     state = {"version": 0, "digests": {}}
 
     def publish() -> int:
@@ -107,16 +116,22 @@ def main() -> None:
 
     publish()
     model_bytes = len(publisher.current().data)
-    print(f"model: {model_bytes / 1e6:.1f} MB in {len(tensors)} tensors, {len(frozen)} frozen "
-          f"({args.frozen:.0%}); learner publish (digests + serialise) {state['publish_s']:.2f} s")
+    print(
+        f"model: {model_bytes / 1e6:.1f} MB in {len(tensors)} tensors, {len(frozen)} frozen "
+        f"({args.frozen:.0%}); learner publish (digests + serialise) {state['publish_s']:.2f} s"
+    )
     address = f"127.0.0.1:{port}"
-    rows = [run_case(address, publish, n, delta, args.versions, model_bytes)
-            for n, delta in ((1, False), (4, False), (1, True), (4, True))]
+    rows = [
+        run_case(address, publish, n, delta, args.versions, model_bytes)
+        for n, delta in ((1, False), (4, False), (1, True), (4, True))
+    ]
     base = rows[0]["model_MBps"]
     print(f"{'pullers':>7} {'sync':>5} {'s/version':>10} {'wire MB':>8} {'model MB/s':>11} {'vs full->1':>10}")
     for r in rows:
-        print(f"{r['pullers']:>7} {'delta' if r['delta'] else 'full':>5} {r['s_per_version']:>10.2f} "
-              f"{r['wire_MB_per_version']:>8.1f} {r['model_MBps']:>11.1f} {r['model_MBps'] / base:>9.2f}x")
+        print(
+            f"{r['pullers']:>7} {'delta' if r['delta'] else 'full':>5} {r['s_per_version']:>10.2f} "
+            f"{r['wire_MB_per_version']:>8.1f} {r['model_MBps']:>11.1f} {r['model_MBps'] / base:>9.2f}x"
+        )
     server.stop(grace=0)
 
 

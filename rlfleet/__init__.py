@@ -1,4 +1,5 @@
 """rlfleet: RL fine-tuning of robot policies in simulation, at fleet scale."""
+
 import os as _os
 
 # rlfleet never uses gRPC in a forked child (worker processes are spawned), but it does fork to

@@ -12,6 +12,7 @@ unique per process (`rlfleet.actors.learner_client`) and only complete, acknowle
 are queued. What the dead process had not pushed yet (at most its unfinished segments and its
 send queue) is lost, not duplicated. Each actor's current pid is written to `pid_dir/actorI.pid`.
 """
+
 from __future__ import annotations
 
 import logging
@@ -33,7 +34,7 @@ class RestartPolicy:
     refill_s: float = 600.0  # one restart earned back per this many seconds; 0: never (per run)
 
     def delay(self, restarts_so_far: int) -> float:
-        return min(self.backoff_s * 2 ** restarts_so_far, self.max_backoff_s)
+        return min(self.backoff_s * 2**restarts_so_far, self.max_backoff_s)
 
 
 class RestartBudget:
@@ -91,9 +92,15 @@ def describe_exit(code: int) -> str:
 class ActorSupervisor:
     """Owns the actor processes; call `poll()` regularly while the learner runs."""
 
-    def __init__(self, spawn: Callable[[int], subprocess.Popen], num_actors: int, policy: RestartPolicy,
-                 pid_dir: Path | None = None, log_file: Callable[[int], Path] | None = None,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        spawn: Callable[[int], subprocess.Popen],
+        num_actors: int,
+        policy: RestartPolicy,
+        pid_dir: Path | None = None,
+        log_file: Callable[[int], Path] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self._spawn, self.policy, self.pid_dir, self._log_file, self._clock = spawn, policy, pid_dir, log_file, clock
         if pid_dir is not None:
             pid_dir.mkdir(parents=True, exist_ok=True)
@@ -126,9 +133,15 @@ class ActorSupervisor:
                 del self._due[index]
                 self.restarts[index] += 1
                 self._start(index)
-                log.warning("restarted actor %d as pid %d (restart %d; %.1f of %d left, one back every %gs)",
-                            index, self.procs[index].pid, self.restarts[index], self.budgets[index].tokens,
-                            self.policy.max_restarts, self.policy.refill_s)
+                log.warning(
+                    "restarted actor %d as pid %d (restart %d; %.1f of %d left, one back every %gs)",
+                    index,
+                    self.procs[index].pid,
+                    self.restarts[index],
+                    self.budgets[index].tokens,
+                    self.policy.max_restarts,
+                    self.policy.refill_s,
+                )
 
     def _schedule(self, index: int, proc: subprocess.Popen, code: int, now: float) -> None:
         # a signal is its own cause (the log's last line is whatever the process did last); an
@@ -140,15 +153,29 @@ class ActorSupervisor:
         used = budget.used(now)
         if not budget.take(now):
             self.given_up.add(index)
-            log.error("actor %d (pid %d) died with %s%s; not restarting it: it was restarted %d times, %d in the "
-                      "last burst (actor.max_restarts, one earned back every actor.restart_refill_s=%gs)",
-                      index, proc.pid, describe_exit(code), said, self.restarts[index], self.policy.max_restarts,
-                      self.policy.refill_s)
+            log.error(
+                "actor %d (pid %d) died with %s%s; not restarting it: it was restarted %d times, %d in the "
+                "last burst (actor.max_restarts, one earned back every actor.restart_refill_s=%gs)",
+                index,
+                proc.pid,
+                describe_exit(code),
+                said,
+                self.restarts[index],
+                self.policy.max_restarts,
+                self.policy.refill_s,
+            )
             return
         delay = self.policy.delay(used)
         self._due[index] = now + delay
-        log.warning("actor %d (pid %d) died with %s%s; restarting actor %d in %.1fs", index, proc.pid,
-                    describe_exit(code), said, index, delay)
+        log.warning(
+            "actor %d (pid %d) died with %s%s; restarting actor %d in %.1fs",
+            index,
+            proc.pid,
+            describe_exit(code),
+            said,
+            index,
+            delay,
+        )
 
     def current(self) -> list[subprocess.Popen]:
         return list(self.procs.values())

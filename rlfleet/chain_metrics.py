@@ -7,6 +7,7 @@ at the first failure; its sparse return is the number of subtasks completed in a
     success_len_k   = fraction of chains whose first k subtasks all succeeded (k = 1..chain_length)
     avg_num_subtasks = mean number completed in a row = sum_k success_len_k
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
@@ -30,9 +31,11 @@ def chain_metrics(completed: Sequence[int] | np.ndarray, chain_length: int = CHA
     return out
 
 
-def chain_report(returns_by_task: Mapping[str, Sequence[float]], chain_length: int = CHAIN_LENGTH
-                 ) -> dict[str, dict[str, float]]:
+def chain_report(
+    returns_by_task: Mapping[str, Sequence[float]], chain_length: int = CHAIN_LENGTH
+) -> dict[str, dict[str, float]]:
     """Chain metrics per task (scene variant) and over all episodes ("all"), from sparse returns."""
+
     def done(rets: Sequence[float]) -> np.ndarray:
         return np.clip(np.rint(np.asarray(rets, np.float64)), 0, chain_length).astype(np.int64)
 

@@ -1,4 +1,5 @@
 """The `rlfleet` command: train (local mode), the three roles one by one, and eval."""
+
 from __future__ import annotations
 
 import argparse
@@ -90,10 +91,17 @@ def _own_section(group: argparse._ArgumentGroup) -> argparse._ArgumentGroup:
 def _add_metrics_flags(p: argparse.ArgumentParser) -> None:
     """--metrics-port/--metrics-host for a role (RLFLEET_METRICS_PORT/HOST); port 0 disables the endpoint."""
     g = p.add_argument_group("metrics (Prometheus; see docs/operations.md)")
-    g.add_argument("--metrics-port", type=_port, default=os.environ.get("RLFLEET_METRICS_PORT") or "0",
-                   help="serve Prometheus metrics on this port (default: $RLFLEET_METRICS_PORT, 0 = off)")
-    g.add_argument("--metrics-host", default=os.environ.get("RLFLEET_METRICS_HOST") or "127.0.0.1",
-                   help="address of the metrics endpoint (default: $RLFLEET_METRICS_HOST or 127.0.0.1)")
+    g.add_argument(
+        "--metrics-port",
+        type=_port,
+        default=os.environ.get("RLFLEET_METRICS_PORT") or "0",
+        help="serve Prometheus metrics on this port (default: $RLFLEET_METRICS_PORT, 0 = off)",
+    )
+    g.add_argument(
+        "--metrics-host",
+        default=os.environ.get("RLFLEET_METRICS_HOST") or "127.0.0.1",
+        help="address of the metrics endpoint (default: $RLFLEET_METRICS_HOST or 127.0.0.1)",
+    )
     _own_section(g)
 
 
@@ -104,10 +112,15 @@ def _add_security_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--tls-cert", help="PEM certificate chain for this role's servers (default: $RLFLEET_TLS_CERT)")
     g.add_argument("--tls-key", help="PEM private key for --tls-cert (default: $RLFLEET_TLS_KEY)")
     g.add_argument("--tls-ca", help="PEM root certificate(s) to trust as a client (default: $RLFLEET_TLS_CA)")
-    g.add_argument("--tls-server-name", help="name to check server certificates against (default: "
-                                              "$RLFLEET_TLS_SERVER_NAME, else the host dialled)")
-    g.add_argument("--max-message-bytes", type=int, help="largest gRPC / ZeroMQ message, both ways "
-                                                         "(default: $RLFLEET_MAX_MESSAGE_BYTES or 64 MiB)")
+    g.add_argument(
+        "--tls-server-name",
+        help="name to check server certificates against (default: $RLFLEET_TLS_SERVER_NAME, else the host dialled)",
+    )
+    g.add_argument(
+        "--max-message-bytes",
+        type=int,
+        help="largest gRPC / ZeroMQ message, both ways (default: $RLFLEET_MAX_MESSAGE_BYTES or 64 MiB)",
+    )
     _own_section(g)
 
 
@@ -115,8 +128,16 @@ def _configure_auth(args: argparse.Namespace) -> None:
     """Install the role's token/TLS settings process-wide; the launcher passes them on by environment."""
     from rlfleet.wire.auth import configure, load_auth
 
-    configure(load_auth(args.token_file, tls_cert=args.tls_cert, tls_key=args.tls_key, tls_ca=args.tls_ca,
-                        tls_server_name=args.tls_server_name, max_message_bytes=args.max_message_bytes))
+    configure(
+        load_auth(
+            args.token_file,
+            tls_cert=args.tls_cert,
+            tls_key=args.tls_key,
+            tls_ca=args.tls_ca,
+            tls_server_name=args.tls_server_name,
+            max_message_bytes=args.max_message_bytes,
+        )
+    )
 
 
 _ADDRESS_VARS = "_address_vars"
@@ -175,9 +196,11 @@ def cmd_train(args: argparse.Namespace) -> int:
         from rlfleet.envs.registry import task_groups
 
         Console().print(compare_rich(before, after, title=f"success before / after {method} fine-tuning"))
-        title = f"{cfg.runner.experiment_name}: success before / after {method} ({summary.get('train_seconds')} s of training)"
+        seconds = summary.get("train_seconds")
+        title = f"{cfg.runner.experiment_name}: success before / after {method} ({seconds} s of training)"
         (Path(cfg.runner.logger.log_path) / "before_after.md").write_text(
-            compare_markdown(before, after, title, task_groups(cfg.env.name)))
+            compare_markdown(before, after, title, task_groups(cfg.env.name))
+        )
     print(f"run folder: {cfg.runner.logger.log_path}")
     return 0
 
@@ -186,7 +209,9 @@ def cmd_learner(args: argparse.Namespace) -> int:
     from rlfleet.config import load_config
     from rlfleet.learner.run import run_learner
 
-    bind = ([f"learner.host={args.host}"] if args.host else []) + ([f"learner.port={args.port}"] if args.port is not None else [])
+    bind = ([f"learner.host={args.host}"] if args.host else []) + (
+        [f"learner.port={args.port}"] if args.port is not None else []
+    )
     cfg = load_config(args.recipe, bind + args.overrides + (["runner.resume=true"] if args.resume else []))
     summary = run_learner(cfg, args.address_file, args.metrics_port, args.metrics_host)
     if summary and not args.address_file:  # started by hand: show the result here (torchrun: rank 0 only)
@@ -211,13 +236,26 @@ def cmd_inference(args: argparse.Namespace) -> int:
     if args.device:
         cfg.inference.device = args.device
     runner, subscriber = build_runner_from_learner(channel, cfg, client_id)
-    server = InferenceServer(runner, args.host, args.grpc_port, args.zmq_port, cfg.inference.max_batch,
-                             cfg.inference.max_wait_ms, subscriber, offload_idle_s=args.offload_idle_s)
+    server = InferenceServer(
+        runner,
+        args.host,
+        args.grpc_port,
+        args.zmq_port,
+        cfg.inference.max_batch,
+        cfg.inference.max_wait_ms,
+        subscriber,
+        offload_idle_s=args.offload_idle_s,
+    )
     metrics = _inference_metrics(server, cfg.inference.max_batch, args, client_id)
-    write_address(args.address_file, inference=server.address, zmq=server.zmq.endpoint,
-                  **({"metrics": metrics.address} if metrics else {}))
-    logging.getLogger(__name__).info("inference server on %s (zmq %s), policy version %d",
-                                     server.address, server.zmq.endpoint, runner.version)
+    write_address(
+        args.address_file,
+        inference=server.address,
+        zmq=server.zmq.endpoint,
+        **({"metrics": metrics.address} if metrics else {}),
+    )
+    logging.getLogger(__name__).info(
+        "inference server on %s (zmq %s), policy version %d", server.address, server.zmq.endpoint, runner.version
+    )
     stop = threading.Event()
     _stop_on_signals(stop)
     threading.Thread(target=lambda: (stop.wait(), server.stop()), daemon=True).start()
@@ -225,23 +263,30 @@ def cmd_inference(args: argparse.Namespace) -> int:
     if metrics is not None:
         metrics.close()
     stats = server.stats()
-    logging.getLogger(__name__).info("served %d batches, %d rows, %d rejected requests",
-                                     stats.batches, stats.rows, stats.errors)
+    logging.getLogger(__name__).info(
+        "served %d batches, %d rows, %d rejected requests", stats.batches, stats.rows, stats.errors
+    )
     return 0
 
 
 def _inference_metrics(server, max_batch: int, args: argparse.Namespace, client_id: str):
     """The inference server's /metrics (None when --metrics-port is 0); stops the server if the port is taken."""
-    from rlfleet.telemetry.prometheus import (InferenceCollector, MetricsPortError, batch_observer, role_registry,
-                                              start_role_metrics)
+    from rlfleet.telemetry.prometheus import (
+        InferenceCollector,
+        MetricsPortError,
+        batch_observer,
+        role_registry,
+        start_role_metrics,
+    )
 
     if not args.metrics_port:
         return None
     registry = role_registry("inference", id=client_id)
     server.on_batch = batch_observer(registry, max_batch)
     try:
-        return start_role_metrics("inference", args.metrics_port, [InferenceCollector(server)], args.metrics_host,
-                                  registry=registry)
+        return start_role_metrics(
+            "inference", args.metrics_port, [InferenceCollector(server)], args.metrics_host, registry=registry
+        )
     except MetricsPortError:
         server.close()
         raise
@@ -262,21 +307,28 @@ def cmd_actor(args: argparse.Namespace) -> int:
     stop = threading.Event()
     _stop_on_signals(stop)
     counters = ActorCounters()
-    metrics = start_role_metrics("actor", args.metrics_port, [ActorCollector(counters)], args.metrics_host,
-                                 id=client_id, index=str(index))
+    metrics = start_role_metrics(
+        "actor", args.metrics_port, [ActorCollector(counters)], args.metrics_host, id=client_id, index=str(index)
+    )
     try:
         stats = run_actor(cfg, index, client_id, args.learner, args.inference, stop, counters)
     finally:
         if metrics is not None:
             metrics.close()
-    logging.getLogger(__name__).info("actor %s done: %d env steps, %d segments in %.0fs (%.0f steps/s)",
-                                     client_id, stats.env_steps, stats.segments, stats.seconds,
-                                     stats.env_steps / max(stats.seconds, 1e-6))
+    logging.getLogger(__name__).info(
+        "actor %s done: %d env steps, %d segments in %.0fs (%.0f steps/s)",
+        client_id,
+        stats.env_steps,
+        stats.segments,
+        stats.seconds,
+        stats.env_steps / max(stats.seconds, 1e-6),
+    )
     return 0
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    """Success per task and per task group the env declares (MetaWorld: difficulty, ML45 held-out), as JSON and Markdown."""
+    """Success per task and per task group the env declares (MetaWorld: difficulty, ML45 held-out),
+    as JSON and Markdown."""
     from pathlib import Path
 
     from rlfleet.envs.api import EnvConfig
@@ -293,8 +345,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
         env["name"] = f"remote://{args.env_address}" + (f"?{query}" if query else "")
     if args.task:
         if str(env.get("name", "")).startswith("remote://"):  # the server decides its task: say so
-            raise ValueError(f"--task {args.task} cannot apply to the remote env {env['name']}: its server decides "
-                             f"the task (start `rlfleet env-server --task {args.task}` and pass --env-address)")
+            raise ValueError(
+                f"--task {args.task} cannot apply to the remote env {env['name']}: its server decides "
+                f"the task (start `rlfleet env-server --task {args.task}` and pass --env-address)"
+            )
         env["task"] = args.task
     if not env:
         raise SystemExit("the checkpoint does not name its env: pass --task")
@@ -306,11 +360,21 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
         torch.manual_seed(args.seed)
     returns: dict[str, list[float]] = {}
-    success = evaluate_policy(policy, EnvConfig(**env), args.episodes, seed=args.seed, video_cfg=video, out_dir=out,
-                              deterministic=not args.sample, episode_returns=returns)
+    success = evaluate_policy(
+        policy,
+        EnvConfig(**env),
+        args.episodes,
+        seed=args.seed,
+        video_cfg=video,
+        out_dir=out,
+        deterministic=not args.sample,
+        episode_returns=returns,
+    )
     table = success_table(success, {t: args.episodes for t in success}, task_groups(env.get("name", "metaworld")))
     mode = "sampled" if args.sample else "deterministic"
-    Console().print(rich_table(table, title=f"evaluation of {args.checkpoint} ({args.episodes} episodes per task, {mode})"))
+    Console().print(
+        rich_table(table, title=f"evaluation of {args.checkpoint} ({args.episodes} episodes per task, {mode})")
+    )
     table["mean_return"] = {t: sum(r) / len(r) for t, r in returns.items() if r}  # envs judged by return (gym:...)
     print("mean episode return: " + ", ".join(f"{t} {v:.1f}" for t, v in table["mean_return"].items()))
     json_path, md_path = write_report(table, out, name="eval", title=f"Evaluation of {args.checkpoint}")
@@ -334,7 +398,7 @@ def _default_eval_dir(checkpoint: str) -> Path:
     from rlfleet.policies.checkpoint_io import is_hub_path
 
     if is_hub_path(checkpoint):
-        return Path("eval") / checkpoint[len("hf://"):].replace("/", "--")
+        return Path("eval") / checkpoint[len("hf://") :].replace("/", "--")
     return Path(checkpoint) / "eval"
 
 
@@ -351,8 +415,9 @@ def cmd_push(args: argparse.Namespace) -> int:
     """Export a checkpoint and upload it to a Hub model repository."""
     from rlfleet.hub import push_checkpoint
 
-    url = push_checkpoint(args.checkpoint, args.repo_id, private=args.private, revision=args.revision,
-                          message=args.message)
+    url = push_checkpoint(
+        args.checkpoint, args.repo_id, private=args.private, revision=args.revision, message=args.message
+    )
     print(f"pushed {args.checkpoint} to {url}")
     return 0
 
@@ -365,10 +430,21 @@ def cmd_collect(args: argparse.Namespace) -> int:
     from rlfleet.envs.api import EnvConfig
 
     try:
-        cfg = EnvConfig(name=args.env, task=args.tasks, max_episode_steps=args.max_episode_steps,
-                        image_size=args.image_size, camera=args.camera)
-        summary = collect_env_demos(Path(args.out), cfg, args.episodes_per_task, seed=args.seed,
-                                    keep_failed=args.keep_failed, overwrite=args.overwrite)
+        cfg = EnvConfig(
+            name=args.env,
+            task=args.tasks,
+            max_episode_steps=args.max_episode_steps,
+            image_size=args.image_size,
+            camera=args.camera,
+        )
+        summary = collect_env_demos(
+            Path(args.out),
+            cfg,
+            args.episodes_per_task,
+            seed=args.seed,
+            keep_failed=args.keep_failed,
+            overwrite=args.overwrite,
+        )
     except FileExistsError as exc:  # main() only maps FileNotFoundError / ValueError to exit code 2
         logging.getLogger("rlfleet").error("%s", exc)
         return 2
@@ -382,8 +458,9 @@ def cmd_collect(args: argparse.Namespace) -> int:
     Console().print(table)
     short = [t for t, s in summary.items() if s["attempts"] - s["failed"] < args.episodes_per_task]
     if short:
-        logging.getLogger("rlfleet").warning("fewer than %d successful episodes for: %s", args.episodes_per_task,
-                                             ", ".join(short))
+        logging.getLogger("rlfleet").warning(
+            "fewer than %d successful episodes for: %s", args.episodes_per_task, ", ".join(short)
+        )
     return 0
 
 
@@ -394,7 +471,9 @@ def cmd_sft(args: argparse.Namespace) -> int:
     from rlfleet.envs.api import EnvConfig
 
     cfg = load_config(args.recipe, args.overrides)
-    summary = run_sft(args.demos, args.out, policy_settings(cfg), EnvConfig(**as_dict(cfg.env)), SFTConfig(**as_dict(cfg.sft)))
+    summary = run_sft(
+        args.demos, args.out, policy_settings(cfg), EnvConfig(**as_dict(cfg.env)), SFTConfig(**as_dict(cfg.sft))
+    )
     if args.eval_episodes:
         from rlfleet.evaluation import evaluate_policy
         from rlfleet.policies.checkpoint_io import load_checkpoint
@@ -424,8 +503,13 @@ def cmd_env_server(args: argparse.Namespace) -> int:
     from rlfleet.envs.env_server import EnvServerConfig, env_config, serve_env, write_address_file
     from rlfleet.telemetry.prometheus import EnvServerCollector
 
-    cfg = EnvServerConfig(env=env_config(args.env, args.task, args.overrides), num_envs=args.num_envs,
-                          max_envs=args.max_envs, host=args.host, port=args.port)
+    cfg = EnvServerConfig(
+        env=env_config(args.env, args.task, args.overrides),
+        num_envs=args.num_envs,
+        max_envs=args.max_envs,
+        host=args.host,
+        port=args.port,
+    )
     server, port, servicer = serve_env(cfg)
     address = f"{args.host}:{port}"
     metrics = _start_metrics_or_stop(server, "env-server", args, [EnvServerCollector(servicer)])
@@ -462,14 +546,26 @@ def cmd_config(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="rlfleet", description="RL fine-tuning of robot policies, at fleet scale",
-                                epilog=_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--log-level", type=_log_level, default=os.environ.get("RLFLEET_LOG_LEVEL") or "INFO",
-                   help="DEBUG, INFO, WARNING or ERROR (default: $RLFLEET_LOG_LEVEL or INFO); other libraries "
-                        "log at WARNING and above unless DEBUG")
-    p.add_argument("--log-format", type=_log_format, default=os.environ.get("RLFLEET_LOG_FORMAT") or "text",
-                   help="text (default: $RLFLEET_LOG_FORMAT or text) or json: one JSON object per line "
-                        "(time, level, logger, pid, role, message, extras)")
+    p = argparse.ArgumentParser(
+        prog="rlfleet",
+        description="RL fine-tuning of robot policies, at fleet scale",
+        epilog=_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--log-level",
+        type=_log_level,
+        default=os.environ.get("RLFLEET_LOG_LEVEL") or "INFO",
+        help="DEBUG, INFO, WARNING or ERROR (default: $RLFLEET_LOG_LEVEL or INFO); other libraries "
+        "log at WARNING and above unless DEBUG",
+    )
+    p.add_argument(
+        "--log-format",
+        type=_log_format,
+        default=os.environ.get("RLFLEET_LOG_FORMAT") or "text",
+        help="text (default: $RLFLEET_LOG_FORMAT or text) or json: one JSON object per line "
+        "(time, level, logger, pid, role, message, extras)",
+    )
     sub = p.add_subparsers(dest="command", required=True)
 
     t = sub.add_parser("train", help="local mode: learner + inference server + actors on this host")
@@ -485,27 +581,48 @@ def build_parser() -> argparse.ArgumentParser:
     lr.add_argument("overrides", nargs="*", help="key=value overrides, e.g. learner.batch_env_steps=8192")
     lr.add_argument("--resume", action="store_true", help="continue from the run folder's last checkpoint")
     lr.add_argument("--address-file", help="write the bound address here as JSON (used by `train`)")
-    lr.add_argument("--host", default=os.environ.get("RLFLEET_HOST") or None,
-                    help="bind address (default: $RLFLEET_HOST, else the recipe's learner.host); "
-                         "key=value overrides win")
-    lr.add_argument("--port", type=_port, default=os.environ.get("RLFLEET_LEARNER_PORT") or None,
-                    help="gRPC port (default: $RLFLEET_LEARNER_PORT, else the recipe's learner.port)")
+    lr.add_argument(
+        "--host",
+        default=os.environ.get("RLFLEET_HOST") or None,
+        help="bind address (default: $RLFLEET_HOST, else the recipe's learner.host); key=value overrides win",
+    )
+    lr.add_argument(
+        "--port",
+        type=_port,
+        default=os.environ.get("RLFLEET_LEARNER_PORT") or None,
+        help="gRPC port (default: $RLFLEET_LEARNER_PORT, else the recipe's learner.port)",
+    )
     _add_metrics_flags(lr)
     _add_security_flags(lr)
     lr.set_defaults(func=cmd_learner)
 
     inf = sub.add_parser("inference", help="start an inference server that follows a learner's weights")
     _address_flag(inf, "--learner", "RLFLEET_LEARNER", "the learner's gRPC address")
-    inf.add_argument("--host", default=os.environ.get("RLFLEET_HOST") or "127.0.0.1",
-                     help="bind address (default: $RLFLEET_HOST or 127.0.0.1; others need a token)")
-    inf.add_argument("--grpc-port", type=_port, default=os.environ.get("RLFLEET_GRPC_PORT") or "0",
-                     help="gRPC port (default: $RLFLEET_GRPC_PORT, 0 = any free port)")
-    inf.add_argument("--zmq-port", type=_port, default=os.environ.get("RLFLEET_ZMQ_PORT") or "0",
-                     help="ZeroMQ port (default: $RLFLEET_ZMQ_PORT, 0 = any free port)")
+    inf.add_argument(
+        "--host",
+        default=os.environ.get("RLFLEET_HOST") or "127.0.0.1",
+        help="bind address (default: $RLFLEET_HOST or 127.0.0.1; others need a token)",
+    )
+    inf.add_argument(
+        "--grpc-port",
+        type=_port,
+        default=os.environ.get("RLFLEET_GRPC_PORT") or "0",
+        help="gRPC port (default: $RLFLEET_GRPC_PORT, 0 = any free port)",
+    )
+    inf.add_argument(
+        "--zmq-port",
+        type=_port,
+        default=os.environ.get("RLFLEET_ZMQ_PORT") or "0",
+        help="ZeroMQ port (default: $RLFLEET_ZMQ_PORT, 0 = any free port)",
+    )
     inf.add_argument("--device", help="torch device for the policy (default: the run's inference.device)")
-    inf.add_argument("--offload-idle-s", type=float, default=0.0,
-                     help="move the weights to host memory after this many idle seconds (0: never); for a "
-                          "GPU shared with a learner rank (cluster.component_placement, collocated)")
+    inf.add_argument(
+        "--offload-idle-s",
+        type=float,
+        default=0.0,
+        help="move the weights to host memory after this many idle seconds (0: never); for a "
+        "GPU shared with a learner rank (cluster.component_placement, collocated)",
+    )
     inf.add_argument("--threads", type=int, default=1, help="torch threads for the policy")
     inf.add_argument("--address-file", help='write {"inference": HOST:PORT, "zmq": ...} here once serving')
     _add_metrics_flags(inf)
@@ -514,8 +631,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     ac = sub.add_parser("actor", help="start an actor (env workers) feeding a learner")
     _address_flag(ac, "--learner", "RLFLEET_LEARNER", "the learner's gRPC address")
-    _address_flag(ac, "--inference", "RLFLEET_INFERENCE",
-                  "inference server gRPC address; several, comma separated, to spread requests and fail over")
+    _address_flag(
+        ac,
+        "--inference",
+        "RLFLEET_INFERENCE",
+        "inference server gRPC address; several, comma separated, to spread requests and fail over",
+    )
     ac.add_argument("--index", type=int, help="actor index (env seeds/tasks); default: assigned by the learner")
     ac.add_argument("--id", help="client id (default: host-pid-random)")
     ac.add_argument("--transport", choices=["shm", "zmq", "grpc"], help="override actor.transport")
@@ -526,29 +647,44 @@ def build_parser() -> argparse.ArgumentParser:
     ev = sub.add_parser("eval", help="evaluate a checkpoint folder: success by task, difficulty and ML45 split")
     ev.add_argument("checkpoint", help="checkpoint folder or hf://ORG/NAME[@REVISION] (Hugging Face Hub)")
     ev.add_argument("--task", help="task or task set, e.g. MT50 (default: the one it was trained on)")
-    ev.add_argument("--env-address", metavar="HOST:PORT",
-                    help="evaluate on the EnvService server there (env.name=remote://HOST:PORT) instead of the "
-                         "checkpoint's env")
+    ev.add_argument(
+        "--env-address",
+        metavar="HOST:PORT",
+        help="evaluate on the EnvService server there (env.name=remote://HOST:PORT) instead of the checkpoint's env",
+    )
     ev.add_argument("--episodes", type=int, default=10, help="episodes per task")
     ev.add_argument("--seed", type=int, default=10_000, help="first episode seed")
     ev.add_argument("--out", help="report folder (default: CHECKPOINT/eval; for hf:// eval/ORG--NAME)")
     ev.add_argument("--video", action="store_true", help="write MP4s of the first episode of each task")
     ev.add_argument("--json", action="store_true", help="also print the report as JSON")
-    ev.add_argument("--sample", action="store_true",
-                    help="sample actions as in training (seeded) instead of the deterministic policy")
+    ev.add_argument(
+        "--sample",
+        action="store_true",
+        help="sample actions as in training (seeded) instead of the deterministic policy",
+    )
     ev.set_defaults(func=cmd_eval)
 
     co = sub.add_parser("collect", help="record scripted-expert demonstrations to a dataset folder")
-    co.add_argument("--env", default="metaworld", help="any env with scripted experts: metaworld, robotwin, calvin, a plugin")
-    co.add_argument("--tasks", required=True, help="env.task: a task, MT10/MT25/MT50, a comma-separated list; "
-                    "robotwin: e.g. place_empty_cup:randomized; calvin: scene variants, e.g. D or ABC")
+    co.add_argument(
+        "--env", default="metaworld", help="any env with scripted experts: metaworld, robotwin, calvin, a plugin"
+    )
+    co.add_argument(
+        "--tasks",
+        required=True,
+        help="env.task: a task, MT10/MT25/MT50, a comma-separated list; "
+        "robotwin: e.g. place_empty_cup:randomized; calvin: scene variants, e.g. D or ABC",
+    )
     co.add_argument("--episodes-per-task", type=int, default=20, help="successful episodes wanted per task")
     co.add_argument("--out", required=True, help="dataset folder to create (see docs/datasets.md)")
     co.add_argument("--image-size", type=int, default=64, help="camera frame side in pixels; 0: states only")
     co.add_argument("--camera", default="corner", help="camera for main_images (MetaWorld)")
     co.add_argument("--max-episode-steps", type=int, default=150, help="episode limit (calvin chains: 1800)")
-    co.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1),
-                    help="unused (kept for old scripts): one env batch steps every expert in lockstep")
+    co.add_argument(
+        "--workers",
+        type=int,
+        default=min(8, os.cpu_count() or 1),
+        help="unused (kept for old scripts): one env batch steps every expert in lockstep",
+    )
     co.add_argument("--seed", type=int, default=0, help="seed block (demo seeds never overlap eval seeds)")
     co.add_argument("--keep-failed", action="store_true", help="also write failed expert episodes, flagged")
     co.add_argument("--overwrite", action="store_true", help="replace an existing --out folder")
@@ -567,8 +703,11 @@ def build_parser() -> argparse.ArgumentParser:
     es.add_argument("--task", help="env.task, e.g. reach-v3 or MT10")
     es.add_argument("--num-envs", type=int, default=1, help="envs of a session whose client does not ask for a number")
     es.add_argument("--max-envs", type=int, default=256, help="envs across all client sessions")
-    es.add_argument("--host", default=os.environ.get("RLFLEET_HOST") or "127.0.0.1",
-                    help="bind address (default: $RLFLEET_HOST or 127.0.0.1; others need a token)")
+    es.add_argument(
+        "--host",
+        default=os.environ.get("RLFLEET_HOST") or "127.0.0.1",
+        help="bind address (default: $RLFLEET_HOST or 127.0.0.1; others need a token)",
+    )
     es.add_argument("--port", type=int, default=0, help="0: any free port (see --address-file)")
     es.add_argument("--address-file", help='write {"env": "HOST:PORT"} here once serving')
     es.add_argument("overrides", nargs="*", help="EnvConfig key=value, e.g. max_episode_steps=100 image_size=64")
@@ -628,8 +767,11 @@ def _unauthenticated(exc: Exception) -> bool:
     """A gRPC UNAUTHENTICATED error: one clear line instead of a traceback."""
     import grpc
 
-    return isinstance(exc, grpc.RpcError) and callable(getattr(exc, "code", None)) and \
-        exc.code() == grpc.StatusCode.UNAUTHENTICATED
+    return (
+        isinstance(exc, grpc.RpcError)
+        and callable(getattr(exc, "code", None))
+        and exc.code() == grpc.StatusCode.UNAUTHENTICATED
+    )
 
 
 if __name__ == "__main__":

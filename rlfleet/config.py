@@ -3,6 +3,7 @@
 Section and key names follow RLinf where one exists (runner.logger.log_path, env, algorithm),
 so recipes read familiarly to its users; unknown keys are an error, not a silent no-op.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -219,8 +220,9 @@ def _recipe_path(recipe: str) -> Path:
         return Path(str(packaged))
     near = difflib.get_close_matches(recipe, recipe_names(), n=3, cutoff=0.5)
     hint = f"; nearest: {', '.join(near)}" if near else ""
-    raise FileNotFoundError(f"unknown recipe {recipe!r}: not a YAML file nor a packaged recipe{hint} "
-                            f"(`rlfleet recipes` lists them)")
+    raise FileNotFoundError(
+        f"unknown recipe {recipe!r}: not a YAML file nor a packaged recipe{hint} (`rlfleet recipes` lists them)"
+    )
 
 
 def _block_path(name: str, parent: Path) -> Path:
@@ -230,8 +232,9 @@ def _block_path(name: str, parent: Path) -> Path:
         path = base / f"{name}.yaml"
         if path.is_file():
             return path
-    raise FileNotFoundError(f"{parent}: unknown entry {name!r} in defaults (no {name}.yaml next to it or in "
-                            f"{RECIPE_DIR})")
+    raise FileNotFoundError(
+        f"{parent}: unknown entry {name!r} in defaults (no {name}.yaml next to it or in {RECIPE_DIR})"
+    )
 
 
 def recipe_files(recipe: str) -> list[Path]:
@@ -284,7 +287,7 @@ def recipe_blocks(recipe: str) -> list[str]:
 
 
 def recipe_scale(recipe: str) -> str:
-    """"cpu" or "gpu": what the recipe is sized for, from its `scale/` block ("" without one)."""
+    """ "cpu" or "gpu": what the recipe is sized for, from its `scale/` block ("" without one)."""
     scales = [b.split("/", 1)[1] for b in recipe_blocks(recipe) if b.startswith("scale/")]
     return scales[-1].split("_", 1)[0] if scales else ""
 
@@ -317,8 +320,9 @@ def load_config(recipe: str | None, overrides: list[str] | None = None) -> DictC
             try:
                 layer = OmegaConf.from_dotlist([override])
             except (yaml.YAMLError, OmegaConfBaseException) as exc:
-                raise ConfigError(f"override {override}: cannot parse the value "
-                                  f"({getattr(exc, 'problem', None) or _first_line(exc)})") from None
+                raise ConfigError(
+                    f"override {override}: cannot parse the value ({getattr(exc, 'problem', None) or _first_line(exc)})"
+                ) from None
             cfg = _merge(cfg, layer, f"override {override}")
     try:
         OmegaConf.to_container(cfg, resolve=True)  # a bad ${...} interpolation fails now, not mid-run
@@ -372,8 +376,10 @@ def _unknown_key_message(key: str, known: list[str], source: str) -> str:
     near += [k for k in difflib.get_close_matches(key, known, n=3, cutoff=0.8) if k not in near]
     near += [k for k in known if k.rsplit(".", 1)[-1] == leaf and k not in near]
     hint = f"; did you mean {' or '.join(near[:3])}?" if near else ""
-    return (f"unknown config key {key} ({source}){hint}\n"
-            f"  keys{' under ' + parent if parent else ''}: {', '.join(siblings)}")
+    return (
+        f"unknown config key {key} ({source}){hint}\n"
+        f"  keys{' under ' + parent if parent else ''}: {', '.join(siblings)}"
+    )
 
 
 _CONVERT = re.compile(r"Value '(.*)' of type '(\w+)' could not be converted to (\w+)", re.S)
@@ -393,8 +399,11 @@ def _merge(cfg: DictConfig, layer: DictConfig, source: str) -> DictConfig:
         if m:
             value, expected = m.group(1), m.group(3).lower().replace("integer", "an int").replace("float", "a float")
             expected = expected if expected.startswith("a") else f"a {expected}"
-            msg = f"expected {expected}, got {value!r}" if not value.startswith("{") else \
-                f"{key} is {expected}, not a section"
+            msg = (
+                f"expected {expected}, got {value!r}"
+                if not value.startswith("{")
+                else f"{key} is {expected}, not a section"
+            )
         elif msg.startswith("Merge error"):
             msg = f"{key} is a section: set its keys ({key}.KEY=VALUE)"
         elif "Incompatible value 'None'" in msg:
@@ -422,8 +431,10 @@ def _check_policy(cfg: DictConfig) -> None:
         if isinstance(exc, KeyError):
             near = difflib.get_close_matches(key.split(".", 1)[1], fields + ["model_path"], n=3, cutoff=0.5)
             hint = f"; did you mean {' or '.join('policy.' + n for n in near)}?" if near else ""
-            raise ConfigError(f"unknown config key {key} for policy {name}{hint}\n"
-                              f"  keys of {name}: {', '.join(fields + ['model_path'])}") from None
+            raise ConfigError(
+                f"unknown config key {key} for policy {name}{hint}\n"
+                f"  keys of {name}: {', '.join(fields + ['model_path'])}"
+            ) from None
         field_type = {f.name: f.type for f in dataclasses.fields(cfg_cls)}.get(key.split(".")[1], "?")
         value = settings.get(key.split(".")[1])
         raise ConfigError(f"bad value for {key} (policy {name}): expected {field_type}, got {value!r}") from None
@@ -469,8 +480,9 @@ def eval_seed_range(cfg: DictConfig, num_tasks: int) -> range:
     episodes = max(cfg.eval.episodes_per_task, cfg.eval.periodic_episodes_per_task)
     seeds = range(cfg.eval.seed, cfg.eval.seed + episodes * num_tasks)
     if cfg.eval.seed < 0 or seeds.stop > DEMO_SEED_BASE:
-        raise ValueError(f"eval seeds {seeds.start}..{seeds.stop - 1} must lie in [0, {DEMO_SEED_BASE}) "
-                         f"where no demo episode starts")
+        raise ValueError(
+            f"eval seeds {seeds.start}..{seeds.stop - 1} must lie in [0, {DEMO_SEED_BASE}) where no demo episode starts"
+        )
     return seeds
 
 
@@ -485,8 +497,9 @@ def run_slot_layout(cfg: DictConfig, num_envs: int):
 
     dims = cfg.model_dims
     extras = {name: (tuple(shape), "float32") for name, shape in dims.extra_outputs.items()}
-    return slot_layout(num_envs, run_observation_spec(cfg), dims.action_dim, cfg.env.chunk_size,
-                       tuple(dims.logprob_shape), extras)
+    return slot_layout(
+        num_envs, run_observation_spec(cfg), dims.action_dim, cfg.env.chunk_size, tuple(dims.logprob_shape), extras
+    )
 
 
 def to_yaml(cfg: DictConfig) -> str:

@@ -45,8 +45,9 @@ def _first_group(task: str, groups: Groups) -> str | None:
     return next((title for title, tasks in groups.items() if task in tasks), None)
 
 
-def success_table(success: Mapping[str, float], episodes: Mapping[str, int] | None = None,
-                  groups: Groups | None = None) -> dict[str, Any]:
+def success_table(
+    success: Mapping[str, float], episodes: Mapping[str, int] | None = None, groups: Groups | None = None
+) -> dict[str, Any]:
     """Per-task success (fractions) with the mean of every group and overall.
 
     Returns a JSON-serialisable dict: `groups`: {title: {"success", "tasks"} or None when no task
@@ -68,7 +69,9 @@ def success_table(success: Mapping[str, float], episodes: Mapping[str, int] | No
     ]
     overall = _group([r["success"] for r in rows])
     return {
-        "groups": {title: _group([r["success"] for r in rows if r["task"] in tasks]) for title, tasks in groups.items()},
+        "groups": {
+            title: _group([r["success"] for r in rows if r["task"] in tasks]) for title, tasks in groups.items()
+        },
         "mean": overall["success"] if overall else None,
         "num_tasks": len(rows),
         "tasks": rows,
@@ -156,8 +159,12 @@ def rich_table(table: Mapping[str, Any], title: str = "evaluation (success_once,
     out.add_section()
     for label, group in table["groups"].items():
         if group:
-            out.add_row(f"[bold]{label}[/bold]", "", _colour(group["success"], _pct(group["success"])),
-                        f"{group['tasks']} tasks")
+            out.add_row(
+                f"[bold]{label}[/bold]",
+                "",
+                _colour(group["success"], _pct(group["success"])),
+                f"{group['tasks']} tasks",
+            )
     if table.get("mean") is not None:
         out.add_row("[bold]Avg.[/bold]", "", f"[bold]{_pct(table['mean'])}[/bold]", f"{table['num_tasks']} tasks")
     return out
@@ -192,8 +199,9 @@ def _delta(value: float | None) -> str:
     return _MISSING if value is None else f"{100.0 * value:+.1f}"
 
 
-def compare_markdown(before: Mapping[str, float], after: Mapping[str, float], title: str,
-                     groups: Groups | None = None) -> str:
+def compare_markdown(
+    before: Mapping[str, float], after: Mapping[str, float], title: str, groups: Groups | None = None
+) -> str:
     """Markdown before/after table (success %, delta in percentage points), ending with the mean row."""
     cmp = compare(before, after, groups)
     lines = [
@@ -203,8 +211,9 @@ def compare_markdown(before: Mapping[str, float], after: Mapping[str, float], ti
         _md_row(["---", "---", "---:", "---:", "---:"]),
     ]
     for r in cmp["tasks"]:
-        lines.append(_md_row([r["task"], r["group"] or _MISSING,
-                              _pct(r["before"]), _pct(r["after"]), _delta(r["delta"])]))
+        lines.append(
+            _md_row([r["task"], r["group"] or _MISSING, _pct(r["before"]), _pct(r["after"]), _delta(r["delta"])])
+        )
     m = cmp["mean"]
     mean_cells = [_pct(m["before"]), _pct(m["after"]), _delta(m["delta"])]
     lines.append(_md_row([f"**Mean** ({m['tasks']} tasks)", "", *mean_cells]))
@@ -212,8 +221,9 @@ def compare_markdown(before: Mapping[str, float], after: Mapping[str, float], ti
     return "\n".join(lines)
 
 
-def compare_rich(before: Mapping[str, float], after: Mapping[str, float],
-                 title: str = "success before / after fine-tuning") -> Table:
+def compare_rich(
+    before: Mapping[str, float], after: Mapping[str, float], title: str = "success before / after fine-tuning"
+) -> Table:
     """Terminal before/after table; deltas green when better, red when worse."""
     cmp = compare(before, after)
     out = Table(title=title)

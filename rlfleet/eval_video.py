@@ -107,9 +107,17 @@ def write_mp4(path: Path, frames: list[np.ndarray], fps: int) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.stem}.tmp-{os.getpid()}.mp4")
     try:
-        writer = imageio.get_writer(str(tmp), format="FFMPEG", mode="I", fps=fps, codec="libx264",
-                                    pixelformat="yuv420p", macro_block_size=2, quality=7,
-                                    ffmpeg_log_level="error")
+        writer = imageio.get_writer(
+            str(tmp),
+            format="FFMPEG",
+            mode="I",
+            fps=fps,
+            codec="libx264",
+            pixelformat="yuv420p",
+            macro_block_size=2,
+            quality=7,
+            ffmpeg_log_level="error",
+        )
         try:
             for frame in frames:
                 writer.append_data(frame)
@@ -161,8 +169,13 @@ class EpisodeRecorder:
     `episodes_per_env=1` when, as in `evaluate_policy`, only each env's first episode counts.
     """
 
-    def __init__(self, cfg: VideoConfig, task_names: list[str], root: Path | str | None = None,
-                 episodes_per_env: int | None = None) -> None:
+    def __init__(
+        self,
+        cfg: VideoConfig,
+        task_names: list[str],
+        root: Path | str | None = None,
+        episodes_per_env: int | None = None,
+    ) -> None:
         self.cfg = cfg
         self.task_names = list(task_names)
         base = Path(cfg.video_base_dir)
@@ -302,7 +315,7 @@ class EpisodeRecorder:
         """Drop episodes still running (a video always shows a whole episode)."""
         self._episodes = [None] * len(self.task_names)
 
-    def __enter__(self) -> "EpisodeRecorder":
+    def __enter__(self) -> EpisodeRecorder:
         return self
 
     def __exit__(self, *exc: object) -> None:

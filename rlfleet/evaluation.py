@@ -1,5 +1,6 @@
 """Evaluation: the policy (deterministic by default, or sampled as in training) on fresh episodes
 of every task, success_once per task."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -12,15 +13,23 @@ from torch import nn
 from rlfleet.envs.api import ChunkedEnv, EnvConfig
 from rlfleet.envs.registry import env_factory, make_env
 
-
 # A rendering env holds a ~60 MB offscreen context: evaluate in rounds of at most this many envs.
 MAX_EVAL_ENVS = 50
 
 
-def evaluate_policy(policy: nn.Module, env_cfg: EnvConfig, episodes_per_task: int, seed: int = 10_000,
-                    video_cfg=None, out_dir: str | Path | None = None, max_envs: int = MAX_EVAL_ENVS,
-                    deterministic: bool = True, episode_returns: dict[str, list[float]] | None = None,
-                    progress: bool = True, videos: list[Path] | None = None) -> dict[str, float]:
+def evaluate_policy(
+    policy: nn.Module,
+    env_cfg: EnvConfig,
+    episodes_per_task: int,
+    seed: int = 10_000,
+    video_cfg=None,
+    out_dir: str | Path | None = None,
+    max_envs: int = MAX_EVAL_ENVS,
+    deterministic: bool = True,
+    episode_returns: dict[str, list[float]] | None = None,
+    progress: bool = True,
+    videos: list[Path] | None = None,
+) -> dict[str, float]:
     """Run `episodes_per_task` episodes of each task; returns success rate per task.
 
     Episode j of task i uses seed `seed + j * num_tasks + i` whatever the batching, so every
@@ -39,8 +48,15 @@ def evaluate_policy(policy: nn.Module, env_cfg: EnvConfig, episodes_per_task: in
     results: dict[str, list[bool]] = {t: [] for t in tasks}
     envs: dict[int, ChunkedEnv] = {}  # by batch size: rounds reuse one env batch (see below)
     done_eps = 0
-    bar = Progress(TextColumn("[bold]eval[/bold]"), BarColumn(), MofNCompleteColumn(), TextColumn("episodes"),
-                   TimeRemainingColumn(), transient=True, disable=not progress)
+    bar = Progress(
+        TextColumn("[bold]eval[/bold]"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("episodes"),
+        TimeRemainingColumn(),
+        transient=True,
+        disable=not progress,
+    )
     bar_task = bar.add_task("eval", total=episodes_per_task * len(tasks))
     try:
         bar.start()
@@ -53,8 +69,9 @@ def evaluate_policy(policy: nn.Module, env_cfg: EnvConfig, episodes_per_task: in
             if len(seeds) not in envs:
                 envs[len(seeds)] = make_env(env_cfg, len(seeds))
             env = envs[len(seeds)]
-            names, ok_all, ret_all, written = _run_episodes(policy, env, seeds, video, out_dir, deterministic,
-                                                            on_done=lambda n: bar.advance(bar_task, n))
+            names, ok_all, ret_all, written = _run_episodes(
+                policy, env, seeds, video, out_dir, deterministic, on_done=lambda n: bar.advance(bar_task, n)
+            )
             if videos is not None:
                 videos.extend(written)
             for task, ok, ret in zip(names, ok_all, ret_all):
@@ -70,8 +87,9 @@ def evaluate_policy(policy: nn.Module, env_cfg: EnvConfig, episodes_per_task: in
 
 
 @torch.no_grad()
-def _run_episodes(policy: nn.Module, env: ChunkedEnv, seeds: np.ndarray, video_cfg, out_dir,
-                  deterministic: bool = True, on_done=None) -> tuple[list[str], np.ndarray, np.ndarray, list[Path]]:
+def _run_episodes(
+    policy: nn.Module, env: ChunkedEnv, seeds: np.ndarray, video_cfg, out_dir, deterministic: bool = True, on_done=None
+) -> tuple[list[str], np.ndarray, np.ndarray, list[Path]]:
     """One episode per env of a batch reset with `seeds` (env i runs task i mod num_tasks);
     success_once and return per env, and the videos written. `on_done(n)`: n more episodes ended."""
     from rlfleet.eval_video import EpisodeRecorder, VideoConfig
@@ -90,9 +108,15 @@ def _run_episodes(policy: nn.Module, env: ChunkedEnv, seeds: np.ndarray, video_c
         while not done.all():
             out = policy.act(obs_tensors(obs, policy.obs_keys), deterministic=deterministic)
             res = env.chunk_step(out["actions"].numpy())
-            recorder.step(res.obs.get("main_images"), rewards=res.rewards, success=res.success, done=res.episode_done,
-                          final_frames=res.final_obs.get("main_images"), episode_success=res.episode_success_once,
-                          episode_length=res.episode_length)
+            recorder.step(
+                res.obs.get("main_images"),
+                rewards=res.rewards,
+                success=res.success,
+                done=res.episode_done,
+                final_frames=res.final_obs.get("main_images"),
+                episode_success=res.episode_success_once,
+                episode_length=res.episode_length,
+            )
             newly = res.episode_done & ~done
             success[newly] = res.episode_success_once[newly]
             returns[newly] = res.episode_return[newly]

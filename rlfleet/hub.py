@@ -6,6 +6,7 @@ table); `rlfleet push CHECKPOINT ORG/NAME` uploads that folder. Loading is the o
 `policy.model_path=hf://ORG/NAME[@REVISION]` and `rlfleet eval hf://ORG/NAME` resolve through
 huggingface_hub's cache (rlfleet.policies.checkpoint_io.resolve_model_path).
 """
+
 from __future__ import annotations
 
 import json
@@ -19,8 +20,15 @@ from rlfleet.policies.checkpoint_io import is_hub_path, load_checkpoint, read_mo
 
 TRAINING_INFO = "training.json"  # written by rlfleet.learner.checkpointer beside each checkpoint
 NORM_STATS = "norm_stats.json"
-_SUMMARY_METRICS = ("env_steps", "updates", "train_seconds", "throughput_env_steps_per_s", "train_success_once",
-                    "eval_success_mean", "eval_before_mean")
+_SUMMARY_METRICS = (
+    "env_steps",
+    "updates",
+    "train_seconds",
+    "throughput_env_steps_per_s",
+    "train_success_once",
+    "eval_success_mean",
+    "eval_before_mean",
+)
 
 
 def checkpoint_folder(path: str | Path) -> Path:
@@ -54,9 +62,14 @@ def _norm_stats(checkpoint: Path) -> dict[str, Any] | None:
     except (TypeError, ValueError, LookupError):
         pass  # no VLA normaliser in this policy
     state = policy.state_dict()
-    stats = {name[: -len(".mean")]: {"mean": state[name].tolist(),
-                                     "std": state[name[: -len("mean")] + "var"].sqrt().tolist()}
-             for name in state if name.endswith(".mean") and name[: -len("mean")] + "var" in state}
+    stats = {
+        name[: -len(".mean")]: {
+            "mean": state[name].tolist(),
+            "std": state[name[: -len("mean")] + "var"].sqrt().tolist(),
+        }
+        for name in state
+        if name.endswith(".mean") and name[: -len("mean")] + "var" in state
+    }
     return {"observation": stats} if stats else None
 
 
@@ -75,37 +88,69 @@ def _eval_markdown(summary: Mapping[str, Any], checkpoint: Path, env_name: str) 
     return None
 
 
-def model_card(config: Mapping[str, Any], info: Mapping[str, Any], summary: Mapping[str, Any], eval_md: str | None,
-               repo_id: str | None = None) -> str:
+def model_card(
+    config: Mapping[str, Any],
+    info: Mapping[str, Any],
+    summary: Mapping[str, Any],
+    eval_md: str | None,
+    repo_id: str | None = None,
+) -> str:
     """README.md of an exported checkpoint (Hub model-card metadata first)."""
     policy = config.get("policy", {}).get("name", "policy")
     env = config.get("env", {}) or {}
     tags = ["rlfleet", "reinforcement-learning", "robotics", *(t for t in (env.get("name"), policy) if t)]
     name = repo_id or "ORG/NAME"
-    lines = ["---", "library_name: rlfleet", "tags:", *(f"- {t}" for t in dict.fromkeys(tags)), "---", "",
-             f"# {name}", "",
-             f"A `{policy}` policy fine-tuned with [rlfleet](https://pypi.org/project/rlfleet/) on "
-             f"`{env.get('name', '?')}` (task `{env.get('task', '?')}`).", "",
-             "## Use", "", "```bash",
-             f"rlfleet eval hf://{name} --episodes 10", f"rlfleet train RECIPE policy.model_path=hf://{name}",
-             "```", "", "## Training", ""]
+    lines = [
+        "---",
+        "library_name: rlfleet",
+        "tags:",
+        *(f"- {t}" for t in dict.fromkeys(tags)),
+        "---",
+        "",
+        f"# {name}",
+        "",
+        f"A `{policy}` policy fine-tuned with [rlfleet](https://pypi.org/project/rlfleet/) on "
+        f"`{env.get('name', '?')}` (task `{env.get('task', '?')}`).",
+        "",
+        "## Use",
+        "",
+        "```bash",
+        f"rlfleet eval hf://{name} --episodes 10",
+        f"rlfleet train RECIPE policy.model_path=hf://{name}",
+        "```",
+        "",
+        "## Training",
+        "",
+    ]
     if info.get("command"):
         lines += ["```bash", str(info["command"]), "```", ""]
-    facts = {"source commit": info.get("commit"), "rlfleet version": info.get("rlfleet_version"),
-             **{k: v for k, v in (info.get("counters") or {}).items()}}
+    facts = {
+        "source commit": info.get("commit"),
+        "rlfleet version": info.get("rlfleet_version"),
+        **{k: v for k, v in (info.get("counters") or {}).items()},
+    }
     lines += [f"- {k}: `{v}`" for k, v in facts.items() if v is not None]
     metrics = {k: summary[k] for k in _SUMMARY_METRICS if summary.get(k) is not None}
     if metrics:
         lines += ["", "## Metrics", "", "| metric | value |", "|---|---|"]
         lines += [f"| {k} | {v:.4g} |" if isinstance(v, float) else f"| {k} | {v} |" for k, v in metrics.items()]
     if eval_md:
-        lines += ["", "## Evaluation", "", "\n".join("###" + ln[1:] if ln.startswith("# ") else ln
-                                                    for ln in eval_md.strip().splitlines())]
-    lines += ["", "## Files", "",
-              "- `model.safetensors`: weights (with the observation/action normalisation buffers)",
-              "- `config.json`: policy settings and env dimensions (what rebuilds the policy)",
-              "- `norm_stats.json`: the normalisation statistics, readable",
-              "- `training.json`: command, commit and counters of the training run", ""]
+        lines += [
+            "",
+            "## Evaluation",
+            "",
+            "\n".join("###" + ln[1:] if ln.startswith("# ") else ln for ln in eval_md.strip().splitlines()),
+        ]
+    lines += [
+        "",
+        "## Files",
+        "",
+        "- `model.safetensors`: weights (with the observation/action normalisation buffers)",
+        "- `config.json`: policy settings and env dimensions (what rebuilds the policy)",
+        "- `norm_stats.json`: the normalisation statistics, readable",
+        "- `training.json`: command, commit and counters of the training run",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -128,12 +173,17 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, repo_id: str | No
         (out / TRAINING_INFO).write_text(json.dumps(info, indent=2))
     run = _run_folder(src)
     summary = json.loads((run / "summary.json").read_text()) if run and (run / "summary.json").exists() else {}
-    (out / "README.md").write_text(model_card(config, info, summary, _eval_markdown(summary, src, (config.get("env") or {}).get("name", "")), repo_id))
+    (out / "README.md").write_text(
+        model_card(
+            config, info, summary, _eval_markdown(summary, src, (config.get("env") or {}).get("name", "")), repo_id
+        )
+    )
     return out
 
 
-def push_checkpoint(checkpoint: str | Path, repo_id: str, private: bool = False, revision: str | None = None,
-                    message: str | None = None) -> str:
+def push_checkpoint(
+    checkpoint: str | Path, repo_id: str, private: bool = False, revision: str | None = None, message: str | None = None
+) -> str:
     """Export `checkpoint` and upload it to the Hub model repo `repo_id` (created if missing); the
     token comes from HF_TOKEN or `hf auth login`. Returns the commit URL."""
     from huggingface_hub import HfApi  # only pushing needs the network client
@@ -146,8 +196,13 @@ def push_checkpoint(checkpoint: str | Path, repo_id: str, private: bool = False,
             api.create_repo(repo_id, repo_type="model", private=private, exist_ok=True)
             if revision:
                 api.create_branch(repo_id, branch=revision, repo_type="model", exist_ok=True)
-            info = api.upload_folder(repo_id=repo_id, folder_path=str(folder), repo_type="model", revision=revision,
-                                     commit_message=message or f"rlfleet export of {checkpoint}")
+            info = api.upload_folder(
+                repo_id=repo_id,
+                folder_path=str(folder),
+                repo_type="model",
+                revision=revision,
+                commit_message=message or f"rlfleet export of {checkpoint}",
+            )
         except (HfHubHTTPError, OSError, ConnectionError) as exc:  # no token, offline, no write access: one line
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise ValueError(f"push to {repo_id} failed: {first}") from exc

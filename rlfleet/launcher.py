@@ -5,6 +5,7 @@ the launcher only wires their addresses together (through small address files) a
 sure that when the learner ends, or on Ctrl-C, every child stops and nothing is left behind.
 While the learner runs, an actor process that crashes is restarted (`rlfleet.actor_supervisor`).
 """
+
 from __future__ import annotations
 
 import json
@@ -34,13 +35,22 @@ def _die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
 
-def _spawn(args: list[str], log_file: Path | None = None, extra_env: dict[str, str] | None = None,
-           launcher: tuple[str, ...] = ("-m", "rlfleet.cli")) -> subprocess.Popen:
+def _spawn(
+    args: list[str],
+    log_file: Path | None = None,
+    extra_env: dict[str, str] | None = None,
+    launcher: tuple[str, ...] = ("-m", "rlfleet.cli"),
+) -> subprocess.Popen:
     # token and TLS travel by environment: a command line is readable by every user of the host
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", **current_auth().child_env(), **(extra_env or {}))
     out = open(log_file, "ab") if log_file else None
-    return subprocess.Popen([sys.executable, *launcher, *args], env=env, stdout=out, stderr=out,
-                            preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+    return subprocess.Popen(
+        [sys.executable, *launcher, *args],
+        env=env,
+        stdout=out,
+        stderr=out,
+        preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+    )
 
 
 def _learner_launcher(plan: PlacementPlan | None) -> tuple[tuple[str, ...], dict[str, str]]:
@@ -49,8 +59,14 @@ def _learner_launcher(plan: PlacementPlan | None) -> tuple[tuple[str, ...], dict
         env = plan.visible_devices(plan.actor[0]) if plan else {}
         return ("-m", "rlfleet.cli", "learner"), env
     env = plan.visible_devices(*plan.actor)
-    return ("-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={plan.num_learner_ranks}",
-            "-m", "rlfleet.learner"), env
+    return (
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={plan.num_learner_ranks}",
+        "-m",
+        "rlfleet.learner",
+    ), env
 
 
 def _child_config(cfg: DictConfig, plan: PlacementPlan | None) -> DictConfig:
@@ -76,16 +92,18 @@ def _inference_addresses(addresses: list[str], actor_index: int) -> str:
 ROLE_START_TIMEOUT_S = 900.0
 
 
-def _wait_address(path: Path, proc: subprocess.Popen, key: str, timeout: float = ROLE_START_TIMEOUT_S,
-                  log_file: Path | None = None) -> str:
+def _wait_address(
+    path: Path, proc: subprocess.Popen, key: str, timeout: float = ROLE_START_TIMEOUT_S, log_file: Path | None = None
+) -> str:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if path.exists():
             return json.loads(path.read_text())[key]
         if proc.poll() is not None:
             cause = last_error_line(log_file)
-            raise RuntimeError(f"{key} exited with code {proc.returncode} before it was ready"
-                               + (f": {cause}" if cause else ""))
+            raise RuntimeError(
+                f"{key} exited with code {proc.returncode} before it was ready" + (f": {cause}" if cause else "")
+            )
         time.sleep(0.1)
     raise TimeoutError(f"{key} did not report its address within {timeout:.0f}s")
 
@@ -117,8 +135,9 @@ def evaluate_start(cfg: DictConfig, episode_returns: dict[str, list[float]] | No
     fill_model_dims(cfg)
     d = cfg.model_dims
     policy = policy_from_config(as_dict(cfg.policy), d.state_dim, d.action_dim, cfg.env.chunk_size, cfg.env.image_size)
-    return evaluate_policy(policy, eval_env_config(cfg), cfg.eval.episodes_per_task, seed=cfg.eval.seed,
-                           episode_returns=episode_returns)
+    return evaluate_policy(
+        policy, eval_env_config(cfg), cfg.eval.episodes_per_task, seed=cfg.eval.seed, episode_returns=episode_returns
+    )
 
 
 def evaluate_only(cfg: DictConfig, run_dir: Path) -> dict:
@@ -131,8 +150,12 @@ def evaluate_only(cfg: DictConfig, run_dir: Path) -> dict:
     run_dir.mkdir(parents=True, exist_ok=True)
     from rlfleet.envs.registry import task_groups
 
-    write_report(success_table(success, groups=task_groups(cfg.env.name)), run_dir, name="eval",
-                 title=f"Evaluation of {cfg.policy.model_path}")
+    write_report(
+        success_table(success, groups=task_groups(cfg.env.name)),
+        run_dir,
+        name="eval",
+        title=f"Evaluation of {cfg.policy.model_path}",
+    )
     summary = {"eval_success": success, "eval_success_mean": sum(success.values()) / len(success)}
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
@@ -141,8 +164,12 @@ def evaluate_only(cfg: DictConfig, run_dir: Path) -> dict:
 def metrics_ports(base: int, num_actors: int, num_inference: int = 1) -> dict[str, int]:
     """Local mode's metrics ports: learner `base`, inference `base+1`, actor i `base+2+i`, then any
     further inference servers (inference1, ...); all 0 when base is 0."""
-    names = ["learner", "inference", *(f"actor{i}" for i in range(num_actors)),
-             *(f"inference{j}" for j in range(1, num_inference))]
+    names = [
+        "learner",
+        "inference",
+        *(f"actor{i}" for i in range(num_actors)),
+        *(f"inference{j}" for j in range(1, num_inference)),
+    ]
     if base and base + len(names) - 1 > 65535:
         raise ValueError(f"metrics ports {base}..{base + len(names) - 1} do not fit below 65536")
     return {name: base + i if base else 0 for i, name in enumerate(names)}
@@ -198,11 +225,14 @@ def _keep_before(run_dir: Path, before: dict[str, float]) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "eval_before.json").write_text(json.dumps(before, indent=2))
     cells = ", ".join(f"{task} {100 * v:.0f}%" for task, v in before.items())
-    print(f"starting policy: mean {100 * sum(before.values()) / len(before):.1f}% ({cells})", file=sys.stderr, flush=True)
+    print(
+        f"starting policy: mean {100 * sum(before.values()) / len(before):.1f}% ({cells})", file=sys.stderr, flush=True
+    )
 
 
-def _chain_before_after(cfg: DictConfig, run_dir: Path, returns: dict[str, list[float]],
-                        after: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+def _chain_before_after(
+    cfg: DictConfig, run_dir: Path, returns: dict[str, list[float]], after: dict[str, dict[str, float]]
+) -> dict[str, dict[str, float]]:
     """Chained envs (CALVIN): the starting policy's chain table next to the trained one's, as
     RLinf's CALVIN table (before_after_chain.md)."""
     from rlfleet.chain_metrics import chain_markdown, chain_report
@@ -211,8 +241,11 @@ def _chain_before_after(cfg: DictConfig, run_dir: Path, returns: dict[str, list[
     n = scored_chain_length(cfg.env.name, cfg.env.reward_type)
     before = chain_report(returns, n)
     rows = {f"{task} {when}": table[task] for task in before for when, table in (("before", before), ("after", after))}
-    text = chain_markdown(rows, f"{cfg.runner.experiment_name}: chains before / after RL "
-                                f"({cfg.eval.episodes_per_task} eval chains per scene)", n)
+    text = chain_markdown(
+        rows,
+        f"{cfg.runner.experiment_name}: chains before / after RL ({cfg.eval.episodes_per_task} eval chains per scene)",
+        n,
+    )
     (run_dir / "before_after_chain.md").write_text(text)
     print(text, flush=True)
     return before
@@ -230,12 +263,16 @@ def _supervise(learner: subprocess.Popen, supervisor: ActorSupervisor, every_s: 
                 learner.send_signal(signal.SIGINT)  # no data will come: checkpoint and stop
                 learner.wait()
                 last = "; ".join(f"actor {i}: {c}" for i, c in sorted(supervisor.causes.items()) if c)
-                raise RuntimeError("every actor crashed more often than actor.max_restarts allows"
-                                   + (f" ({last})" if last else "") + "; see the run folder's logs/actor*.log")
+                raise RuntimeError(
+                    "every actor crashed more often than actor.max_restarts allows"
+                    + (f" ({last})" if last else "")
+                    + "; see the run folder's logs/actor*.log"
+                ) from None
 
 
-def _run_fleet(cfg: DictConfig, run_dir: Path, ports: dict[str, int], metrics_host: str,
-               plan: PlacementPlan | None = None) -> dict:
+def _run_fleet(
+    cfg: DictConfig, run_dir: Path, ports: dict[str, int], metrics_host: str, plan: PlacementPlan | None = None
+) -> dict:
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     cfg_file = run_dir / "launch_config.yaml"
     cfg_file.write_text(to_yaml(_child_config(cfg, plan)))
@@ -248,9 +285,16 @@ def _run_fleet(cfg: DictConfig, run_dir: Path, ports: dict[str, int], metrics_ho
         (addr_dir / "metrics.json").write_text(json.dumps({k: f"{metrics_host}:{p}" for k, p in ports.items()}))
 
     learner_launcher, learner_env = _learner_launcher(plan)
-    learner = _spawn([str(cfg_file), "--address-file", str(addr_dir / "learner.json"),
-                      *_metrics_flags(ports, "learner", metrics_host)], extra_env=learner_env,
-                     launcher=learner_launcher)  # console: progress
+    learner = _spawn(
+        [
+            str(cfg_file),
+            "--address-file",
+            str(addr_dir / "learner.json"),
+            *_metrics_flags(ports, "learner", metrics_host),
+        ],
+        extra_env=learner_env,
+        launcher=learner_launcher,
+    )  # console: progress
     children = [learner]
     supervisor: ActorSupervisor | None = None
     try:
@@ -258,23 +302,52 @@ def _run_fleet(cfg: DictConfig, run_dir: Path, ports: dict[str, int], metrics_ho
         inference_addrs = []
         for j, device in enumerate(plan.rollout if plan else [None]):
             name = "inference" if j == 0 else f"inference{j}"
-            placed = [] if device is None else ["--device", plan.device_name(0 if plan.device_kind == "cuda" else device)]
+            placed = (
+                [] if device is None else ["--device", plan.device_name(0 if plan.device_kind == "cuda" else device)]
+            )
             if device is not None and plan.device_kind == "cuda" and plan.shares_device(device):
                 placed += ["--offload-idle-s", "1.0"]  # the learner on this device needs the memory
-            inference = _spawn(["inference", "--learner", learner_addr, "--address-file", str(addr_dir / f"{name}.json"),
-                                *placed, *_metrics_flags({name: ports.get(name, 0)}, name, metrics_host)],
-                               logs / f"{name}.log", extra_env=plan.visible_devices(device) if plan else None)
+            inference = _spawn(
+                [
+                    "inference",
+                    "--learner",
+                    learner_addr,
+                    "--address-file",
+                    str(addr_dir / f"{name}.json"),
+                    *placed,
+                    *_metrics_flags({name: ports.get(name, 0)}, name, metrics_host),
+                ],
+                logs / f"{name}.log",
+                extra_env=plan.visible_devices(device) if plan else None,
+            )
             children.append(inference)
-            inference_addrs.append(_wait_address(addr_dir / f"{name}.json", inference, "inference",
-                                                 log_file=logs / f"{name}.log"))
+            inference_addrs.append(
+                _wait_address(addr_dir / f"{name}.json", inference, "inference", log_file=logs / f"{name}.log")
+            )
         supervisor = ActorSupervisor(  # a stable id per index: the run's per-actor counts survive restarts
-            lambda i: _spawn(["actor", "--learner", learner_addr, "--inference", _inference_addresses(inference_addrs, i),
-                              "--index", str(i), "--id", f"actor{i}", *_metrics_flags(ports, f"actor{i}", metrics_host)],
-                             logs / f"actor{i}.log",  # ledgers: a killed actor's losses are still counted
-                             extra_env={**(_render_device(plan, i) or {}), LEDGER_DIR_VAR: str(run_dir / "ledgers")}),
-            cfg.actor.num_actors, RestartPolicy(cfg.actor.max_restarts, cfg.actor.restart_backoff_s,
-                                                refill_s=cfg.actor.get("restart_refill_s", 600.0)),
-            run_dir / "pids", log_file=lambda i: logs / f"actor{i}.log")
+            lambda i: _spawn(
+                [
+                    "actor",
+                    "--learner",
+                    learner_addr,
+                    "--inference",
+                    _inference_addresses(inference_addrs, i),
+                    "--index",
+                    str(i),
+                    "--id",
+                    f"actor{i}",
+                    *_metrics_flags(ports, f"actor{i}", metrics_host),
+                ],
+                logs / f"actor{i}.log",  # ledgers: a killed actor's losses are still counted
+                extra_env={**(_render_device(plan, i) or {}), LEDGER_DIR_VAR: str(run_dir / "ledgers")},
+            ),
+            cfg.actor.num_actors,
+            RestartPolicy(
+                cfg.actor.max_restarts, cfg.actor.restart_backoff_s, refill_s=cfg.actor.get("restart_refill_s", 600.0)
+            ),
+            run_dir / "pids",
+            log_file=lambda i: logs / f"actor{i}.log",
+        )
         _supervise(learner, supervisor)
     except KeyboardInterrupt:
         print("\nstopping: the learner writes a checkpoint before it exits", file=sys.stderr)

@@ -22,6 +22,7 @@ update phase) so the learner has the memory.
 Without CUDA the devices are process slots on this host: the plan keeps the same shape (how
 many learner ranks, inference servers and actor processes) and says so in its message.
 """
+
 from __future__ import annotations
 
 import os
@@ -54,8 +55,10 @@ def parse_devices(spec: str | int, num_devices: int) -> list[int]:
     if not out:
         raise PlacementError(f"device list {spec!r} is empty")
     if out[-1] >= num_devices:
-        raise PlacementError(f"device {out[-1]} in {spec!r} does not exist: this host has {num_devices} "
-                             f"device(s), numbered 0-{num_devices - 1}")
+        raise PlacementError(
+            f"device {out[-1]} in {spec!r} does not exist: this host has {num_devices} "
+            f"device(s), numbered 0-{num_devices - 1}"
+        )
     return out
 
 
@@ -123,8 +126,10 @@ class PlacementPlan:
             devs = getattr(self, comp)
             lines.append(f"  {comp:8s} -> {len(devs)} {ROLE_OF[comp]} on {self.device_kind} {_ranges(devs)}")
         if self.device_kind == "cpu":
-            lines.append("  no CUDA device here: device indices are process slots on this host "
-                         "(one process per index, all on the CPU)")
+            lines.append(
+                "  no CUDA device here: device indices are process slots on this host "
+                "(one process per index, all on the CPU)"
+            )
         return "\n".join(lines)
 
 
@@ -144,19 +149,24 @@ def plan_placement(spec: Mapping[str, str | int], num_devices: int, device_kind:
     found: dict[str, list[int]] = {}
     for key, value in spec.items():
         if value is None:  # YAML flow style splits an unquoted `{env,rollout: all}` at the comma
-            raise PlacementError(f"component_placement gives {key!r} no devices; in flow style or on the "
-                                 "command line quote a comma-joined key: \"{'env,rollout,actor': all}\"")
+            raise PlacementError(
+                f"component_placement gives {key!r} no devices; in flow style or on the "
+                "command line quote a comma-joined key: \"{'env,rollout,actor': all}\""
+            )
         for comp in (c.strip() for c in str(key).split(",")):
             if comp not in COMPONENTS:
-                raise PlacementError(f"unknown component {comp!r} in component_placement; "
-                                     f"use {', '.join(COMPONENTS)} (RLinf's names)")
+                raise PlacementError(
+                    f"unknown component {comp!r} in component_placement; use {', '.join(COMPONENTS)} (RLinf's names)"
+                )
             if comp in found:
                 raise PlacementError(f"component {comp!r} is placed twice in component_placement")
             found[comp] = parse_devices(value, num_devices)
     missing = [c for c in COMPONENTS if c not in found]
     if missing:
-        raise PlacementError(f"component_placement does not place {', '.join(missing)}; "
-                             "give every one of env, rollout, actor (e.g. 'env,rollout,actor: all')")
+        raise PlacementError(
+            f"component_placement does not place {', '.join(missing)}; "
+            "give every one of env, rollout, actor (e.g. 'env,rollout,actor: all')"
+        )
     return PlacementPlan(found["env"], found["rollout"], found["actor"], device_kind)
 
 

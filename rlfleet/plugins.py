@@ -6,6 +6,7 @@ A name is looked up, in order, among the built-in names, in-process registration
 every role (learner, inference server, actors, spawned env workers, `rlfleet env-server`, eval)
 finds a plugin as long as its package is importable there: nothing has to be registered first.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -57,9 +58,13 @@ def resolve(name: str, kind: str, group: str, known: Mapping[str, Any], also: Se
         try:
             return matches[0].load()
         except Exception as exc:  # a broken plugin: say which one, in one line
-            raise ValueError(f"{kind} {name!r}: entry point {matches[0].value!r} of group {group!r} failed to load "
-                             f"({type(exc).__name__}: {exc})") from None
+            raise ValueError(
+                f"{kind} {name!r}: entry point {matches[0].value!r} of group {group!r} failed to load "
+                f"({type(exc).__name__}: {exc})"
+            ) from None
     plugins = entry_point_names(group)
-    raise ValueError(f"unknown {kind} {name!r}: not built in or registered, not a 'package.module:factory' path, "
-                     f"and no entry point of that name in group {group!r}; available: {', '.join([*sorted(known), *also])}"
-                     + (f"; entry points: {', '.join(plugins)}" if plugins else ""))
+    raise ValueError(
+        f"unknown {kind} {name!r}: not built in or registered, not a 'package.module:factory' path, "
+        f"and no entry point of that name in group {group!r}; available: {', '.join([*sorted(known), *also])}"
+        + (f"; entry points: {', '.join(plugins)}" if plugins else "")
+    )

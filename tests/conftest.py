@@ -1,4 +1,5 @@
 """Suite-wide: tests start from a clean rlfleet environment, whatever the developer's shell exports."""
+
 import os
 
 import pytest

@@ -3,6 +3,7 @@
 Pipelining (Sample Factory's double buffering): envs are split in S stages; while the workers
 step stage s, the inference server computes actions for stage s+1, so neither waits.
 """
+
 from __future__ import annotations
 
 import logging
@@ -47,8 +48,15 @@ class ActorCounters:
         self.successes += int(segment.ep_success.sum())
 
 
-def run_actor(cfg: DictConfig, actor_index: int, client_id: str, learner_address: str, inference_address: str,
-              stop_event: threading.Event | None = None, counters: ActorCounters | None = None) -> ActorStats:
+def run_actor(
+    cfg: DictConfig,
+    actor_index: int,
+    client_id: str,
+    learner_address: str,
+    inference_address: str,
+    stop_event: threading.Event | None = None,
+    counters: ActorCounters | None = None,
+) -> ActorStats:
     a = cfg.actor
     E, S, T, K = a.num_envs, a.pipeline_stage_num, a.rollout_len, cfg.env.chunk_size
     grpo = cfg.algorithm.adv_type == "grpo"
@@ -64,22 +72,28 @@ def run_actor(cfg: DictConfig, actor_index: int, client_id: str, learner_address
     segments, steps, t0 = 0, 0, time.monotonic()
 
     def stopping() -> bool:
-        return stop_event.is_set() or (learner is not None and (learner.stop_requested.is_set() or learner.failed.is_set()))
+        return stop_event.is_set() or (
+            learner is not None and (learner.stop_requested.is_set() or learner.failed.is_set())
+        )
 
     try:
         learner = LearnerClient(learner_address, client_id, a.send_queue_size, cfg.learner.weight_chunk_bytes)
         # one address, or several ("h1:p1,h2:p2") to spread requests over and fail over between
-        inference = connect_fleet(a.transport, inference_address, pool.slots, client_id, stopping,
-                                  OmegaConf.to_object(a.failover))
+        inference = connect_fleet(
+            a.transport, inference_address, pool.slots, client_id, stopping, OmegaConf.to_object(a.failover)
+        )
         pool.reset()
         rows = pool.stage_rows
         resets = None
         if grpo:  # the first reset told us each row's task; now reset every group to one seed
-            resets = GroupedResets(rows, np.array(pool.slots["task_ids"]), cfg.algorithm.group_size,
-                                   cfg.env.seed, actor_index)
+            resets = GroupedResets(
+                rows, np.array(pool.slots["task_ids"]), cfg.algorithm.group_size, cfg.env.seed, actor_index
+            )
             pool.reset(resets.all_seeds())
-        builders = [SegmentBuilder(T, lo, hi, pool.layout, resets.groups[s].group_ids if resets else None)
-                    for s, (lo, hi) in enumerate(rows)]
+        builders = [
+            SegmentBuilder(T, lo, hi, pool.layout, resets.groups[s].group_ids if resets else None)
+            for s, (lo, hi) in enumerate(rows)
+        ]
 
         def launch(s: int) -> None:
             version = inference.wait(s)

@@ -5,6 +5,7 @@ rows from shared memory, steps, writes observations/rewards/episode stats back i
 rows and answers with a tiny notification. Workers hold one env slice per pipeline stage, so
 while stage s waits for inference the worker is already stepping stage s+1.
 """
+
 from __future__ import annotations
 
 import json
@@ -74,8 +75,9 @@ def _write_step(slots: SharedArrays, sl: EnvSlice, res, keys: list[str]) -> None
     slots["episode_success_once"][rows] = res.episode_success_once
 
 
-def worker_main(env_cfg: dict, slices: list[EnvSlice], shm_name: str, layout_json: str, conn: Connection,
-                auth=None) -> None:
+def worker_main(
+    env_cfg: dict, slices: list[EnvSlice], shm_name: str, layout_json: str, conn: Connection, auth=None
+) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     from rlfleet.envs.api import EnvConfig
     from rlfleet.envs.registry import make_env
@@ -135,8 +137,9 @@ class WorkerCrashed(RuntimeError):
 class EnvWorkerPool:
     """E envs in W worker processes, pipelined in S stages, results in one shared block."""
 
-    def __init__(self, env_cfg: dict, num_envs: int, num_workers: int, num_stages: int, layout: Layout,
-                 env_offset: int = 0):
+    def __init__(
+        self, env_cfg: dict, num_envs: int, num_workers: int, num_stages: int, layout: Layout, env_offset: int = 0
+    ):
         self.num_envs, self.num_stages = num_envs, num_stages
         self.stage_rows = [(s * num_envs // num_stages, (s + 1) * num_envs // num_stages) for s in range(num_stages)]
         self.layout = layout
@@ -147,9 +150,11 @@ class EnvWorkerPool:
         try:
             for slices in stage_slices(num_envs, num_stages, num_workers, env_offset):
                 parent, child = ctx.Pipe()
-                proc = ctx.Process(target=worker_main, daemon=True,
-                                   args=(env_cfg, slices, self.slots.name, layout_to_json(self.layout), child,
-                                         current_auth()))
+                proc = ctx.Process(
+                    target=worker_main,
+                    daemon=True,
+                    args=(env_cfg, slices, self.slots.name, layout_to_json(self.layout), child, current_auth()),
+                )
                 proc.start()
                 child.close()
                 self.conns.append(parent)

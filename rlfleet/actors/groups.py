@@ -10,6 +10,7 @@ stages (each stage builds its own segments), so a group never spans segments.
 The checks on a GRPO run's shape (whole-episode segments, whole groups per stage) live with GRPO
 in :mod:`rlfleet.algorithms.grpo`: the learner and the actor both run them.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -73,8 +74,9 @@ def group_seeds(base_seed: int, actor_index: int, stage: int, round_index: int, 
 class GroupedResets:
     """Seeds for an actor's stage resets: env row r of stage s gets the seed of its group."""
 
-    def __init__(self, stage_rows: list[tuple[int, int]], task_ids: np.ndarray, group_size: int,
-                 base_seed: int, actor_index: int):
+    def __init__(
+        self, stage_rows: list[tuple[int, int]], task_ids: np.ndarray, group_size: int, base_seed: int, actor_index: int
+    ):
         self.stage_rows = stage_rows
         self.base_seed, self.actor_index = base_seed, actor_index
         self.groups = [stage_groups(task_ids[lo:hi], group_size, s) for s, (lo, hi) in enumerate(stage_rows)]

@@ -5,6 +5,7 @@
 - grpc: a long-lived bidirectional Act stream (any host).
 All three leave actions/logprobs/values for rows lo:hi in the slots and return the policy version.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -20,7 +21,8 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from rlfleet.wire import codec
-from rlfleet.wire.auth import current as current_auth, zmq_auth_frames
+from rlfleet.wire.auth import current as current_auth
+from rlfleet.wire.auth import zmq_auth_frames
 from rlfleet.wire.gen import inference_pb2, inference_pb2_grpc
 from rlfleet.wire.grpc_server import make_channel
 from rlfleet.wire.shm import SharedArrays
@@ -35,8 +37,10 @@ def _store_outputs(slots: SharedArrays, lo: int, hi: int, out: dict) -> None:
     for key, value in out.items():
         slot = output_slot(key)
         if slot not in slots.layout:
-            raise InferenceError(f"the server returned {key!r}, which this actor has no slot for "
-                                 "(actor and server were configured for different policies)")
+            raise InferenceError(
+                f"the server returned {key!r}, which this actor has no slot for "
+                "(actor and server were configured for different policies)"
+            )
         slots[slot][lo:hi] = value
 
 
@@ -59,8 +63,13 @@ def server_info(address: str, timeout: float = 30.0) -> inference_pb2.ServerInfo
 
 
 class _ZmqClientBase:
-    def __init__(self, endpoint: str, slots: SharedArrays, timeout_s: float = 60.0,
-                 should_stop: Callable[[], bool] = lambda: False):
+    def __init__(
+        self,
+        endpoint: str,
+        slots: SharedArrays,
+        timeout_s: float = 60.0,
+        should_stop: Callable[[], bool] = lambda: False,
+    ):
         self.slots = slots
         self.timeout_ms = int(timeout_s * 1000)
         self.should_stop = should_stop
@@ -80,8 +89,10 @@ class _ZmqClientBase:
         """Prefix the token; refuse a frame the server would drop silently (ZeroMQ's size limit)."""
         for f in frames:
             if memoryview(f).nbytes > self._max_bytes:
-                raise InferenceError(f"a {memoryview(f).nbytes}-byte frame exceeds the {self._max_bytes}-byte message "
-                                     "limit (RLFLEET_MAX_MESSAGE_BYTES on both ends)")
+                raise InferenceError(
+                    f"a {memoryview(f).nbytes}-byte frame exceeds the {self._max_bytes}-byte message "
+                    "limit (RLFLEET_MAX_MESSAGE_BYTES on both ends)"
+                )
         self.sock.send_multipart([*self._auth, *frames], copy=copy)
 
     def _recv_for(self, req_id: int) -> list:
@@ -133,14 +144,24 @@ class _ZmqClientBase:
 
 
 class ShmInferenceClient(_ZmqClientBase):
-    def __init__(self, endpoint: str, slots: SharedArrays, timeout_s: float = 60.0,
-                 should_stop: Callable[[], bool] = lambda: False):
+    def __init__(
+        self,
+        endpoint: str,
+        slots: SharedArrays,
+        timeout_s: float = 60.0,
+        should_stop: Callable[[], bool] = lambda: False,
+    ):
         super().__init__(endpoint, slots, timeout_s, should_stop)
         req = next(self._ids)
         layout = {k: [list(v.shape), v.dtype] for k, v in slots.layout.items()}
         # the block's secret proves to the server that this client may have the block written
-        self._send([b"attach", struct.pack("<Q", req),
-                    json.dumps({"shm_name": slots.name, "layout": layout, "secret": slots.secret}).encode()])
+        self._send(
+            [
+                b"attach",
+                struct.pack("<Q", req),
+                json.dumps({"shm_name": slots.name, "layout": layout, "secret": slots.secret}).encode(),
+            ]
+        )
         self._recv_for(req)
 
     def close(self) -> None:
@@ -172,8 +193,14 @@ class ZmqInferenceClient(_ZmqClientBase):
 
 
 class GrpcInferenceClient:
-    def __init__(self, address: str, slots: SharedArrays, timeout_s: float = 60.0, actor_id: str = "",
-                 should_stop: Callable[[], bool] = lambda: False):
+    def __init__(
+        self,
+        address: str,
+        slots: SharedArrays,
+        timeout_s: float = 60.0,
+        actor_id: str = "",
+        should_stop: Callable[[], bool] = lambda: False,
+    ):
         self.slots = slots
         self.timeout_s = timeout_s
         self.actor_id = actor_id
@@ -205,7 +232,9 @@ class GrpcInferenceClient:
                 if self.should_stop():
                     raise StopWaiting() from None
                 if time.monotonic() > deadline:
-                    raise InferenceUnavailable(f"no answer from the inference server within {self.timeout_s:.0f} s") from None
+                    raise InferenceUnavailable(
+                        f"no answer from the inference server within {self.timeout_s:.0f} s"
+                    ) from None
                 continue
             if isinstance(item, Exception):
                 self._inbox.put(item)  # every later wait on this dead stream fails the same way
@@ -215,8 +244,9 @@ class GrpcInferenceClient:
     def submit(self, stage: int, lo: int, hi: int, deterministic: bool = False) -> None:
         req = next(self._ids)
         obs = codec.encode_map(_observation(self.slots, lo, hi))
-        self._requests.put(inference_pb2.ActRequest(request_id=req, actor_id=self.actor_id, obs=obs,
-                                                    deterministic=deterministic))
+        self._requests.put(
+            inference_pb2.ActRequest(request_id=req, actor_id=self.actor_id, obs=obs, deterministic=deterministic)
+        )
         self._pending[stage] = (req, lo, hi)
 
     def wait(self, stage: int) -> int:
@@ -248,8 +278,14 @@ def reachable_endpoint(endpoint: str, address: str) -> str:
     return f"{scheme}://{address.rpartition(':')[0]}:{port}"
 
 
-def connect_inference(transport: str, address: str, slots: SharedArrays, actor_id: str = "",
-                      should_stop: Callable[[], bool] = lambda: False, timeout_s: float = 60.0):
+def connect_inference(
+    transport: str,
+    address: str,
+    slots: SharedArrays,
+    actor_id: str = "",
+    should_stop: Callable[[], bool] = lambda: False,
+    timeout_s: float = 60.0,
+):
     """Open the client for `transport`; `address` is always the server's gRPC address.
 
     `timeout_s` bounds each wait for an answer (InferenceUnavailable past it).

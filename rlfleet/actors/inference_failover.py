@@ -15,6 +15,7 @@ Transport shm lets the server write answers straight into the actor's shared row
 that missed its deadline but is still alive could then write there late, after the request
 moved to another server, so with several addresses shm is served over zmq (raw frames) instead.
 """
+
 from __future__ import annotations
 
 import logging
@@ -53,8 +54,9 @@ def probe_health(address: str, timeout_s: float = 2.0) -> bool:
     """True when the server's standard gRPC health check answers SERVING for the inference service."""
     try:
         with make_channel(address) as ch:
-            reply = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=SERVICE),
-                                                         timeout=timeout_s)
+            reply = health_pb2_grpc.HealthStub(ch).Check(
+                health_pb2.HealthCheckRequest(service=SERVICE), timeout=timeout_s
+            )
         return reply.status == health_pb2.HealthCheckResponse.SERVING
     except grpc.RpcError:
         return False
@@ -79,15 +81,25 @@ class _Request:
 class FailoverInferenceClient:
     """The submit/wait interface of one inference client, over several servers."""
 
-    def __init__(self, transport: str, addresses: Sequence[str], slots: SharedArrays, actor_id: str = "",
-                 should_stop: Callable[[], bool] = lambda: False,
-                 settings: InferenceFailoverConfig | None = None,
-                 connect: Callable = connect_inference, probe: Callable[[str, float], bool] = probe_health):
+    def __init__(
+        self,
+        transport: str,
+        addresses: Sequence[str],
+        slots: SharedArrays,
+        actor_id: str = "",
+        should_stop: Callable[[], bool] = lambda: False,
+        settings: InferenceFailoverConfig | None = None,
+        connect: Callable = connect_inference,
+        probe: Callable[[str, float], bool] = probe_health,
+    ):
         self.settings = settings or InferenceFailoverConfig()
         self.transport = transport
         if transport == "shm" and len(addresses) > 1:
-            log.warning("transport shm with %d inference servers: using zmq so that a server that is "
-                        "failed over from can never write into this actor's rows late", len(addresses))
+            log.warning(
+                "transport shm with %d inference servers: using zmq so that a server that is "
+                "failed over from can never write into this actor's rows late",
+                len(addresses),
+            )
             self.transport = "zmq"
         self.slots, self.actor_id, self.should_stop = slots, actor_id, should_stop
         self._connect, self._probe = connect, probe
@@ -109,14 +121,25 @@ class FailoverInferenceClient:
         if not self._probe(server.address, min(2.0, self.settings.request_timeout_s)):
             return False
         try:
-            server.client = self._connect(self.transport, server.address, self.slots, self.actor_id,
-                                          self.should_stop, self.settings.request_timeout_s)
+            server.client = self._connect(
+                self.transport,
+                server.address,
+                self.slots,
+                self.actor_id,
+                self.should_stop,
+                self.settings.request_timeout_s,
+            )
         except (InferenceUnavailable, grpc.RpcError, zmq.ZMQError, OSError) as exc:
             log.warning("inference server %s answered its health check but not a connection: %s", server.address, exc)
             return False
         self._all_down_since = None
-        log.info("using inference server %s (%s); %d of %d up", server.address, self.transport,
-                 len(self.live()), len(self.servers))
+        log.info(
+            "using inference server %s (%s); %d of %d up",
+            server.address,
+            self.transport,
+            len(self.live()),
+            len(self.servers),
+        )
         return True
 
     def _mark_down(self, server: _Server, reason: Exception) -> None:
@@ -131,8 +154,9 @@ class FailoverInferenceClient:
         self.failovers += 1
         if not self.live():
             self._all_down_since = time.monotonic()
-        log.warning("inference server %s is down (%s); %d of %d up", server.address, reason,
-                    len(self.live()), len(self.servers))
+        log.warning(
+            "inference server %s is down (%s); %d of %d up", server.address, reason, len(self.live()), len(self.servers)
+        )
 
     def _probe_due(self) -> None:
         now = time.monotonic()
@@ -152,9 +176,11 @@ class FailoverInferenceClient:
                 raise StopWaiting()
             down_for = time.monotonic() - (self._all_down_since or time.monotonic())
             if down_for > self.settings.all_down_timeout_s:
-                raise InferenceError(f"all inference servers ({', '.join(s.address for s in self.servers)}) "
-                                     f"have been unreachable for {down_for:.0f}s "
-                                     f"(actor.failover.all_down_timeout_s={self.settings.all_down_timeout_s:g})")
+                raise InferenceError(
+                    f"all inference servers ({', '.join(s.address for s in self.servers)}) "
+                    f"have been unreachable for {down_for:.0f}s "
+                    f"(actor.failover.all_down_timeout_s={self.settings.all_down_timeout_s:g})"
+                )
             time.sleep(0.2)
 
     # ---- requests ---------------------------------------------------------------------------
@@ -201,9 +227,14 @@ class FailoverInferenceClient:
                 server.client = None
 
 
-def connect_fleet(transport: str, addresses: str | Sequence[str], slots: SharedArrays, actor_id: str = "",
-                  should_stop: Callable[[], bool] = lambda: False,
-                  settings: InferenceFailoverConfig | None = None):
+def connect_fleet(
+    transport: str,
+    addresses: str | Sequence[str],
+    slots: SharedArrays,
+    actor_id: str = "",
+    should_stop: Callable[[], bool] = lambda: False,
+    settings: InferenceFailoverConfig | None = None,
+):
     """One plain client for a single shm server (no failover: see the module doc), else failover."""
     if transport not in ("shm", "zmq", "grpc"):
         raise ValueError(f"unknown transport {transport!r} (shm, zmq or grpc)")

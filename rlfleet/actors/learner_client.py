@@ -13,6 +13,7 @@ the account is also kept in a small file, `DIR/CLIENT.LIFE.ledger`, rewritten as
 change: a life killed before it could report is reported by the next life of the same client
 id, from that file (which is then renamed `.reported`).
 """
+
 from __future__ import annotations
 
 import logging
@@ -35,14 +36,16 @@ from rlfleet.wire.segment import Segment
 log = logging.getLogger(__name__)
 
 
-def register(address: str, client_id: str, role: str, num_envs: int = 0,
-             timeout_s: float = 120.0) -> learner_pb2.RegisterReply:
+def register(
+    address: str, client_id: str, role: str, num_envs: int = 0, timeout_s: float = 120.0
+) -> learner_pb2.RegisterReply:
     """Register with the learner, waiting for it to come up (a learner may start after us)."""
     with make_channel(address) as ch:
         stub = learner_pb2_grpc.LearnerServiceStub(ch)
         return stub.Register(
             learner_pb2.RegisterRequest(client_id=client_id, role=role, host=socket.gethostname(), num_envs=num_envs),
-            timeout=timeout_s, wait_for_ready=True,
+            timeout=timeout_s,
+            wait_for_ready=True,
         )
 
 
@@ -83,8 +86,13 @@ class LifeLedger:
 
     def report(self, crashed: bool = False) -> learner_pb2.LifeReport:
         with self._lock:
-            return learner_pb2.LifeReport(life=self.life, env_steps=self.taken, accepted_env_steps=self.accepted,
-                                          rejected_env_steps=self.rejected, crashed=crashed)
+            return learner_pb2.LifeReport(
+                life=self.life,
+                env_steps=self.taken,
+                accepted_env_steps=self.accepted,
+                rejected_env_steps=self.rejected,
+                crashed=crashed,
+            )
 
     def close(self, reported: bool) -> None:
         if self._fd is not None:
@@ -103,19 +111,32 @@ def orphaned_lives(folder: str | None, client_id: str, own: Path | None) -> list
         if path == own:
             continue
         try:
-            life = int(path.name[len(client_id) + 1:].split(".")[0], 16)
-            taken, accepted, rejected = _LEDGER.unpack(path.read_bytes()[:_LEDGER.size])
+            life = int(path.name[len(client_id) + 1 :].split(".")[0], 16)
+            taken, accepted, rejected = _LEDGER.unpack(path.read_bytes()[: _LEDGER.size])
         except (ValueError, struct.error, OSError):
             log.warning("unreadable actor ledger %s: skipped", path)
             continue
-        out.append((path, learner_pb2.LifeReport(life=life, env_steps=taken, accepted_env_steps=accepted,
-                                                 rejected_env_steps=rejected, crashed=True)))
+        out.append(
+            (
+                path,
+                learner_pb2.LifeReport(
+                    life=life, env_steps=taken, accepted_env_steps=accepted, rejected_env_steps=rejected, crashed=True
+                ),
+            )
+        )
     return out
 
 
 class LearnerClient:
-    def __init__(self, address: str, client_id: str, queue_size: int, chunk_bytes: int = 4 * 1024 * 1024,
-                 heartbeat_s: float = 1.0, give_up_s: float = 600.0):
+    def __init__(
+        self,
+        address: str,
+        client_id: str,
+        queue_size: int,
+        chunk_bytes: int = 4 * 1024 * 1024,
+        heartbeat_s: float = 1.0,
+        give_up_s: float = 600.0,
+    ):
         self.client_id = client_id
         self.channel = make_channel(address)
         self.stub = learner_pb2_grpc.LearnerServiceStub(self.channel)
@@ -161,8 +182,13 @@ class LearnerClient:
     def _chunks(self, segment_id: int, payload: bytes):
         pieces = codec.split_chunks(payload, self.chunk_bytes)
         for i, piece in enumerate(pieces):
-            yield learner_pb2.TrajectoryChunk(client_id=self.client_id, segment_id=segment_id, chunk_index=i,
-                                              num_chunks=len(pieces), payload=bytes(piece))
+            yield learner_pb2.TrajectoryChunk(
+                client_id=self.client_id,
+                segment_id=segment_id,
+                chunk_index=i,
+                num_chunks=len(pieces),
+                payload=bytes(piece),
+            )
 
     def _send_loop(self) -> None:
         while True:
@@ -197,9 +223,15 @@ class LearnerClient:
 
     def _heartbeat(self, ended: learner_pb2.LifeReport | None = None, timeout: float = 5.0):
         return self.stub.Heartbeat(
-            learner_pb2.HeartbeatRequest(client_id=self.client_id, env_steps=self.env_steps,
-                                         segments_sent=self.segments_sent, life=self.life, ended=ended),
-            timeout=timeout)
+            learner_pb2.HeartbeatRequest(
+                client_id=self.client_id,
+                env_steps=self.env_steps,
+                segments_sent=self.segments_sent,
+                life=self.life,
+                ended=ended,
+            ),
+            timeout=timeout,
+        )
 
     def _heartbeat_loop(self) -> None:
         while not self.failed.is_set():
@@ -208,8 +240,12 @@ class LearnerClient:
                     path, report = self._orphans[0]
                     self._heartbeat(report)
                     path.replace(path.with_suffix(".reported"))
-                    log.info("reported an earlier life of %s: %d env steps, %d accepted", self.client_id,
-                             report.env_steps, report.accepted_env_steps)
+                    log.info(
+                        "reported an earlier life of %s: %d env steps, %d accepted",
+                        self.client_id,
+                        report.env_steps,
+                        report.accepted_env_steps,
+                    )
                     self._orphans.pop(0)
                 reply = self._heartbeat()
                 if reply.stop:

@@ -1,11 +1,12 @@
 """Assembles T-step trajectory segments for one pipeline stage from the shared-memory slots."""
+
 from __future__ import annotations
 
 import numpy as np
 
+from rlfleet.wire.segment import Segment
 from rlfleet.wire.shm import Layout
 from rlfleet.wire.slots import obs_keys
-from rlfleet.wire.segment import Segment
 
 
 class SegmentBuilder:
@@ -71,8 +72,14 @@ class SegmentBuilder:
                 self.final_obs[k][t, idx] = slots[f"final_{k}"][r][idx]
             task_ids = slots["task_ids"][r]
             for i in idx:
-                self._episodes.append((float(slots["episode_return"][lo + i]), int(slots["episode_length"][lo + i]),
-                                       bool(slots["episode_success_once"][lo + i]), int(task_ids[i])))
+                self._episodes.append(
+                    (
+                        float(slots["episode_return"][lo + i]),
+                        int(slots["episode_length"][lo + i]),
+                        bool(slots["episode_success_once"][lo + i]),
+                        int(task_ids[i]),
+                    )
+                )
         self.t += 1
 
     @property
@@ -84,15 +91,24 @@ class SegmentBuilder:
         eps, r = self._episodes, slice(self.lo, self.hi)
         K = self.actions.shape[2]
         seg = Segment(
-            obs={k: v.copy() for k, v in self.obs.items()}, actions=self.actions.copy(),
-            logprobs=self.logprobs.copy(), values=self.values.copy(), rewards=self.rewards.copy(),
-            terminated=self.terminated.copy(), truncated=self.truncated.copy(),
+            obs={k: v.copy() for k, v in self.obs.items()},
+            actions=self.actions.copy(),
+            logprobs=self.logprobs.copy(),
+            values=self.values.copy(),
+            rewards=self.rewards.copy(),
+            terminated=self.terminated.copy(),
+            truncated=self.truncated.copy(),
             final_obs={k: v.copy() for k, v in self.final_obs.items()},
-            next_obs={k: np.array(slots[k][r]) for k in self.obs_keys}, versions=self.versions.copy(),
-            task_ids=np.array(slots["task_ids"][r]), env_steps=np.array(self.T * (self.hi - self.lo) * K, np.int64),
-            ep_returns=np.array([e[0] for e in eps], np.float32), ep_lengths=np.array([e[1] for e in eps], np.int32),
-            ep_success=np.array([e[2] for e in eps], bool), ep_task_ids=np.array([e[3] for e in eps], np.int64),
-            extras={k[len("extra."):]: v.copy() for k, v in self.extras.items()}, group_ids=self.group_ids.copy(),
+            next_obs={k: np.array(slots[k][r]) for k in self.obs_keys},
+            versions=self.versions.copy(),
+            task_ids=np.array(slots["task_ids"][r]),
+            env_steps=np.array(self.T * (self.hi - self.lo) * K, np.int64),
+            ep_returns=np.array([e[0] for e in eps], np.float32),
+            ep_lengths=np.array([e[1] for e in eps], np.int32),
+            ep_success=np.array([e[2] for e in eps], bool),
+            ep_task_ids=np.array([e[3] for e in eps], np.int64),
+            extras={k[len("extra.") :]: v.copy() for k, v in self.extras.items()},
+            group_ids=self.group_ids.copy(),
         )
         self.t, self._episodes = 0, []
         self.in_episode[:] = True

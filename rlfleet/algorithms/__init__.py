@@ -1,4 +1,5 @@
-"""RL algorithm math: GAE, advantage processing, off-policy corrections, PPO losses, flow policies (Flow-SDE, Flow-Noise), DAgger.
+"""RL algorithm math: GAE, advantage processing, off-policy corrections, PPO losses, flow policies
+(Flow-SDE, Flow-Noise), DAgger.
 
 Formula-shaped, CleanRL-style functions; see docs/algorithms.md for the
 formula-to-function map.

@@ -96,8 +96,6 @@ def spread_over_steps(traj_adv: Tensor, valid_mask: Tensor) -> Tensor:
         traj_adv: ``[N]``.  valid_mask: ``[T, N]`` bool or 0/1.
     """
     if valid_mask.dim() != 2 or valid_mask.shape[1] != traj_adv.shape[0]:
-        raise ValueError(
-            f"valid_mask must be [T, N] with N={traj_adv.shape[0]}, got {tuple(valid_mask.shape)}"
-        )
+        raise ValueError(f"valid_mask must be [T, N] with N={traj_adv.shape[0]}, got {tuple(valid_mask.shape)}")
     expanded = traj_adv.unsqueeze(0).expand(valid_mask.shape[0], -1)
     return torch.where(valid_mask.bool(), expanded, torch.zeros_like(expanded))

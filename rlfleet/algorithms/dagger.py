@@ -16,13 +16,13 @@ is going wrong, and ONLY the states where the expert was in control are added to
 Here decisions are made per action chunk of K steps (one policy query), the chunk analogue of
 Ross et al.'s per-step mixture. See docs/algorithms.md for the formula-to-function map.
 """
+
 from __future__ import annotations
 
 import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 
@@ -45,7 +45,7 @@ class DAggerConfig:
     beta_linear_iters: int = 10  # linear: iterations until beta reaches 0
     # hg_dagger: the expert takes over a chunk when ||a_student[0] - a_expert||_2 > hg_threshold
     # (env units, first action of the chunk); null: only the random beta_i takeovers
-    hg_threshold: Optional[float] = 0.5
+    hg_threshold: float | None = 0.5
     window: int = 20000  # aggregated dataset keeps the newest W samples (0: all of them)
     include_demos: bool = True  # seed D with the run's demo dataset (the SFT data) when it exists
     train_steps: int = 200  # S: optimiser steps on D per iteration
@@ -81,8 +81,9 @@ class DAggerConfig:
                 raise ValueError(f"dagger.{name} must be >= 0, got {getattr(self, name)}")
 
 
-def beta_schedule(iteration: int, beta0: float, schedule: str = "exponential", decay: float = 0.5,
-                  linear_iters: int = 10) -> float:
+def beta_schedule(
+    iteration: int, beta0: float, schedule: str = "exponential", decay: float = 0.5, linear_iters: int = 10
+) -> float:
     """Expert-control probability at iteration i (0-based).
 
     exponential (Ross et al. 2011, sec. 3: beta_i = p^(i-1) with 1-based i)::
@@ -112,8 +113,7 @@ def mix_policies(rng: np.random.Generator, beta: float, n: int) -> np.ndarray:
     return rng.random(n) < beta
 
 
-def intervention_gate(student_actions: np.ndarray, expert_actions: np.ndarray,
-                      threshold: float | None) -> np.ndarray:
+def intervention_gate(student_actions: np.ndarray, expert_actions: np.ndarray, threshold: float | None) -> np.ndarray:
     """HG-DAgger's takeover rule, a stand-in for the human judging the student "unsafe"::
 
         g = 1[ ||a_hat_t - a*_t||_2 > tau ]
@@ -181,8 +181,13 @@ class AggregatedDataset:
         if self._parts and set(obs) != set(self._parts[0][0]):
             raise ValueError(f"observation keys {sorted(obs)} differ from the dataset's {sorted(self._parts[0][0])}")
         if n:
-            self._parts.append(({k: np.asarray(v) for k, v in obs.items()}, np.asarray(actions, np.float32),
-                                np.full(n, iteration, np.int64)))
+            self._parts.append(
+                (
+                    {k: np.asarray(v) for k, v in obs.items()},
+                    np.asarray(actions, np.float32),
+                    np.full(n, iteration, np.int64),
+                )
+            )
             self._cache = None
         self.total_added += n
         return self._trim()
@@ -222,9 +227,11 @@ class AggregatedDataset:
         """Write as .npz (no pickle), atomically: `obs.<key>`, `actions`, `iteration`, counters."""
         path = Path(path)
         tmp = path.with_name(path.name + ".tmp")
-        arrays: dict[str, np.ndarray] = {"window": np.asarray(self.window),
-                                         "total_added": np.asarray(self.total_added),
-                                         "total_evicted": np.asarray(self.total_evicted)}
+        arrays: dict[str, np.ndarray] = {
+            "window": np.asarray(self.window),
+            "total_added": np.asarray(self.total_added),
+            "total_evicted": np.asarray(self.total_evicted),
+        }
         if self._parts:
             obs, actions, its = self.arrays()
             arrays.update({f"obs.{k}": v for k, v in obs.items()}, actions=actions, iteration=its)
@@ -234,12 +241,12 @@ class AggregatedDataset:
         os.replace(tmp, path)
 
     @classmethod
-    def load(cls, path: str | Path, window: int | None = None) -> "AggregatedDataset":
+    def load(cls, path: str | Path, window: int | None = None) -> AggregatedDataset:
         """Read a dataset written by `save`; `window` (if given) replaces the stored bound."""
         with np.load(path, allow_pickle=False) as z:
             data = cls(int(z["window"]) if window is None else window)
             if "actions" in z.files:
-                obs = {k[len("obs."):]: z[k] for k in z.files if k.startswith("obs.")}
+                obs = {k[len("obs.") :]: z[k] for k in z.files if k.startswith("obs.")}
                 its = z["iteration"]
                 data._parts = [(obs, z["actions"], its)]
                 data._cache = None

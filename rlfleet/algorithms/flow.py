@@ -20,6 +20,7 @@ Time convention (rlfleet's pi0, as the pi0 paper's tau): s in [0, 1], s = 0 nois
 piRL, Flow-GRPO and openpi's code write the same path with t = 1 - s (t = 1 noise) and
 v = dx/dt = -u; every formula below is theirs rewritten with t -> 1 - s, v -> -u.
 """
+
 from __future__ import annotations
 
 import math
@@ -42,8 +43,8 @@ def euler_step(x: Tensor, u: Tensor, dt: float) -> Tensor:
 def denoised_estimates(x: Tensor, u: Tensor, s: Tensor | float) -> tuple[Tensor, Tensor]:
     """What x_s says about the endpoints of its straight path, given the velocity u = x1 - eps:
 
-        x1_hat  = x_s + (1 - s) u        (data estimate)
-        eps_hat = x_s - s u              (noise estimate)
+    x1_hat  = x_s + (1 - s) u        (data estimate)
+    eps_hat = x_s - s u              (noise estimate)
     """
     s = _as_tensor(s, x)
     return x + (1 - s) * u, x - s * u
@@ -92,7 +93,7 @@ def flow_sde_step(x: Tensor, u: Tensor, s: Tensor | float, dt: float, a: float) 
 def bounded_std(raw: Tensor, min_std: float, max_std: float) -> Tensor:
     """Flow-Noise's learned std, kept in [min_std, max_std] (ReinFlow bounds it the same way):
 
-        sigma = min_std + (max_std - min_std) sigmoid(raw)
+    sigma = min_std + (max_std - min_std) sigmoid(raw)
     """
     return min_std + (max_std - min_std) * torch.sigmoid(raw)
 

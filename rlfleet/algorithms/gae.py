@@ -43,9 +43,7 @@ def bootstrap_next_values(
     if values.dim() != 2:
         raise ValueError(f"values must be [T, B], got shape {tuple(values.shape)}")
     if last_value.shape != values.shape[1:]:
-        raise ValueError(
-            f"last_value must be [B]={tuple(values.shape[1:])}, got {tuple(last_value.shape)}"
-        )
+        raise ValueError(f"last_value must be [B]={tuple(values.shape[1:])}, got {tuple(last_value.shape)}")
     for name, t in (("terminated", terminated), ("truncated", truncated), ("final_values", final_values)):
         if t.shape != values.shape:
             raise ValueError(f"{name} must have shape {tuple(values.shape)}, got {tuple(t.shape)}")

@@ -15,10 +15,11 @@ segment's ``[T, B]`` tensors:
     keep_b      = lo <= mean_{g(b)} R <= hi                        (filter_groups_by_mean; optional)
     A[t, b]     = A_b where valid[t, b], rows kept where valid & keep  (spread_over_steps)
 """
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -34,8 +35,9 @@ def episode_valid_mask(terminated: Tensor, truncated: Tensor) -> Tensor:
     group and must contribute nothing.
     """
     if terminated.dim() != 2 or truncated.shape != terminated.shape:
-        raise ValueError(f"terminated and truncated must both be [T, B], got {tuple(terminated.shape)} "
-                         f"and {tuple(truncated.shape)}")
+        raise ValueError(
+            f"terminated and truncated must both be [T, B], got {tuple(terminated.shape)} and {tuple(truncated.shape)}"
+        )
     done = (terminated.bool() | truncated.bool()).long()
     ended_before = torch.cumsum(done, dim=0) - done
     return ended_before == 0
@@ -66,7 +68,7 @@ def grpo_segment(
     terminated: Tensor,
     truncated: Tensor,
     group_ids: Tensor,
-    group_filter: Optional[Sequence[float]] = None,
+    group_filter: Sequence[float] | None = None,
     eps: float = 1e-6,
 ) -> GRPOSegment:
     """Group-relative advantages of one whole-episode segment (formulas in the module docstring).
@@ -80,14 +82,17 @@ def grpo_segment(
     was not cut at episode boundaries, so the returns would be partial).
     """
     if rewards.dim() != 2 or group_ids.shape != rewards.shape[1:]:
-        raise ValueError(f"rewards must be [T, B] and group_ids [B], got {tuple(rewards.shape)} "
-                         f"and {tuple(group_ids.shape)}")
+        raise ValueError(
+            f"rewards must be [T, B] and group_ids [B], got {tuple(rewards.shape)} and {tuple(group_ids.shape)}"
+        )
     valid = episode_valid_mask(terminated, truncated)
     done = terminated.bool() | truncated.bool()
     unfinished = (~done.any(dim=0)).nonzero().flatten()
     if len(unfinished):
-        raise ValueError(f"GRPO needs whole episodes per segment; env columns {unfinished.tolist()} "
-                         f"did not end their episode within the segment's {rewards.shape[0]} steps")
+        raise ValueError(
+            f"GRPO needs whole episodes per segment; env columns {unfinished.tolist()} "
+            f"did not end their episode within the segment's {rewards.shape[0]} steps"
+        )
     returns = trajectory_returns(rewards, valid)
     traj_adv = group_relative_advantages(returns, group_ids, eps)
     if group_filter is None:
@@ -106,8 +111,10 @@ def grpo_segment(
 def episode_rollout_len(max_episode_steps: int, chunk_size: int, terminate_on_success: bool = False) -> int:
     """T = max_episode_steps / chunk_size: the chunk steps of one full episode."""
     if terminate_on_success:  # an episode ending early would auto-reset into a cut-off second one
-        raise ValueError("GRPO segments hold whole episodes of a fixed length: set env.terminate_on_success=false "
-                         "(success_once already makes an episode's return its outcome)")
+        raise ValueError(
+            "GRPO segments hold whole episodes of a fixed length: set env.terminate_on_success=false "
+            "(success_once already makes an episode's return its outcome)"
+        )
     if chunk_size < 1 or max_episode_steps % chunk_size:
         raise ValueError(
             f"GRPO segments hold whole episodes: env.max_episode_steps ({max_episode_steps}) must be a "
@@ -162,5 +169,11 @@ def grpo_columns(part: GRPOSegment, cols: Sequence[int]) -> GRPOSegment:
     """The env columns ``cols`` of a segment's GRPO quantities (a learner rank's share under DDP;
     groups are resolved on the whole segment first, so a shard never splits a group's statistics)."""
     c = torch.as_tensor(cols, dtype=torch.long, device=part.returns.device)
-    return GRPOSegment(part.advantages[:, c], part.keep[:, c], part.returns[c], part.traj_advantages[c],
-                       part.group_kept[c], part.valid[:, c])
+    return GRPOSegment(
+        part.advantages[:, c],
+        part.keep[:, c],
+        part.returns[c],
+        part.traj_advantages[c],
+        part.group_kept[c],
+        part.valid[:, c],
+    )

@@ -14,9 +14,7 @@ import torch
 from torch import Tensor
 
 
-def truncated_importance_weights(
-    learner_logp_old: Tensor, behaviour_logp: Tensor, rho_bar: float = 1.0
-) -> Tensor:
+def truncated_importance_weights(learner_logp_old: Tensor, behaviour_logp: Tensor, rho_bar: float = 1.0) -> Tensor:
     """w = min(pi_old(a|s) / mu(a|s), rho_bar) = min(exp(logp_old - logp_mu), rho_bar).
 
     Hilton et al. 2021 (decoupled PPO); truncation as in IMPALA's rho-bar
@@ -28,9 +26,7 @@ def truncated_importance_weights(
     if rho_bar <= 0:
         raise ValueError(f"rho_bar must be > 0, got {rho_bar}")
     if learner_logp_old.shape != behaviour_logp.shape:
-        raise ValueError(
-            f"shape mismatch: {tuple(learner_logp_old.shape)} vs {tuple(behaviour_logp.shape)}"
-        )
+        raise ValueError(f"shape mismatch: {tuple(learner_logp_old.shape)} vs {tuple(behaviour_logp.shape)}")
     a = learner_logp_old.detach()
     b = behaviour_logp.detach().to(a.dtype)
     log_ratio = torch.where(a == b, torch.zeros_like(a), a - b)

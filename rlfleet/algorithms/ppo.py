@@ -13,7 +13,6 @@ and is passed to :func:`policy_loss` as ``weights``.
 
 import math
 from dataclasses import dataclass
-from typing import List, Optional
 
 import torch
 from torch import Tensor
@@ -46,8 +45,8 @@ class PPOConfig:
     gae_lambda: float = 0.95
     clip_ratio_low: float = 0.2  # ratio lower bound is 1 - clip_ratio_low
     clip_ratio_high: float = 0.2  # ratio upper bound is 1 + clip_ratio_high
-    dual_clip: Optional[float] = None  # c > 1 (Ye et al. 2020); None disables
-    value_clip: Optional[float] = 0.2  # None disables value clipping
+    dual_clip: float | None = None  # c > 1 (Ye et al. 2020); None disables
+    value_clip: float | None = 0.2  # None disables value clipping
     vf_coef: float = 0.5
     ent_coef: float = 0.0
     max_grad_norm: float = 1.0
@@ -57,7 +56,7 @@ class PPOConfig:
     lr: float = 3e-4
     # The value head's own learning rate (None: `lr`). A fresh head on an SFT policy's frozen
     # features learns slowly at the actor's small fine-tuning lr, and its errors are the advantages.
-    critic_lr: Optional[float] = None
+    critic_lr: float | None = None
     max_policy_lag: int = 4  # drop samples older than this many learner updates
     rho_bar: float = 1.0  # truncated importance-weight cap
     critic_warmup_updates: int = 0  # first updates train only the critic (a fresh value head on an SFT policy)
@@ -69,7 +68,7 @@ class PPOConfig:
     # segments of groups of `group_size` envs reset alike, see rlfleet.algorithms.grpo).
     adv_type: str = "gae"
     group_size: int = 8  # G, GRPO only
-    group_filter: Optional[List[float]] = None  # GRPO: [lo, hi] keeps groups with lo <= mean return <= hi
+    group_filter: list[float] | None = None  # GRPO: [lo, hi] keeps groups with lo <= mean return <= hi
     # Off-policy correction of stale samples (GAE mode): "truncated_is" (decoupled PPO weights
     # min(pi_old/mu, rho_bar)) or "vtrace" (IMPALA targets and advantages, rlfleet.algorithms.vtrace).
     off_policy: str = "truncated_is"
@@ -132,8 +131,8 @@ def policy_loss(
     advantages: Tensor,
     clip_low: float,
     clip_high: float,
-    dual_clip: Optional[float] = None,
-    weights: Optional[Tensor] = None,
+    dual_clip: float | None = None,
+    weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """Clipped surrogate loss (Schulman et al. 2017, eq. 7), negated for descent.
 
@@ -194,7 +193,7 @@ def policy_loss(
 
 
 def value_loss(
-    values: Tensor, values_old: Tensor, returns: Tensor, value_clip: Optional[float]
+    values: Tensor, values_old: Tensor, returns: Tensor, value_clip: float | None
 ) -> tuple[Tensor, dict[str, float]]:
     """Value regression, optionally clipped around the pre-update values.
 

@@ -8,6 +8,7 @@ episode boundaries follow :func:`rlfleet.algorithms.gae.bootstrap_next_values`: 
 passes ``next_values`` (0 after a termination, V(final obs) after a truncation, the bootstrap
 value after the last step) and ``dones`` cuts the trace.
 """
+
 from __future__ import annotations
 
 import torch

@@ -4,6 +4,7 @@ This is RLinf's workflow (an SFT checkpoint, then RL) for users who have no chec
 Both steps are cached under `demos.cache_dir`, keyed by everything that changes their result,
 so the second run of a recipe starts RL at once.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -37,8 +38,15 @@ def demos_folder(cfg: DictConfig) -> Path:
 # Policy settings that only change how RL samples and scores actions (applied when the checkpoint
 # is loaded; SFT does not train the exploration parameters some of them add, see
 # checkpoint_io.exploration_only), so runs that differ only in them share one SFT checkpoint.
-SAMPLING_ONLY_KEYS = ("temperature", "logprob_type", "flow_rl", "sde_a", "noise_min_std", "noise_max_std",
-                      "init_log_std")
+SAMPLING_ONLY_KEYS = (
+    "temperature",
+    "logprob_type",
+    "flow_rl",
+    "sde_a",
+    "noise_min_std",
+    "noise_max_std",
+    "init_log_std",
+)
 
 
 def sft_folder(cfg: DictConfig) -> Path:
@@ -49,8 +57,8 @@ def sft_folder(cfg: DictConfig) -> Path:
 
 def ensure_sft_checkpoint(cfg: DictConfig, progress: bool = True) -> Path:
     """Collect demos and run SFT unless cached; returns the checkpoint folder."""
-    from rlfleet.data.env_demos import collect_env_demos
     from rlfleet.config import SFTConfig
+    from rlfleet.data.env_demos import collect_env_demos
     from rlfleet.data.sft import run_sft
 
     demos, ckpt = demos_folder(cfg), sft_folder(cfg)
@@ -61,8 +69,9 @@ def ensure_sft_checkpoint(cfg: DictConfig, progress: bool = True) -> Path:
         if cfg.demos.path:
             raise FileNotFoundError(f"demos.path {demos} holds no demo dataset (index.json)")
         log.info("collecting %d expert demos per task into %s", cfg.demos.episodes_per_task, demos)
-        collect_env_demos(demos, EnvConfig(**as_dict(cfg.env)), cfg.demos.episodes_per_task,
-                          seed=cfg.demos.seed, progress=progress)
+        collect_env_demos(
+            demos, EnvConfig(**as_dict(cfg.env)), cfg.demos.episodes_per_task, seed=cfg.demos.seed, progress=progress
+        )
     log.info("behaviour cloning %s on %s -> %s", cfg.policy.get("name"), demos, ckpt)
     sft_cfg = SFTConfig(**as_dict(cfg.sft))
     run_sft(demos, ckpt, policy_settings(cfg), EnvConfig(**as_dict(cfg.env)), sft_cfg, progress=progress)

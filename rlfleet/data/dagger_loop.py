@@ -23,6 +23,7 @@ The run starts from `policy.model_path` (with `demos.bootstrap: true` and no mod
 recipes and writes checkpoints, TensorBoard scalars, summary.json and before_after.md into the run
 folder. Resume (`runner.resume`) restores weights, optimiser, iteration and the aggregated dataset.
 """
+
 from __future__ import annotations
 
 import json
@@ -73,8 +74,9 @@ class RolloutBatch:
     episode_tasks: list[str]
 
 
-def collect_rollouts(env: Any, policy: torch.nn.Module, cfg: DAggerConfig, beta: float,
-                     rng: np.random.Generator, seeds: np.ndarray) -> RolloutBatch:
+def collect_rollouts(
+    env: Any, policy: torch.nn.Module, cfg: DAggerConfig, beta: float, rng: np.random.Generator, seeds: np.ndarray
+) -> RolloutBatch:
     """Roll out the beta-mixture (or the gated student) for `cfg.episodes_per_env` episodes per env.
 
     `env` must declare scripted experts (`has_expert`: MetaWorld, RoboTwin, CALVIN envs). Episodes of all envs start
@@ -101,8 +103,11 @@ def collect_rollouts(env: Any, policy: torch.nn.Module, cfg: DAggerConfig, beta:
         expert_now = env.expert_actions()  # pi*(s_t) at the chunk start
         gaps.append(action_gap(np.clip(student_actions[:, 0], -1.0, 1.0), expert_now))
         mixed = mix_policies(rng, beta, B)
-        gated = (intervention_gate(np.clip(student_actions[:, 0], -1.0, 1.0), expert_now, cfg.hg_threshold)
-                 if cfg.variant == "hg_dagger" else np.zeros(B, bool))
+        gated = (
+            intervention_gate(np.clip(student_actions[:, 0], -1.0, 1.0), expert_now, cfg.hg_threshold)
+            if cfg.variant == "hg_dagger"
+            else np.zeros(B, bool)
+        )
         use_expert, keep = expert_control(cfg.variant, mixed, gated)
         res, labels, _ = env.expert_chunk_step(student_actions, use_expert)
         for k in kept_obs:
@@ -115,15 +120,25 @@ def collect_rollouts(env: Any, policy: torch.nn.Module, cfg: DAggerConfig, beta:
             tasks.append(names[i])
         obs = res.obs
     return RolloutBatch(
-        obs={k: np.concatenate(v) for k, v in kept_obs.items()}, labels=np.concatenate(kept_labels),
-        chunks=steps * B, expert_chunks=n_expert, gated_chunks=n_gated,
-        action_gap=float(np.mean(np.concatenate(gaps))), env_steps=steps * B * K,
-        episode_success=successes, episode_tasks=tasks,
+        obs={k: np.concatenate(v) for k, v in kept_obs.items()},
+        labels=np.concatenate(kept_labels),
+        chunks=steps * B,
+        expert_chunks=n_expert,
+        gated_chunks=n_gated,
+        action_gap=float(np.mean(np.concatenate(gaps))),
+        env_steps=steps * B * K,
+        episode_success=successes,
+        episode_tasks=tasks,
     )
 
 
-def train_on_dataset(policy: torch.nn.Module, optimizer: torch.optim.Optimizer, data: AggregatedDataset,
-                     cfg: DAggerConfig, gen: torch.Generator) -> float:
+def train_on_dataset(
+    policy: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    data: AggregatedDataset,
+    cfg: DAggerConfig,
+    gen: torch.Generator,
+) -> float:
     """S = `cfg.train_steps` steps of min E_{(s, a*) ~ D} policy.sft_loss(s, a*); returns the mean loss."""
     from rlfleet.data.sft import _shift
 
@@ -166,14 +181,24 @@ def _load_demos(cfg: DictConfig, obs_keys: tuple[str, ...], chunk_size: int) -> 
         log.warning("demos in %s lack %s: not adding them to the DAgger dataset", folder, missing)
         return None
     if "main_images" in data.obs and data.obs["main_images"].shape[1] != cfg.env.image_size:
-        log.warning("demos in %s hold %dpx images, the run uses %dpx: not adding them", folder,
-                    data.obs["main_images"].shape[1], cfg.env.image_size)
+        log.warning(
+            "demos in %s hold %dpx images, the run uses %dpx: not adding them",
+            folder,
+            data.obs["main_images"].shape[1],
+            cfg.env.image_size,
+        )
         return None
     return {k: data.obs[k] for k in obs_keys}, data.actions
 
 
-def _save_checkpoint(checkpointer: Any, policy: torch.nn.Module, optimizer: torch.optim.Optimizer, counters: Any,
-                     model_cfg: dict[str, Any], unnorm_key: str) -> Path:
+def _save_checkpoint(
+    checkpointer: Any,
+    policy: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    counters: Any,
+    model_cfg: dict[str, Any],
+    unnorm_key: str,
+) -> Path:
     folder = checkpointer.save(policy, optimizer, counters, model_cfg)
     try:  # VLA policies: norm_stats.json beside the weights, as SFT checkpoints have
         from rlfleet.policies.vla.normalization import get_norm_stats, save_norm_stats
@@ -207,8 +232,8 @@ def _evaluate(policy: torch.nn.Module, env_cfg: EnvConfig, episodes: int, seed: 
 
 def run_dagger(cfg: DictConfig, progress: bool = True) -> dict[str, Any]:
     """Run DAgger / HG-DAgger as configured in `cfg.dagger`; returns (and writes) the run summary."""
-    from rlfleet.eval_report import compare_markdown
     from rlfleet.envs.registry import make_env, task_groups
+    from rlfleet.eval_report import compare_markdown
     from rlfleet.learner.checkpointer import Checkpointer, TrainerCounters, run_info
     from rlfleet.learner.metrics import MetricsWriter
     from rlfleet.learner.run import archive_previous_run, fill_model_dims
@@ -233,11 +258,13 @@ def run_dagger(cfg: DictConfig, progress: bool = True) -> dict[str, Any]:
     fresh = not cfg.policy.get("model_path")
     policy = policy_from_config(as_dict(cfg.policy), dims.state_dim, dims.action_dim, K, cfg.env.image_size)
     policy.to(dcfg.device)
-    model_cfg = model_config(as_dict(cfg.policy), dims.state_dim, dims.action_dim, K, as_dict(cfg.env),
-                             cfg.env.image_size)
+    model_cfg = model_config(
+        as_dict(cfg.policy), dims.state_dim, dims.action_dim, K, as_dict(cfg.env), cfg.env.image_size
+    )
     (run_dir / "config.yaml").write_text(to_yaml(cfg))
-    optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=dcfg.lr,
-                                  weight_decay=dcfg.weight_decay)
+    optimizer = torch.optim.AdamW(
+        [p for p in policy.parameters() if p.requires_grad], lr=dcfg.lr, weight_decay=dcfg.weight_decay
+    )
     checkpointer = Checkpointer(run_dir, info=run_info())
     counters = TrainerCounters()
     data = AggregatedDataset(dcfg.window)
@@ -269,8 +296,14 @@ def run_dagger(cfg: DictConfig, progress: bool = True) -> dict[str, Any]:
     history: list[dict[str, float]] = []
     t_start = time.monotonic()
     stopped_early = False
-    bar = Progress(TextColumn(f"[bold]{dcfg.variant}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
-                   TimeElapsedColumn(), disable=not progress)
+    bar = Progress(
+        TextColumn(f"[bold]{dcfg.variant}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[info]}"),
+        TimeElapsedColumn(),
+        disable=not progress,
+    )
     try:
         with bar:
             task = bar.add_task("dagger", total=dcfg.iterations, completed=counters.update, info="")
@@ -323,24 +356,44 @@ def run_dagger(cfg: DictConfig, progress: bool = True) -> dict[str, Any]:
                     ev = _evaluate(policy, eval_env, dcfg.eval_episodes_per_task, cfg.eval.seed, progress=False)
                     stats["eval/success_mean"] = float(np.mean(list(ev.values())))
                 writer.write(stats, counters.update)
-                history.append({"iteration": counters.update, **{k: v for k, v in stats.items() if "/" in k
-                                                                  and not k.startswith("env/success_once/")}})
+                history.append(
+                    {
+                        "iteration": counters.update,
+                        **{k: v for k, v in stats.items() if "/" in k and not k.startswith("env/success_once/")},
+                    }
+                )
                 if counters.update % cfg.runner.checkpoint_every == 0 and counters.update < dcfg.iterations:
                     _save_checkpoint(checkpointer, policy, optimizer, counters, model_cfg, unnorm_key)
                     data.save(run_dir / DATASET_FILE)
-                bar.update(task, completed=counters.update, info=(
-                    f"beta {beta:.2f} D {len(data)} loss {loss:.4f} rollout success {success:.2f} "
-                    f"gap {batch.action_gap:.3f}"))
+                bar.update(
+                    task,
+                    completed=counters.update,
+                    info=(
+                        f"beta {beta:.2f} D {len(data)} loss {loss:.4f} rollout success {success:.2f} "
+                        f"gap {batch.action_gap:.3f}"
+                    ),
+                )
                 if not bar.console.is_terminal:
-                    log.info("dagger iteration %d/%d beta %.3f D %d loss %.4f rollout success %.2f expert %.2f",
-                             counters.update, dcfg.iterations, beta, len(data), loss, success,
-                             stats["dagger/expert_fraction"])
+                    log.info(
+                        "dagger iteration %d/%d beta %.3f D %d loss %.4f rollout success %.2f expert %.2f",
+                        counters.update,
+                        dcfg.iterations,
+                        beta,
+                        len(data),
+                        loss,
+                        success,
+                        stats["dagger/expert_fraction"],
+                    )
                 elapsed = time.monotonic() - t_start
                 if cfg.runner.max_wall_seconds and elapsed >= cfg.runner.max_wall_seconds:
                     stopped_early = counters.update < dcfg.iterations
                     if stopped_early:
-                        log.warning("runner.max_wall_seconds (%.0f s) reached after %d of %d iterations",
-                                    cfg.runner.max_wall_seconds, counters.update, dcfg.iterations)
+                        log.warning(
+                            "runner.max_wall_seconds (%.0f s) reached after %d of %d iterations",
+                            cfg.runner.max_wall_seconds,
+                            counters.update,
+                            dcfg.iterations,
+                        )
                     break
     finally:
         t_end = time.monotonic()
@@ -369,11 +422,20 @@ def run_dagger(cfg: DictConfig, progress: bool = True) -> dict[str, Any]:
             print("evaluating the trained policy ...", flush=True)
         video, t0 = OmegaConf.to_object(cfg.eval.video_cfg), time.time()
         try:
-            after = _evaluate(policy, eval_env, cfg.eval.episodes_per_task, cfg.eval.seed, video_cfg=video,
-                              out_dir=run_dir)
-            log_eval(writer, after, counters.update, before=before, since=t0, fps=video.fps,
-                     video_dir=Path(video.video_base_dir) if Path(video.video_base_dir).is_absolute()
-                     else run_dir / video.video_base_dir)
+            after = _evaluate(
+                policy, eval_env, cfg.eval.episodes_per_task, cfg.eval.seed, video_cfg=video, out_dir=run_dir
+            )
+            log_eval(
+                writer,
+                after,
+                counters.update,
+                before=before,
+                since=t0,
+                fps=video.fps,
+                video_dir=Path(video.video_base_dir)
+                if Path(video.video_base_dir).is_absolute()
+                else run_dir / video.video_base_dir,
+            )
         finally:
             writer.close()
         summary["eval_success"] = after
@@ -385,8 +447,11 @@ def run_dagger(cfg: DictConfig, progress: bool = True) -> dict[str, Any]:
         summary["eval_before_mean"] = sum(before.values()) / len(before)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     if before is not None and "eval_success" in summary:
-        title = (f"{cfg.runner.experiment_name}: success before / after {summary['method']} "
-                 f"({summary['train_seconds']} s of training)")  # the same title `rlfleet train` writes
-        (run_dir / "before_after.md").write_text(compare_markdown(before, summary["eval_success"], title,
-                                                                  task_groups(cfg.env.name)))
+        title = (
+            f"{cfg.runner.experiment_name}: success before / after {summary['method']} "
+            f"({summary['train_seconds']} s of training)"
+        )  # the same title `rlfleet train` writes
+        (run_dir / "before_after.md").write_text(
+            compare_markdown(before, summary["eval_success"], title, task_groups(cfg.env.name))
+        )
     return summary

@@ -128,8 +128,9 @@ def demo_seed(seed: int, task: str, attempt: int) -> int:
     return DEMO_SEED_BASE * (1 + seed) + TASK_SEED_STRIDE * sorted(ALL_TASKS).index(task) + attempt
 
 
-def rollout_expert(env: Any, expert: Any, seed: int, max_episode_steps: int,
-                   stop_after_success: int = 10) -> dict[str, np.ndarray]:
+def rollout_expert(
+    env: Any, expert: Any, seed: int, max_episode_steps: int, stop_after_success: int = 10
+) -> dict[str, np.ndarray]:
     """One expert episode in a 1-env, chunk-size-1 `MetaWorldEnv`; returns the per-step arrays.
 
     Kept separate from the worker plumbing so benchmarks and tests can roll out experts directly.
@@ -197,8 +198,13 @@ def _env_and_expert(task: str) -> tuple[Any, Any]:
     from rlfleet.envs.metaworld.env import MetaWorldEnv
 
     s = _WORKER["settings"]
-    cfg = EnvConfig(task=task, max_episode_steps=s["max_episode_steps"], chunk_size=1,
-                    image_size=s["image_size"], camera=s["camera"])
+    cfg = EnvConfig(
+        task=task,
+        max_episode_steps=s["max_episode_steps"],
+        chunk_size=1,
+        image_size=s["image_size"],
+        camera=s["camera"],
+    )
     envs[task] = (MetaWorldEnv(cfg, 1), expert_policies()[task]())
     return envs[task]
 
@@ -213,9 +219,14 @@ def _run_job(job: tuple[str, int, int]) -> dict[str, Any]:
     seconds = time.perf_counter() - t0
     ok = bool(arrays["success"].any())
     meta: dict[str, Any] = {
-        "task": task, "attempt": attempt, "seed": seed, "length": int(arrays["actions"].shape[0]),
-        "success": ok, "success_step": int(np.argmax(arrays["success"])) if ok else -1,
-        "seconds": seconds, "tmp_file": None,
+        "task": task,
+        "attempt": attempt,
+        "seed": seed,
+        "length": int(arrays["actions"].shape[0]),
+        "success": ok,
+        "success_step": int(np.argmax(arrays["success"])) if ok else -1,
+        "seconds": seconds,
+        "tmp_file": None,
     }
     if ok or s["keep_failed"]:
         arrays["instruction"] = np.asarray(s["instructions"][task], np.uint8)
@@ -243,8 +254,9 @@ def expert_policies() -> dict[str, type]:
     backend once at import: `rlfleet.envs.metaworld.env` must come first to select EGL (headless),
     or later renderers fail with "an OpenGL platform library has not been loaded".
     """
-    import rlfleet.envs.metaworld.env  # noqa: F401  (sets MUJOCO_GL before mujoco is imported)
     from metaworld.policies import ENV_POLICY_MAP
+
+    import rlfleet.envs.metaworld.env  # noqa: F401  (sets MUJOCO_GL before mujoco is imported)
 
     return ENV_POLICY_MAP
 
@@ -269,10 +281,20 @@ def _validate_tasks(tasks: list[str]) -> list[str]:
     return tasks
 
 
-def collect_demos(out: Path, tasks: list[str], episodes_per_task: int, image_size: int = 64,
-                  camera: str = "corner", max_episode_steps: int = 150, num_workers: int = 2,
-                  seed: int = 0, keep_failed: bool = False, overwrite: bool = False,
-                  progress: bool = True, stop_after_success: int = 10) -> dict[str, dict[str, int]]:
+def collect_demos(
+    out: Path,
+    tasks: list[str],
+    episodes_per_task: int,
+    image_size: int = 64,
+    camera: str = "corner",
+    max_episode_steps: int = 150,
+    num_workers: int = 2,
+    seed: int = 0,
+    keep_failed: bool = False,
+    overwrite: bool = False,
+    progress: bool = True,
+    stop_after_success: int = 10,
+) -> dict[str, dict[str, int]]:
     """Roll out MetaWorld's scripted experts in `num_workers` processes and write a dataset to `out`.
 
     Written into `<out>.tmp/` and renamed at the end, so an interrupted run never leaves a partial
@@ -282,8 +304,9 @@ def collect_demos(out: Path, tasks: list[str], episodes_per_task: int, image_siz
     if episodes_per_task < 1:
         raise ValueError(f"episodes_per_task must be >= 1, got {episodes_per_task}")
     if ATTEMPTS_PER_EPISODE * episodes_per_task > TASK_SEED_STRIDE:
-        raise ValueError(f"episodes_per_task must be <= {TASK_SEED_STRIDE // ATTEMPTS_PER_EPISODE}, "
-                         f"got {episodes_per_task}")
+        raise ValueError(
+            f"episodes_per_task must be <= {TASK_SEED_STRIDE // ATTEMPTS_PER_EPISODE}, got {episodes_per_task}"
+        )
     if max_episode_steps < 1:
         raise ValueError(f"max_episode_steps must be >= 1, got {max_episode_steps}")
     if stop_after_success < 0:
@@ -296,30 +319,51 @@ def collect_demos(out: Path, tasks: list[str], episodes_per_task: int, image_siz
         raise ValueError(f"seed must be >= 0, got {seed}")
     tasks = _validate_tasks(tasks)
     if (out.exists() or out.is_symlink()) and not overwrite:
-        raise FileExistsError(f"{out} already exists; pass overwrite=True (rlfleet collect --overwrite) "
-                              "to replace it, or choose another output folder")
+        raise FileExistsError(
+            f"{out} already exists; pass overwrite=True (rlfleet collect --overwrite) "
+            "to replace it, or choose another output folder"
+        )
 
     from rlfleet.envs.metaworld.env import TASK_DESCRIPTIONS
 
-    env_cfg = EnvConfig(task=",".join(tasks), max_episode_steps=max_episode_steps, chunk_size=1, seed=seed,
-                        image_size=image_size, camera=camera)
+    env_cfg = EnvConfig(
+        task=",".join(tasks),
+        max_episode_steps=max_episode_steps,
+        chunk_size=1,
+        seed=seed,
+        image_size=image_size,
+        camera=camera,
+    )
     tmp = out.with_name(out.name + ".tmp")
     _remove(tmp)  # a stale one from a killed run
     episodes_dir = tmp / "episodes"
     episodes_dir.mkdir(parents=True)
     settings = {
-        "max_episode_steps": max_episode_steps, "stop_after_success": stop_after_success,
-        "image_size": image_size, "camera": camera, "keep_failed": keep_failed,
+        "max_episode_steps": max_episode_steps,
+        "stop_after_success": stop_after_success,
+        "image_size": image_size,
+        "camera": camera,
+        "keep_failed": keep_failed,
         "episodes_dir": str(episodes_dir),
         "instructions": {t: encode_instructions([TASK_DESCRIPTIONS[t]])[0] for t in tasks},
     }
     try:
         results = _run_jobs(tasks, episodes_per_task, seed, num_workers, settings, progress)
-        index = _write_index(tmp, env_cfg, tasks, results, TASK_DESCRIPTIONS, {
-            "episodes_per_task": episodes_per_task, "seed": seed, "keep_failed": keep_failed,
-            "stop_after_success": stop_after_success, "max_attempts_per_task": ATTEMPTS_PER_EPISODE * episodes_per_task,
-            "seed_scheme": "1_000_000 * (1 + seed) + 10_000 * sorted(ALL_TASKS).index(task) + attempt",
-        })
+        index = _write_index(
+            tmp,
+            env_cfg,
+            tasks,
+            results,
+            TASK_DESCRIPTIONS,
+            {
+                "episodes_per_task": episodes_per_task,
+                "seed": seed,
+                "keep_failed": keep_failed,
+                "stop_after_success": stop_after_success,
+                "max_attempts_per_task": ATTEMPTS_PER_EPISODE * episodes_per_task,
+                "seed_scheme": "1_000_000 * (1 + seed) + 10_000 * sorted(ALL_TASKS).index(task) + attempt",
+            },
+        )
         if out.exists() or out.is_symlink():
             old = out.with_name(out.name + ".old")
             _remove(old)
@@ -334,8 +378,9 @@ def collect_demos(out: Path, tasks: list[str], episodes_per_task: int, image_siz
     return index["summary"]
 
 
-def _run_jobs(tasks: list[str], episodes_per_task: int, seed: int, num_workers: int,
-              settings: dict[str, Any], progress: bool) -> list[dict[str, Any]]:
+def _run_jobs(
+    tasks: list[str], episodes_per_task: int, seed: int, num_workers: int, settings: dict[str, Any], progress: bool
+) -> list[dict[str, Any]]:
     """Schedule expert rollouts: n attempts per task first, one more after each failure (up to 3n)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -348,10 +393,17 @@ def _run_jobs(tasks: list[str], episodes_per_task: int, seed: int, num_workers: 
     results: list[dict[str, Any]] = []
     pending: dict[Future, str] = {}
     workers = max(1, min(num_workers, len(tasks) * n))
-    pool = ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"),
-                               initializer=_init_worker, initargs=(settings,))
-    bar = Progress(TextColumn("[bold]collect"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
-                   TimeElapsedColumn(), disable=not progress)
+    pool = ProcessPoolExecutor(
+        max_workers=workers, mp_context=mp.get_context("spawn"), initializer=_init_worker, initargs=(settings,)
+    )
+    bar = Progress(
+        TextColumn("[bold]collect"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[info]}"),
+        TimeElapsedColumn(),
+        disable=not progress,
+    )
 
     def submit(task: str) -> None:
         attempt = launched[task]
@@ -382,8 +434,11 @@ def _run_jobs(tasks: list[str], episodes_per_task: int, seed: int, num_workers: 
                         failed[task] += 1
                         if launched[task] < cap:
                             submit(task)
-                bar.update(bar_task, completed=settled(),
-                           info=f"{sum(ok.values())} successes, {sum(failed.values())} failed attempts")
+                bar.update(
+                    bar_task,
+                    completed=settled(),
+                    info=f"{sum(ok.values())} successes, {sum(failed.values())} failed attempts",
+                )
     except BaseException:
         pool.shutdown(wait=True, cancel_futures=True)
         raise
@@ -391,8 +446,14 @@ def _run_jobs(tasks: list[str], episodes_per_task: int, seed: int, num_workers: 
     return results
 
 
-def _write_index(tmp: Path, env_cfg: EnvConfig, tasks: list[str], results: list[dict[str, Any]],
-                 descriptions: dict[str, str], collect: dict[str, Any]) -> dict[str, Any]:
+def _write_index(
+    tmp: Path,
+    env_cfg: EnvConfig,
+    tasks: list[str],
+    results: list[dict[str, Any]],
+    descriptions: dict[str, str],
+    collect: dict[str, Any],
+) -> dict[str, Any]:
     """Number the kept episodes, rename their files to ep_XXXXXX.npz and write index.json."""
     order = {t: i for i, t in enumerate(tasks)}
     kept = sorted((r for r in results if r["tmp_file"]), key=lambda r: (order[r["task"]], r["attempt"]))
@@ -400,9 +461,19 @@ def _write_index(tmp: Path, env_cfg: EnvConfig, tasks: list[str], results: list[
     for i, r in enumerate(kept):
         file = f"episodes/ep_{i:06d}.npz"
         (tmp / "episodes" / r["tmp_file"]).rename(tmp / file)
-        episodes.append({"id": i, "file": file, "task": r["task"], "instruction": descriptions[r["task"]],
-                         "seed": r["seed"], "attempt": r["attempt"], "length": r["length"],
-                         "success": r["success"], "success_step": r["success_step"]})
+        episodes.append(
+            {
+                "id": i,
+                "file": file,
+                "task": r["task"],
+                "instruction": descriptions[r["task"]],
+                "seed": r["seed"],
+                "attempt": r["attempt"],
+                "length": r["length"],
+                "success": r["success"],
+                "success_step": r["success_step"],
+            }
+        )
     summary = {
         t: {
             "episodes": sum(1 for e in episodes if e["task"] == t),
@@ -434,8 +505,9 @@ def read_index(path: str | Path) -> dict[str, Any]:
     if not path.is_dir():
         raise FileNotFoundError(f"demo dataset folder {path} does not exist (collect one with `rlfleet collect`)")
     if not index_file.is_file():
-        raise FileNotFoundError(f"{path} has no index.json: not an rlfleet demo dataset "
-                                "(collect one with `rlfleet collect`)")
+        raise FileNotFoundError(
+            f"{path} has no index.json: not an rlfleet demo dataset (collect one with `rlfleet collect`)"
+        )
     try:
         index = json.loads(index_file.read_text())
     except json.JSONDecodeError as exc:
@@ -456,12 +528,21 @@ def load_demos(path: str | Path, only_success: bool = True) -> list[DemoEpisode]
             continue
         with np.load(path / entry["file"], allow_pickle=False) as z:
             arrays = {k: z[k] for k in z.files}
-        episodes.append(DemoEpisode(
-            id=int(entry["id"]), task=entry["task"], instruction_text=entry["instruction"],
-            seed=int(entry["seed"]), success=bool(entry["success"]), success_step=int(entry["success_step"]),
-            states=arrays["states"], actions=arrays["actions"], rewards=arrays["rewards"],
-            step_success=arrays["success"], instruction=arrays["instruction"],
-            main_images=arrays.get("main_images"), step_instructions=arrays.get("step_instructions"),
-        ))
+        episodes.append(
+            DemoEpisode(
+                id=int(entry["id"]),
+                task=entry["task"],
+                instruction_text=entry["instruction"],
+                seed=int(entry["seed"]),
+                success=bool(entry["success"]),
+                success_step=int(entry["success_step"]),
+                states=arrays["states"],
+                actions=arrays["actions"],
+                rewards=arrays["rewards"],
+                step_success=arrays["success"],
+                instruction=arrays["instruction"],
+                main_images=arrays.get("main_images"),
+                step_instructions=arrays.get("step_instructions"),
+            )
+        )
     return episodes
-

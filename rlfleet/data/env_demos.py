@@ -13,6 +13,7 @@ num_envs + i`` and records its first episode; rounds repeat until every task has
 (RoboTwin: an index into its train seed list; CALVIN: a train-pool entry), so demos never come
 from evaluation seeds or pools.
 """
+
 from __future__ import annotations
 
 import json
@@ -29,7 +30,6 @@ from rlfleet.data.demos import ATTEMPTS_PER_EPISODE, DEMO_SEED_BASE, FORMAT
 from rlfleet.envs.api import EnvConfig, decode_instructions
 from rlfleet.envs.registry import make_env
 
-
 STOP_AFTER_SUCCESS = 10  # as rlfleet.data.demos: recorded steps after the first success
 
 
@@ -42,8 +42,10 @@ def _record_round(env: Any, seeds: np.ndarray, max_steps: int) -> list[dict[str,
     keeps stepping with the batch; what it does then is not recorded)."""
     n = len(seeds)
     obs = env.reset(seeds)
-    steps: list[dict[str, list]] = [{k: [] for k in ("states", "actions", "rewards", "success",
-                                                     "step_instructions", "main_images")} for _ in range(n)]
+    steps: list[dict[str, list]] = [
+        {k: [] for k in ("states", "actions", "rewards", "success", "step_instructions", "main_images")}
+        for _ in range(n)
+    ]
     done = np.zeros(n, bool)
     first = np.full(n, -1)
     for _ in range(max_steps):
@@ -78,9 +80,16 @@ def _record_round(env: Any, seeds: np.ndarray, max_steps: int) -> list[dict[str,
     return out
 
 
-def collect_env_demos(out: Path, env_cfg: EnvConfig, episodes_per_task: int, envs_per_task: int = 1,
-                      seed: int = 0, keep_failed: bool = False, overwrite: bool = False,
-                      progress: bool = True) -> dict[str, dict[str, int]]:
+def collect_env_demos(
+    out: Path,
+    env_cfg: EnvConfig,
+    episodes_per_task: int,
+    envs_per_task: int = 1,
+    seed: int = 0,
+    keep_failed: bool = False,
+    overwrite: bool = False,
+    progress: bool = True,
+) -> dict[str, dict[str, int]]:
     """Write a demo dataset for `env_cfg` (its tasks, camera size, episode limit) to `out`.
 
     Written into `<out>.tmp/` and renamed at the end, so an interrupted run leaves nothing under
@@ -108,13 +117,29 @@ def collect_env_demos(out: Path, env_cfg: EnvConfig, episodes_per_task: int, env
             raise ValueError(f"env {cfg.name!r} has no scripted experts (expert_actions) to collect demos with")
         entries, attempts = _collect_rounds(env, tmp, tasks, episodes_per_task, seed, keep_failed, progress)
         env.close()
-        summary = {t: {"episodes": sum(e["task"] == t for e in entries),
-                       "success": sum(e["task"] == t and e["success"] for e in entries),
-                       "attempts": attempts[t]["attempts"], "failed": attempts[t]["failed"]} for t in tasks}
-        index = {"format": FORMAT, "env": asdict(cfg), "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                 "collect": {"episodes_per_task": episodes_per_task, "envs_per_task": envs_per_task, "seed": seed,
-                             "keep_failed": keep_failed, "seed_scheme": "1_000_000 * (1 + seed) + round * num_envs + env"},
-                 "episodes": entries, "summary": summary}
+        summary = {
+            t: {
+                "episodes": sum(e["task"] == t for e in entries),
+                "success": sum(e["task"] == t and e["success"] for e in entries),
+                "attempts": attempts[t]["attempts"],
+                "failed": attempts[t]["failed"],
+            }
+            for t in tasks
+        }
+        index = {
+            "format": FORMAT,
+            "env": asdict(cfg),
+            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "collect": {
+                "episodes_per_task": episodes_per_task,
+                "envs_per_task": envs_per_task,
+                "seed": seed,
+                "keep_failed": keep_failed,
+                "seed_scheme": "1_000_000 * (1 + seed) + round * num_envs + env",
+            },
+            "episodes": entries,
+            "summary": summary,
+        }
         (tmp / "index.json").write_text(json.dumps(index, indent=2) + "\n")
         if out.exists() or out.is_symlink():
             shutil.rmtree(out) if out.is_dir() and not out.is_symlink() else out.unlink()
@@ -125,15 +150,22 @@ def collect_env_demos(out: Path, env_cfg: EnvConfig, episodes_per_task: int, env
     return summary
 
 
-def _collect_rounds(env: Any, tmp: Path, tasks: list[str], n: int, seed: int, keep_failed: bool,
-                    progress: bool) -> tuple[list[dict[str, Any]], dict[str, dict[str, int]]]:
+def _collect_rounds(
+    env: Any, tmp: Path, tasks: list[str], n: int, seed: int, keep_failed: bool, progress: bool
+) -> tuple[list[dict[str, Any]], dict[str, dict[str, int]]]:
     names = env.spec.task_names
     num_envs = len(names)
     ok = {t: 0 for t in tasks}
     tally = {t: {"attempts": 0, "failed": 0} for t in tasks}
     entries: list[dict[str, Any]] = []
-    bar = Progress(TextColumn("[bold]collect"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
-                   TimeElapsedColumn(), disable=not progress)
+    bar = Progress(
+        TextColumn("[bold]collect"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[info]}"),
+        TimeElapsedColumn(),
+        disable=not progress,
+    )
     with bar:
         job = bar.add_task("collect", total=len(tasks) * n, info="")
         r = 0
@@ -150,8 +182,11 @@ def _collect_rounds(env: Any, tmp: Path, tasks: list[str], n: int, seed: int, ke
                 if success or keep_failed:
                     entries.append(_write_episode(tmp, len(entries), task, int(seeds[i]), r, arrays))
             r += 1
-            bar.update(job, completed=sum(min(v, n) for v in ok.values()),
-                       info=f"{sum(ok.values())} successes, {sum(t['failed'] for t in tally.values())} failed")
+            bar.update(
+                job,
+                completed=sum(min(v, n) for v in ok.values()),
+                info=f"{sum(ok.values())} successes, {sum(t['failed'] for t in tally.values())} failed",
+            )
     return entries, tally
 
 
@@ -162,6 +197,14 @@ def _write_episode(tmp: Path, ep_id: int, task: str, seed: int, attempt: int, ar
         np.savez(f, **arrays)
     texts = list(dict.fromkeys(decode_instructions(arrays["step_instructions"])))
     ok = bool(arrays["success"].any())
-    return {"id": ep_id, "file": file, "task": task, "instruction": " | ".join(texts), "seed": seed,
-            "attempt": attempt, "length": int(arrays["actions"].shape[0]), "success": ok,
-            "success_step": int(np.argmax(arrays["success"])) if ok else -1}
+    return {
+        "id": ep_id,
+        "file": file,
+        "task": task,
+        "instruction": " | ".join(texts),
+        "seed": seed,
+        "attempt": attempt,
+        "length": int(arrays["actions"].shape[0]),
+        "success": ok,
+        "success_step": int(np.argmax(arrays["success"])) if ok else -1,
+    }

@@ -6,6 +6,7 @@ policy's own `sft_loss` decides the objective: token cross-entropy for `tiny_oft
 flow-matching loss for `tiny_pi0`/`tiny_pi05`, Gaussian NLL for the MLP. Action and state
 normalisation statistics come from the demos and are stored in the checkpoint under `unnorm_key`.
 """
+
 from __future__ import annotations
 
 import json
@@ -59,14 +60,18 @@ def build_sft_data(episodes: list[Any], chunk_size: int) -> SFTData:
         L = ep.actions.shape[0]
         obs["states"].append(ep.states.astype(np.float32))
         per_step = getattr(ep, "step_instructions", None)
-        obs["instructions"].append(per_step if per_step is not None
-                                   else np.broadcast_to(ep.instruction, (L, ep.instruction.shape[-1])))
+        obs["instructions"].append(
+            per_step if per_step is not None else np.broadcast_to(ep.instruction, (L, ep.instruction.shape[-1]))
+        )
         if has_images:
             obs["main_images"].append(ep.main_images)
         actions.append(action_chunks(ep.actions.astype(np.float32), chunk_size))
         index.append(np.full(L, i, np.int64))
-    return SFTData({k: np.ascontiguousarray(np.concatenate(v)) for k, v in obs.items()},
-                   np.concatenate(actions), np.concatenate(index))
+    return SFTData(
+        {k: np.ascontiguousarray(np.concatenate(v)) for k, v in obs.items()},
+        np.concatenate(actions),
+        np.concatenate(index),
+    )
 
 
 def _shift(images: torch.Tensor, pad: int, gen: torch.Generator) -> torch.Tensor:
@@ -83,8 +88,9 @@ def _shift(images: torch.Tensor, pad: int, gen: torch.Generator) -> torch.Tensor
     return out.to(torch.uint8)
 
 
-def train_sft(policy: torch.nn.Module, data: SFTData, cfg: SFTConfig, progress: bool = True,
-              evaluate=None) -> list[dict[str, float]]:
+def train_sft(
+    policy: torch.nn.Module, data: SFTData, cfg: SFTConfig, progress: bool = True, evaluate=None
+) -> list[dict[str, float]]:
     """Minimise policy.sft_loss over random minibatches; returns the log (loss, eval) per report."""
     torch.manual_seed(cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed)
@@ -100,8 +106,14 @@ def train_sft(policy: torch.nn.Module, data: SFTData, cfg: SFTConfig, progress: 
     history: list[dict[str, float]] = []
     losses: list[float] = []
     report_every = max(1, min(100, cfg.steps // 20))
-    bar = Progress(TextColumn("[bold]sft"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
-                   TimeRemainingColumn(), disable=not progress)
+    bar = Progress(
+        TextColumn("[bold]sft"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[info]}"),
+        TimeRemainingColumn(),
+        disable=not progress,
+    )
     with bar:
         task = bar.add_task("sft", total=cfg.steps, info="")
         for step in range(1, cfg.steps + 1):
@@ -131,8 +143,14 @@ def train_sft(policy: torch.nn.Module, data: SFTData, cfg: SFTConfig, progress: 
     return history
 
 
-def run_sft(demos: str | Path, out: str | Path, policy_cfg: dict[str, Any], env_cfg: EnvConfig,
-            cfg: SFTConfig, progress: bool = True) -> dict[str, Any]:
+def run_sft(
+    demos: str | Path,
+    out: str | Path,
+    policy_cfg: dict[str, Any],
+    env_cfg: EnvConfig,
+    cfg: SFTConfig,
+    progress: bool = True,
+) -> dict[str, Any]:
     """Demos folder -> trained checkpoint folder (config.json, model.safetensors, norm_stats.json)."""
     from rlfleet.data.demos import load_demos
     from rlfleet.evaluation import evaluate_policy
@@ -144,8 +162,10 @@ def run_sft(demos: str | Path, out: str | Path, policy_cfg: dict[str, Any], env_
     data = build_sft_data(episodes, env_cfg.chunk_size)
     state_dim, action_dim = data.obs["states"].shape[1], data.actions.shape[2]
     if "main_images" in data.obs and data.obs["main_images"].shape[1] != env_cfg.image_size:
-        raise ValueError(f"demos hold {data.obs['main_images'].shape[1]}px images, the env config asks for "
-                         f"{env_cfg.image_size}px: collect demos at the run's image_size")
+        raise ValueError(
+            f"demos hold {data.obs['main_images'].shape[1]}px images, the env config asks for "
+            f"{env_cfg.image_size}px: collect demos at the run's image_size"
+        )
     torch.manual_seed(cfg.seed)
     policy = make_policy(policy_cfg, state_dim, action_dim, env_cfg.chunk_size, image_size=env_cfg.image_size)
     unnorm_key = policy_cfg.get("unnorm_key", "metaworld")
@@ -163,12 +183,21 @@ def run_sft(demos: str | Path, out: str | Path, policy_cfg: dict[str, Any], env_
 
     history = train_sft(policy, data, cfg, progress, evaluate)
     out = Path(out)
-    save_checkpoint_folder(out, policy, model_config(dict(policy_cfg), state_dim, action_dim, env_cfg.chunk_size,
-                                                     vars(env_cfg), env_cfg.image_size))
+    save_checkpoint_folder(
+        out,
+        policy,
+        model_config(dict(policy_cfg), state_dim, action_dim, env_cfg.chunk_size, vars(env_cfg), env_cfg.image_size),
+    )
     if stats is not None:
         save_norm_stats(out, unnorm_key, stats)
-    summary = {"demos": str(demos), "samples": len(data), "episodes": len(episodes), "steps": cfg.steps,
-               "final_loss": history[-1]["loss"], "train_seconds": round(time.monotonic() - t0, 1),
-               "history": history}
+    summary = {
+        "demos": str(demos),
+        "samples": len(data),
+        "episodes": len(episodes),
+        "steps": cfg.steps,
+        "final_loss": history[-1]["loss"],
+        "train_seconds": round(time.monotonic() - t0, 1),
+        "history": history,
+    }
     (out / "sft_log.json").write_text(json.dumps(summary, indent=2))
     return summary

@@ -70,8 +70,9 @@ def check_env_args(cfg: EnvConfig, num_envs: int, env_offset: int) -> None:
     if num_envs < 1 or env_offset < 0:
         raise ValueError(f"need num_envs >= 1 and env_offset >= 0, got {num_envs}, {env_offset}")
     if cfg.chunk_size < 1 or cfg.max_episode_steps < 1:
-        raise ValueError(f"chunk_size and max_episode_steps must be >= 1, got {cfg.chunk_size}, "
-                         f"{cfg.max_episode_steps}")
+        raise ValueError(
+            f"chunk_size and max_episode_steps must be >= 1, got {cfg.chunk_size}, {cfg.max_episode_steps}"
+        )
     if cfg.reward_type not in ("dense", "success", "success_once"):
         raise ValueError(f"reward_type must be 'dense', 'success' or 'success_once', got {cfg.reward_type!r}")
 
@@ -84,11 +85,20 @@ def check_seeds(seeds: np.ndarray | list, num_envs: int) -> np.ndarray:
     return seeds
 
 
-def batch_observation(states: np.ndarray, instructions: np.ndarray, task_ids: np.ndarray,
-                      descriptions: list[str], images: np.ndarray | None) -> dict:
+def batch_observation(
+    states: np.ndarray,
+    instructions: np.ndarray,
+    task_ids: np.ndarray,
+    descriptions: list[str],
+    images: np.ndarray | None,
+) -> dict:
     """The observation dict of an in-process adapter, as copies: the adapter keeps reusing its buffers."""
-    obs = {"states": states.copy(), "instructions": instructions.copy(), "task_ids": task_ids.copy(),
-           "task_descriptions": list(descriptions)}
+    obs = {
+        "states": states.copy(),
+        "instructions": instructions.copy(),
+        "task_ids": task_ids.copy(),
+        "task_descriptions": list(descriptions),
+    }
     if images is not None:
         obs["main_images"] = images.copy()
     return obs

@@ -16,6 +16,7 @@ the rest is constant noise; dense reward = minus the point's distance to 0; succ
 Every episode starts from a uniform draw in [-1, 1] from the env's own seeded generator.
 What remains per env step is the episode core's bookkeeping (a few microseconds of Python).
 """
+
 from __future__ import annotations
 
 import time

@@ -19,14 +19,24 @@ float(success); "success_once" is 1 on the first successful step of an episode o
 An episode ends terminated when the task says so or, with `terminate_on_success`, on its first
 successful step; it is truncated (never both) at `max_episode_steps` or when the env says so.
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple
 
 import numpy as np
 
-from rlfleet.envs.api import (INSTRUCTION_BYTES, ChunkedEnv, EnvConfig, EnvSpec, StepResult, batch_observation,
-                              check_env_args, check_seeds, encode_instructions)
+from rlfleet.envs.api import (
+    INSTRUCTION_BYTES,
+    ChunkedEnv,
+    EnvConfig,
+    EnvSpec,
+    StepResult,
+    batch_observation,
+    check_env_args,
+    check_seeds,
+    encode_instructions,
+)
 
 
 class Outcome(NamedTuple):
@@ -45,8 +55,17 @@ class EpisodeEnv(ChunkedEnv):
     # Instructions that change within an episode (CALVIN chains) are re-read after every step.
     DYNAMIC_INSTRUCTIONS = False
 
-    def _init_core(self, cfg: EnvConfig, num_envs: int, env_offset: int, state_dim: int, action_dim: int,
-                   task_list: list[str], action_low: float = -1.0, action_high: float = 1.0) -> None:
+    def _init_core(
+        self,
+        cfg: EnvConfig,
+        num_envs: int,
+        env_offset: int,
+        state_dim: int,
+        action_dim: int,
+        task_list: list[str],
+        action_low: float = -1.0,
+        action_high: float = 1.0,
+    ) -> None:
         """Check the config and set up shapes and buffers; env i runs task (env_offset + i) mod n.
 
         Call before building simulators, so a bad config fails fast.
@@ -63,9 +82,16 @@ class EpisodeEnv(ChunkedEnv):
         idx = [(env_offset + i) % len(task_list) for i in range(num_envs)]
         self._task_ids = np.asarray(idx, np.int64)
         self._env_tasks = [task_list[j] for j in idx]
-        self._spec = EnvSpec(state_dim=state_dim, action_dim=action_dim, chunk_size=cfg.chunk_size,
-                             num_envs=num_envs, max_episode_steps=cfg.max_episode_steps,
-                             task_names=list(self._env_tasks), action_low=action_low, action_high=action_high)
+        self._spec = EnvSpec(
+            state_dim=state_dim,
+            action_dim=action_dim,
+            chunk_size=cfg.chunk_size,
+            num_envs=num_envs,
+            max_episode_steps=cfg.max_episode_steps,
+            task_names=list(self._env_tasks),
+            action_low=action_low,
+            action_high=action_high,
+        )
         size = cfg.image_size
         self._images = np.zeros((num_envs, size, size, 3), np.uint8) if size else None
         self._states = np.zeros((num_envs, state_dim), np.float32)
@@ -134,8 +160,9 @@ class EpisodeEnv(ChunkedEnv):
         lo, hi = self._spec.action_low, self._spec.action_high
         return np.stack([np.clip(np.asarray(self.expert_one(i), np.float32), lo, hi) for i in range(self._num_envs)])
 
-    def expert_chunk_step(self, actions: np.ndarray,
-                          use_expert: np.ndarray) -> tuple[StepResult, np.ndarray, np.ndarray]:
+    def expert_chunk_step(
+        self, actions: np.ndarray, use_expert: np.ndarray
+    ) -> tuple[StepResult, np.ndarray, np.ndarray]:
         """`chunk_step` that also labels every visited state with the scripted expert's action.
 
         Env i executes, at each of its K substeps, the expert's action at the state it is in
@@ -172,15 +199,21 @@ class EpisodeEnv(ChunkedEnv):
             self._descriptions[i] = text
             self._instructions[i] = encode_instructions([text])[0]
 
-    def _chunk_step(self, actions: np.ndarray, use_expert: np.ndarray | None = None,
-                    labels: np.ndarray | None = None, executed: np.ndarray | None = None) -> StepResult:
+    def _chunk_step(
+        self,
+        actions: np.ndarray,
+        use_expert: np.ndarray | None = None,
+        labels: np.ndarray | None = None,
+        executed: np.ndarray | None = None,
+    ) -> StepResult:
         if not self._started:
             raise RuntimeError("call reset() before chunk_step()")
         B, K, D = self._num_envs, self._cfg.chunk_size, self._spec.action_dim
         actions = np.asarray(actions)
         if actions.shape != (B, K, D):
-            raise ValueError(f"actions must have shape (num_envs, chunk_size, action_dim) = ({B}, {K}, {D}), "
-                             f"got {actions.shape}")
+            raise ValueError(
+                f"actions must have shape (num_envs, chunk_size, action_dim) = ({B}, {K}, {D}), got {actions.shape}"
+            )
         lo, hi = self._spec.action_low, self._spec.action_high
         actions = np.clip(actions.astype(np.float32, copy=False), lo, hi)
         if not np.isfinite(actions).all():
@@ -232,14 +265,23 @@ class EpisodeEnv(ChunkedEnv):
                     self.episode_finished(i)
                     self._begin(i, None)
                     if labels is not None and executed is not None:  # skipped substeps: pad
-                        labels[i, k + 1:] = labels[i, k]
-                        executed[i, k + 1:] = executed[i, k]
+                        labels[i, k + 1 :] = labels[i, k]
+                        executed[i, k + 1 :] = executed[i, k]
                     break
             else:
                 self._refresh(i)
-        return StepResult(obs=self._obs(), rewards=rewards, terminated=terminated, truncated=truncated,
-                          success=success, episode_done=terminated | truncated, episode_return=ep_return,
-                          episode_length=ep_length, episode_success_once=ep_success, final_obs=final_obs)
+        return StepResult(
+            obs=self._obs(),
+            rewards=rewards,
+            terminated=terminated,
+            truncated=truncated,
+            success=success,
+            episode_done=terminated | truncated,
+            episode_return=ep_return,
+            episode_length=ep_length,
+            episode_success_once=ep_success,
+            final_obs=final_obs,
+        )
 
     def _obs(self) -> dict:
         return batch_observation(self._states, self._instructions, self._task_ids, self._descriptions, self._images)
@@ -258,8 +300,9 @@ class EpisodeEnv(ChunkedEnv):
 TRAIN_STREAM = 1
 
 
-def episode_rng(rngs: list[np.random.Generator | None], i: int, seed: int | None, base_seed: int,
-                global_index: int) -> np.random.Generator:
+def episode_rng(
+    rngs: list[np.random.Generator | None], i: int, seed: int | None, base_seed: int, global_index: int
+) -> np.random.Generator:
     """Env i's episode generator: re-seeded by an explicit `seed`, else created once from
     (base_seed, global_index, TRAIN_STREAM) and continued, so repeated resets do not replay episodes."""
     if seed is not None:

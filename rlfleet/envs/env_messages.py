@@ -4,6 +4,7 @@ The wire carries exactly what `StepResult` carries: `obs` as a TensorMap (task d
 its strings), the per-env step results in `step`, and `final_obs` as `final_<key>` entries of
 `step`. Everything is raw tensors through `rlfleet.wire.codec`, never pickle.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -32,19 +33,33 @@ STEP_FIELDS: dict[str, tuple[str, tuple[str, ...]]] = {
 def spec_reply(spec: EnvSpec, task_list: list[str], obs_spec: ObsSpec, env_name: str) -> env_pb2.EnvSpecReply:
     """Describe an env batch for GetSpec."""
     return env_pb2.EnvSpecReply(
-        num_envs=spec.num_envs, state_dim=spec.state_dim, action_dim=spec.action_dim, chunk_size=spec.chunk_size,
-        max_episode_steps=spec.max_episode_steps, task_names=list(spec.task_names), action_low=spec.action_low,
-        action_high=spec.action_high, task_list=list(task_list), env_name=env_name,
-        observations=[env_pb2.ObservationSpec(key=k, dtype=dtype, shape=list(shape)) for k, (shape, dtype) in obs_spec.items()],
+        num_envs=spec.num_envs,
+        state_dim=spec.state_dim,
+        action_dim=spec.action_dim,
+        chunk_size=spec.chunk_size,
+        max_episode_steps=spec.max_episode_steps,
+        task_names=list(spec.task_names),
+        action_low=spec.action_low,
+        action_high=spec.action_high,
+        task_list=list(task_list),
+        env_name=env_name,
+        observations=[
+            env_pb2.ObservationSpec(key=k, dtype=dtype, shape=list(shape)) for k, (shape, dtype) in obs_spec.items()
+        ],
     )
 
 
 def spec_from_reply(reply: env_pb2.EnvSpecReply) -> tuple[EnvSpec, list[str], ObsSpec]:
     """(EnvSpec, task list, observation spec) from a GetSpec reply, checked for consistency."""
     spec = EnvSpec(
-        state_dim=reply.state_dim, action_dim=reply.action_dim, chunk_size=reply.chunk_size, num_envs=reply.num_envs,
-        max_episode_steps=reply.max_episode_steps, task_names=list(reply.task_names),
-        action_low=reply.action_low, action_high=reply.action_high,
+        state_dim=reply.state_dim,
+        action_dim=reply.action_dim,
+        chunk_size=reply.chunk_size,
+        num_envs=reply.num_envs,
+        max_episode_steps=reply.max_episode_steps,
+        task_names=list(reply.task_names),
+        action_low=reply.action_low,
+        action_high=reply.action_high,
     )
     if min(spec.state_dim, spec.action_dim, spec.chunk_size, spec.num_envs) < 1:
         raise codec.WireFormatError(
@@ -63,7 +78,9 @@ def spec_from_reply(reply: env_pb2.EnvSpecReply) -> tuple[EnvSpec, list[str], Ob
         obs_spec[o.key] = (tuple(int(d) for d in o.shape), o.dtype)
     obs_spec.setdefault("states", ((spec.state_dim,), "float32"))
     if obs_spec["states"] != ((spec.state_dim,), "float32"):
-        raise codec.WireFormatError(f"observation 'states' is {obs_spec['states']}, expected (({spec.state_dim},), 'float32')")
+        raise codec.WireFormatError(
+            f"observation 'states' is {obs_spec['states']}, expected (({spec.state_dim},), 'float32')"
+        )
     return spec, task_list, obs_spec
 
 
@@ -95,5 +112,5 @@ def decode_step(msg: tensor_pb2.TensorMap, num_envs: int, chunk_size: int, finit
     for name, (dtype, tail) in STEP_FIELDS.items():
         shape = [num_envs, *(chunk_size if d == "K" else d for d in tail)]
         fields[name] = codec.require(raw, name, dtype, shape, finite=finite)
-    final_obs = {k[len(FINAL_PREFIX):]: v for k, v in raw.items() if k.startswith(FINAL_PREFIX)}
+    final_obs = {k[len(FINAL_PREFIX) :]: v for k, v in raw.items() if k.startswith(FINAL_PREFIX)}
     return fields, final_obs

@@ -5,6 +5,7 @@ The server hosts one env batch per client session (an actor's env workers each o
 sized and offset like the local env they replace). Bad input is answered with a clear gRPC
 status and counted; it never takes the server down or corrupts a session.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -129,8 +130,9 @@ class EnvServicer(env_pb2_grpc.EnvServiceServicer):
         self.errors[grpc.StatusCode.INVALID_ARGUMENT.name] += 1
         self.rejections.count(reason)
 
-    def _reject(self, rpc: str, context: grpc.ServicerContext, code: grpc.StatusCode, message: str,
-                reason: str) -> None:
+    def _reject(
+        self, rpc: str, context: grpc.ServicerContext, code: grpc.StatusCode, message: str, reason: str
+    ) -> None:
         self.errors[code.name] += 1
         self.rejections.count(reason)
         log.warning("rejected %s (%s): %s", rpc, code.name, message)
@@ -140,9 +142,11 @@ class EnvServicer(env_pb2_grpc.EnvServiceServicer):
         n = request.num_envs or self.cfg.num_envs
         k = request.chunk_size or self.cfg.env.chunk_size
         if n < 1 or request.env_offset < 0 or k < 1:
-            raise RequestError(grpc.StatusCode.INVALID_ARGUMENT,
-                               f"num_envs and chunk_size must be >= 0 and env_offset >= 0, got "
-                               f"{request.num_envs}, {request.chunk_size}, {request.env_offset}")
+            raise RequestError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"num_envs and chunk_size must be >= 0 and env_offset >= 0, got "
+                f"{request.num_envs}, {request.chunk_size}, {request.env_offset}",
+            )
         settings = (n, int(request.env_offset), int(request.seed), k)
         with self._lock:
             old = self.sessions.get(request.session_id)
@@ -162,8 +166,15 @@ class EnvServicer(env_pb2_grpc.EnvServiceServicer):
             old = self.sessions.pop(request.session_id, None)  # the one replaced (or a racing open's)
             self.sessions[request.session_id] = _Session(env, settings)
         self._close_envs([old] if old is not None else [])
-        log.info("session %r: %d envs from index %d, seed %d, chunk %d (%d sessions)",
-                 request.session_id, n, settings[1], settings[2], k, len(self.sessions))
+        log.info(
+            "session %r: %d envs from index %d, seed %d, chunk %d (%d sessions)",
+            request.session_id,
+            n,
+            settings[1],
+            settings[2],
+            k,
+            len(self.sessions),
+        )
         return self._describe(env)
 
     def _describe(self, env: ChunkedEnv) -> env_pb2.EnvSpecReply:
@@ -173,6 +184,7 @@ class EnvServicer(env_pb2_grpc.EnvServiceServicer):
     def _make_room(self, n: int, replacing: _Session | None) -> list[_Session]:
         """Take idle sessions out of the table until n more envs fit under max_envs (caller holds
         the lock); returns them for `_close_envs` once the lock is released."""
+
         def in_use() -> int:
             return self._reserved + sum(s.settings[0] for s in self.sessions.values() if s is not replacing)
 
@@ -187,9 +199,11 @@ class EnvServicer(env_pb2_grpc.EnvServiceServicer):
                 if in_use() + n <= self.cfg.max_envs:
                     return retired
         self._close_envs(retired)  # idle past the limit either way (under the lock: rare)
-        raise RequestError(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                           f"{n} more envs would exceed this server's limit of {self.cfg.max_envs} "
-                           f"({in_use()} in use by {len(self.sessions)} sessions); close sessions or raise --max-envs")
+        raise RequestError(
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            f"{n} more envs would exceed this server's limit of {self.cfg.max_envs} "
+            f"({in_use()} in use by {len(self.sessions)} sessions); close sessions or raise --max-envs",
+        )
 
     def _close_envs(self, sessions: list[_Session]) -> None:
         """Close sessions already out of the table (no lock held: closing a simulator takes a while)."""
@@ -204,8 +218,9 @@ class EnvServicer(env_pb2_grpc.EnvServiceServicer):
         with self._lock:
             session = self.sessions.get(sid)
         if session is None:
-            raise RequestError(grpc.StatusCode.FAILED_PRECONDITION,
-                               f"no open session {sid!r}: call GetSpec with this session_id first")
+            raise RequestError(
+                grpc.StatusCode.FAILED_PRECONDITION, f"no open session {sid!r}: call GetSpec with this session_id first"
+            )
         session.last_used = time.monotonic()
         return session
 
@@ -214,8 +229,10 @@ class EnvServicer(env_pb2_grpc.EnvServiceServicer):
         n = session.settings[0]
         seeds = np.asarray(request.seeds, dtype=np.int64) if len(request.seeds) else None
         if seeds is not None and seeds.shape != (n,):
-            raise RequestError(grpc.StatusCode.INVALID_ARGUMENT,
-                               f"got {len(request.seeds)} seeds for a session of {n} envs (send {n}, or none)")
+            raise RequestError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"got {len(request.seeds)} seeds for a session of {n} envs (send {n}, or none)",
+            )
         with session.lock:
             self._check_open(session, request.session_id)
             obs = session.env.reset(seeds)
@@ -228,21 +245,25 @@ class EnvServicer(env_pb2_grpc.EnvServiceServicer):
         if not request.HasField("actions"):
             raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, "ChunkStep needs an `actions` tensor")
         actions = codec.decode_tensor(request.actions)
-        actions = codec.require({"actions": actions}, "actions", "float32",
-                                (spec.num_envs, spec.chunk_size, spec.action_dim), finite=True)
+        actions = codec.require(
+            {"actions": actions}, "actions", "float32", (spec.num_envs, spec.chunk_size, spec.action_dim), finite=True
+        )
         seq = int(request.step_seq)
         with session.lock:
             self._check_open(session, request.session_id)
             if not session.was_reset:
-                raise RequestError(grpc.StatusCode.FAILED_PRECONDITION,
-                                   f"session {request.session_id!r}: call Reset before ChunkStep")
+                raise RequestError(
+                    grpc.StatusCode.FAILED_PRECONDITION, f"session {request.session_id!r}: call Reset before ChunkStep"
+                )
             if seq and seq == session.last_seq and session.last_reply is not None:
                 self.calls["ChunkStep_repeated"] += 1  # a retry after a time-out: answered, not stepped again
                 return session.last_reply
             if seq and seq != session.last_seq + 1:
-                raise RequestError(grpc.StatusCode.FAILED_PRECONDITION,
-                                   f"session {request.session_id!r}: step_seq {seq}, expected {session.last_seq + 1} "
-                                   f"(a ChunkStep was lost or repeated)")
+                raise RequestError(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"session {request.session_id!r}: step_seq {seq}, expected {session.last_seq + 1} "
+                    f"(a ChunkStep was lost or repeated)",
+                )
             reply = step_reply(session.env.chunk_step(actions))
             reply.step_seq = seq
             if seq:
@@ -280,8 +301,13 @@ def serve_env(cfg: EnvServerConfig) -> tuple[grpc.Server, int, EnvServicer]:
     check_env_config(cfg)
     servicer = EnvServicer(cfg)
     server, port = start_grpc_server(
-        cfg.host, cfg.port,
-        [lambda s: add_servicer(env_pb2_grpc.add_EnvServiceServicer_to_server, servicer, s, servicer.count_undecodable)],
+        cfg.host,
+        cfg.port,
+        [
+            lambda s: add_servicer(
+                env_pb2_grpc.add_EnvServiceServicer_to_server, servicer, s, servicer.count_undecodable
+            )
+        ],
         [SERVICE_NAME],
     )
     return server, port, servicer

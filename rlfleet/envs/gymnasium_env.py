@@ -19,6 +19,7 @@ Mapping:
 * Tasks: one, the id. Seeds: `reset(seeds)` seeds env i's gymnasium `reset(seed=...)`; without
   seeds the first reset seeds it from (cfg.seed, global index) and later ones continue its RNG.
 """
+
 from __future__ import annotations
 
 import os
@@ -37,9 +38,9 @@ os.environ.setdefault("MUJOCO_GL", "egl")
 
 def gym_id(name: str) -> str:
     """The gymnasium id of an env name `gym:<id>`."""
-    if not name.startswith(PREFIX) or not name[len(PREFIX):]:
+    if not name.startswith(PREFIX) or not name[len(PREFIX) :]:
         raise ValueError(f"a gymnasium env name is 'gym:<id>' or 'gym:package.module:<id>', got {name!r}")
-    return name[len(PREFIX):]
+    return name[len(PREFIX) :]
 
 
 def _make(env_id: str, image_size: int) -> Any:
@@ -51,8 +52,9 @@ def _make(env_id: str, image_size: int) -> Any:
         if not image_size:
             return gym.make(env_id, disable_env_checker=True)
         try:
-            return gym.make(env_id, render_mode="rgb_array", width=image_size, height=image_size,
-                            disable_env_checker=True)
+            return gym.make(
+                env_id, render_mode="rgb_array", width=image_size, height=image_size, disable_env_checker=True
+            )
         except TypeError:  # no width/height arguments
             return gym.make(env_id, render_mode="rgb_array", disable_env_checker=True)
     except gym.error.Error as exc:
@@ -102,8 +104,9 @@ class GymEnv(EpisodeEnv):
             state_dim = int(np.prod(obs_space.shape))
         else:
             first.close()
-            raise ValueError(f"gym env {env_id!r} has a {type(obs_space).__name__} observation space; "
-                             f"rlfleet maps Box and Dict")
+            raise ValueError(
+                f"gym env {env_id!r} has a {type(obs_space).__name__} observation space; rlfleet maps Box and Dict"
+            )
         self._init_core(cfg, num_envs, env_offset, state_dim, int(np.prod(act.shape)), [env_id])
         self._action_shape = act.shape
         low, high = act.low.reshape(-1).astype(np.float64), act.high.reshape(-1).astype(np.float64)

@@ -53,8 +53,10 @@ def require_env_extra(name: str) -> None:
     extra, modules = ENV_EXTRAS[key]
     missing = [m for m in modules if importlib.util.find_spec(m) is None]
     if missing:
-        raise ValueError(f"env.name={name} needs the [{extra}] extra ({', '.join(missing)} not installed): "
-                         f'pip install "rlfleet[{extra}]"')
+        raise ValueError(
+            f"env.name={name} needs the [{extra}] extra ({', '.join(missing)} not installed): "
+            f'pip install "rlfleet[{extra}]"'
+        )
 
 
 def register_env(name: str, factory: EnvFactory, chain_length: int = 0) -> None:
@@ -131,8 +133,9 @@ def register_env_scheme(scheme: str, factory: EnvFactory) -> None:
 
 def registered_envs() -> list[str]:
     """Names `make_env` accepts (schemes as `scheme://...`; plugins as well, see `rlfleet.plugins`)."""
-    return (sorted({*_BUILTIN, *_REGISTRY}) + sorted(f"{s}://..." for s in _SCHEMES)
-            + sorted(f"{p}:..." for p in _PREFIXES))
+    return (
+        sorted({*_BUILTIN, *_REGISTRY}) + sorted(f"{s}://..." for s in _SCHEMES) + sorted(f"{p}:..." for p in _PREFIXES)
+    )
 
 
 def make_env(cfg: EnvConfig, num_envs: int, env_offset: int = 0) -> ChunkedEnv:

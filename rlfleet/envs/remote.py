@@ -17,6 +17,7 @@ every episode in flight ending as truncated; NaN/inf in one env's reward or obse
 that env's episode (truncated, reward 0, the policy sees its last good observation). Each of
 these is counted in `RemoteEnv.faults` and logged, naming the simulator.
 """
+
 from __future__ import annotations
 
 import logging
@@ -120,8 +121,14 @@ class RemoteEnv(ChunkedEnv):
         except BaseException:
             self._channel.close()
             raise
-        log.debug("session %s on %s (%s): %d envs from index %d", self._session, self._target.address,
-                  reply.env_name or "?", num_envs, env_offset)
+        log.debug(
+            "session %s on %s (%s): %d envs from index %d",
+            self._session,
+            self._target.address,
+            reply.env_name or "?",
+            num_envs,
+            env_offset,
+        )
         self._warn_ignored_settings()
         index = {t: i for i, t in enumerate(self._task_list)}
         self._task_ids = np.asarray([index.get(t, 0) for t in self._spec.task_names], np.int64)
@@ -147,7 +154,9 @@ class RemoteEnv(ChunkedEnv):
         if seeds is not None:
             seeds = np.asarray(seeds)
             if seeds.shape != (self._spec.num_envs,) or not np.issubdtype(seeds.dtype, np.integer):
-                raise ValueError(f"seeds must be {self._spec.num_envs} ints, got shape {seeds.shape} dtype {seeds.dtype}")
+                raise ValueError(
+                    f"seeds must be {self._spec.num_envs} ints, got shape {seeds.shape} dtype {seeds.dtype}"
+                )
             request.seeds.extend(int(s) for s in seeds)
         try:
             reply = self._call("Reset", request, reopen=True)
@@ -166,8 +175,9 @@ class RemoteEnv(ChunkedEnv):
         if arr.dtype != np.float32 and (arr.dtype.kind in "fiu"):
             arr = arr.astype(np.float32)  # local envs take any real actions too
         self._seq += 1
-        request = env_pb2.ChunkStepRequest(session_id=self._session, actions=codec.encode_tensor("actions", arr),
-                                           step_seq=self._seq)
+        request = env_pb2.ChunkStepRequest(
+            session_id=self._session, actions=codec.encode_tensor("actions", arr), step_seq=self._seq
+        )
         try:
             try:
                 reply = self._call("ChunkStep", request, reopen=True)
@@ -184,8 +194,9 @@ class RemoteEnv(ChunkedEnv):
                 except TimeoutError as exc:
                     raise _Lost(grpc.StatusCode.DEADLINE_EXCEEDED, str(exc)) from None
             if reply.step_seq not in (0, self._seq):  # 0: a server that does not number steps
-                raise _Lost(grpc.StatusCode.FAILED_PRECONDITION,
-                            f"answered ChunkStep {reply.step_seq} to ChunkStep {self._seq}")
+                raise _Lost(
+                    grpc.StatusCode.FAILED_PRECONDITION, f"answered ChunkStep {reply.step_seq} to ChunkStep {self._seq}"
+                )
         except _Lost as exc:
             return self._all_truncated(self._reopen(str(exc)))
         result = self._checked_step(reply)
@@ -203,8 +214,10 @@ class RemoteEnv(ChunkedEnv):
         self._channel.close()
 
     def __reduce__(self):
-        raise TypeError("a RemoteEnv holds a live gRPC channel and cannot be pickled: call make_env() in the "
-                        "process that steps it (env workers do)")
+        raise TypeError(
+            "a RemoteEnv holds a live gRPC channel and cannot be pickled: call make_env() in the "
+            "process that steps it (env workers do)"
+        )
 
     # --- helpers ----------------------------------------------------------------------------
 
@@ -219,19 +232,30 @@ class RemoteEnv(ChunkedEnv):
             ) from None
 
     def _spec_request(self, num_envs: int) -> env_pb2.SpecRequest:
-        return env_pb2.SpecRequest(session_id=self._session, num_envs=num_envs, env_offset=self._env_offset,
-                                   seed=self._cfg.seed, chunk_size=self._cfg.chunk_size)
+        return env_pb2.SpecRequest(
+            session_id=self._session,
+            num_envs=num_envs,
+            env_offset=self._env_offset,
+            seed=self._cfg.seed,
+            chunk_size=self._cfg.chunk_size,
+        )
 
     def _warn_ignored_settings(self) -> None:
         """The server decides the episode length and the task: say so when the recipe asks otherwise."""
         where, spec = self._target.address, self._spec
         if self._cfg.max_episode_steps != spec.max_episode_steps:
-            _warn_once("max_episode_steps", f"env.max_episode_steps={self._cfg.max_episode_steps} is ignored: the env "
-                       f"server {where} runs episodes of {spec.max_episode_steps} steps (set it on the server)")
+            _warn_once(
+                "max_episode_steps",
+                f"env.max_episode_steps={self._cfg.max_episode_steps} is ignored: the env "
+                f"server {where} runs episodes of {spec.max_episode_steps} steps (set it on the server)",
+            )
         wanted = [t.strip() for t in self._cfg.task.split(",") if t.strip()]
         if wanted and not set(wanted) <= set(self._task_list):
-            _warn_once("task", f"env.task={self._cfg.task!r} is ignored: the env server {where} runs "
-                       f"{', '.join(self._task_list)} (set the task on the server)")
+            _warn_once(
+                "task",
+                f"env.task={self._cfg.task!r} is ignored: the env server {where} runs "
+                f"{', '.join(self._task_list)} (set the task on the server)",
+            )
 
     def _call(self, rpc: str, request, reopen: bool = False):
         """One unary call with the deadline; gRPC statuses become the errors a local env would raise
@@ -259,8 +283,10 @@ class RemoteEnv(ChunkedEnv):
         t = self._target
         self._recoveries_in_a_row += 1
         if self._recoveries_in_a_row > MAX_RECOVERIES_IN_A_ROW:
-            raise RemoteEnvError(f"env server {t.address}: the session failed {MAX_RECOVERIES_IN_A_ROW} times in a "
-                                 f"row with no good step in between (last: {why}); giving up")
+            raise RemoteEnvError(
+                f"env server {t.address}: the session failed {MAX_RECOVERIES_IN_A_ROW} times in a "
+                f"row with no good step in between (last: {why}); giving up"
+            )
         self.faults["reopened_sessions"] += 1
         log.warning("env server %s: %s; reopening the session (episodes in flight end as truncated)", t.address, why)
         old, deadline = self._session, time.monotonic() + t.reconnect_timeout
@@ -269,8 +295,10 @@ class RemoteEnv(ChunkedEnv):
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise ConnectionError(f"env server {t.address} did not come back within {t.reconnect_timeout:g}s "
-                                      f"(reconnect_timeout); last error: {last}")
+                raise ConnectionError(
+                    f"env server {t.address} did not come back within {t.reconnect_timeout:g}s "
+                    f"(reconnect_timeout); last error: {last}"
+                )
             # a fresh channel each try skips gRPC's growing reconnect backoff
             self._channel.close()
             self._channel = make_channel(t.address)
@@ -280,10 +308,13 @@ class RemoteEnv(ChunkedEnv):
                 ready.result(timeout=min(left, 5.0))
                 spec, _, obs_spec = self._checked_spec(
                     self._stub.GetSpec(self._spec_request(self._spec.num_envs), timeout=min(left, t.timeout)),
-                    self._spec.num_envs)
+                    self._spec.num_envs,
+                )
                 if (spec, obs_spec) != (self._spec, self._obs_spec):
-                    raise RemoteEnvError(f"env server {t.address} came back with other envs: {spec} {obs_spec}, "
-                                         f"was {self._spec} {self._obs_spec}")
+                    raise RemoteEnvError(
+                        f"env server {t.address} came back with other envs: {spec} {obs_spec}, "
+                        f"was {self._spec} {self._obs_spec}"
+                    )
                 request = env_pb2.ResetRequest(session_id=self._session)
                 if seeds is not None:
                     request.seeds.extend(int(s) for s in seeds)
@@ -315,11 +346,21 @@ class RemoteEnv(ChunkedEnv):
         self.faults["episodes_truncated"] += B
         final = dict(self._last_obs or {})
         result = StepResult(
-            obs=obs, rewards=np.zeros((B, K), np.float32), terminated=np.zeros(B, bool), truncated=np.ones(B, bool),
-            success=np.zeros(B, bool), episode_done=np.ones(B, bool), episode_return=self._ep_return.copy(),
-            episode_length=self._ep_length.copy(), episode_success_once=self._ep_success.copy(),
-            final_obs={k: final.get(k, np.zeros_like(v)) for k, v in obs.items()
-                       if isinstance(v, np.ndarray) and k != "task_ids"})
+            obs=obs,
+            rewards=np.zeros((B, K), np.float32),
+            terminated=np.zeros(B, bool),
+            truncated=np.ones(B, bool),
+            success=np.zeros(B, bool),
+            episode_done=np.ones(B, bool),
+            episode_return=self._ep_return.copy(),
+            episode_length=self._ep_length.copy(),
+            episode_success_once=self._ep_success.copy(),
+            final_obs={
+                k: final.get(k, np.zeros_like(v))
+                for k, v in obs.items()
+                if isinstance(v, np.ndarray) and k != "task_ids"
+            },
+        )
         self._start_episodes(obs)
         return result
 
@@ -364,8 +405,12 @@ class RemoteEnv(ChunkedEnv):
         if (self._bad_streak >= MAX_BAD_OBS_STREAK).any():  # the simulator stays broken: start it over
             stuck = np.flatnonzero(self._bad_streak >= MAX_BAD_OBS_STREAK).tolist()
             self.faults["session_resets"] += 1
-            log.warning("env server %s: envs %s sent NaN/inf observations %d chunks in a row; resetting the session",
-                        self._target.address, stuck, MAX_BAD_OBS_STREAK)
+            log.warning(
+                "env server %s: envs %s sent NaN/inf observations %d chunks in a row; resetting the session",
+                self._target.address,
+                stuck,
+                MAX_BAD_OBS_STREAK,
+            )
             fresh = self._call("Reset", env_pb2.ResetRequest(session_id=self._session))
             new_obs = self._checked_obs(fresh.obs, reset=True)
             # this chunk's finished episodes keep their stats; the others end here, truncated
@@ -385,11 +430,14 @@ class RemoteEnv(ChunkedEnv):
     def _count_bad(self, name: str, rows: np.ndarray) -> None:
         if rows.any():
             self.faults[f"non_finite_{name}"] += int(rows.sum())
-            log.warning("env server %s sent NaN/inf %s for envs %s: the simulator's fault; those episodes end "
-                        "(truncated)", self._target.address, name, np.flatnonzero(rows).tolist())
+            log.warning(
+                "env server %s sent NaN/inf %s for envs %s: the simulator's fault; those episodes end (truncated)",
+                self._target.address,
+                name,
+                np.flatnonzero(rows).tolist(),
+            )
 
-    def _end_bad_episodes(self, bad: np.ndarray, bad_obs: np.ndarray, fields: dict, obs: dict,
-                          final_obs: dict) -> None:
+    def _end_bad_episodes(self, bad: np.ndarray, bad_obs: np.ndarray, fields: dict, obs: dict, final_obs: dict) -> None:
         """End each bad env's episode as truncated with nothing earned in this chunk; a NaN/inf
         observation is replaced by that env's last good one, so the policy never sees it."""
         self.faults["episodes_ended_bad_reply"] += int(bad.sum())
@@ -404,9 +452,9 @@ class RemoteEnv(ChunkedEnv):
                         final_obs[key][fin_rows] = last[key][fin_rows]
                 value[bad_obs] = last[key][bad_obs]
         open_ = bad & ~fields["episode_done"]
-        fields["episode_return"] = np.where(open_, self._ep_return,
-                                            np.nan_to_num(fields["episode_return"], nan=0.0, posinf=0.0,
-                                                          neginf=0.0)).astype(np.float32)
+        fields["episode_return"] = np.where(
+            open_, self._ep_return, np.nan_to_num(fields["episode_return"], nan=0.0, posinf=0.0, neginf=0.0)
+        ).astype(np.float32)
         fields["episode_length"] = np.where(open_, self._ep_length, fields["episode_length"]).astype(np.int32)
         fields["episode_success_once"] = np.where(open_, self._ep_success, fields["episode_success_once"])
         fields["rewards"][bad] = 0.0
@@ -444,11 +492,15 @@ class RemoteEnv(ChunkedEnv):
             if "task_ids" in obs:
                 codec.require(obs, "task_ids", "int64", (B,))
                 if ((obs["task_ids"] < 0) | (obs["task_ids"] >= len(self._task_list))).any():
-                    raise codec.WireFormatError(f"task_ids {obs['task_ids'].tolist()} outside the "
-                                                f"{len(self._task_list)} tasks of the spec", reason="bad_value")
+                    raise codec.WireFormatError(
+                        f"task_ids {obs['task_ids'].tolist()} outside the {len(self._task_list)} tasks of the spec",
+                        reason="bad_value",
+                    )
         except codec.WireFormatError as exc:
-            raise RemoteEnvError(f"env server {self._target.address} sent a bad observation (the simulator's "
-                                 f"fault, not the policy's): {exc}") from exc
+            raise RemoteEnvError(
+                f"env server {self._target.address} sent a bad observation (the simulator's "
+                f"fault, not the policy's): {exc}"
+            ) from exc
         obs.setdefault("task_descriptions", list(self._spec.task_names))
         if "instructions" not in obs:
             obs["instructions"] = encode_instructions(obs["task_descriptions"])
@@ -463,13 +515,17 @@ class RemoteEnv(ChunkedEnv):
                 continue
             if key in final_obs:
                 if final_obs[key].shape != value.shape or final_obs[key].dtype != value.dtype:
-                    raise RemoteEnvError(f"env server {self._target.address}: final_{key} is "
-                                         f"{final_obs[key].dtype}{list(final_obs[key].shape)}, obs {key} is "
-                                         f"{value.dtype}{list(value.shape)}")
+                    raise RemoteEnvError(
+                        f"env server {self._target.address}: final_{key} is "
+                        f"{final_obs[key].dtype}{list(final_obs[key].shape)}, obs {key} is "
+                        f"{value.dtype}{list(value.shape)}"
+                    )
                 out[key] = final_obs[key]
             elif key == "instructions":
                 out[key] = value.copy()
             else:
-                raise RemoteEnvError(f"env server {self._target.address} sent no final_{key} "
-                                     "(the observation finished episodes ended in)")
+                raise RemoteEnvError(
+                    f"env server {self._target.address} sent no final_{key} "
+                    "(the observation finished episodes ended in)"
+                )
         return out

@@ -2,6 +2,7 @@
 
 It never waits for a fixed number of actors, so an actor that dies cannot stall the others.
 """
+
 from __future__ import annotations
 
 import queue
@@ -30,8 +31,9 @@ MAX_PENDING_BYTES = 512 * 1024 * 1024  # observation bytes waiting for a batch, 
 
 
 class DynamicBatcher:
-    def __init__(self, max_batch: int, max_wait_ms: float, max_pending: int = 4096,
-                 max_pending_bytes: int = MAX_PENDING_BYTES):
+    def __init__(
+        self, max_batch: int, max_wait_ms: float, max_pending: int = 4096, max_pending_bytes: int = MAX_PENDING_BYTES
+    ):
         if max_batch < 1:
             raise ValueError("max_batch must be >= 1")
         self.max_batch = max_batch

@@ -1,4 +1,5 @@
 """gRPC front end: a long-lived bidirectional Act stream per actor, raw tensors both ways."""
+
 from __future__ import annotations
 
 import logging
@@ -28,14 +29,21 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
     def GetInfo(self, request, context):
         p = self.runner.policy
         return inference_pb2.ServerInfo(
-            zmq_endpoint=self.zmq_endpoint, policy_version=self.runner.version, state_dim=p.state_dim,
-            action_dim=p.action_dim, chunk_size=p.chunk_size, hostname=socket.gethostname(),
+            zmq_endpoint=self.zmq_endpoint,
+            policy_version=self.runner.version,
+            state_dim=p.state_dim,
+            action_dim=p.action_dim,
+            chunk_size=p.chunk_size,
+            hostname=socket.gethostname(),
         )
 
     def _submit(self, msg: inference_pb2.ActRequest, replies: queue.Queue) -> None:
         def respond(out: dict[str, np.ndarray], version: int) -> None:
-            replies.put(inference_pb2.ActResponse(request_id=msg.request_id, outputs=codec.encode_map(out),
-                                                  policy_version=version))
+            replies.put(
+                inference_pb2.ActResponse(
+                    request_id=msg.request_id, outputs=codec.encode_map(out), policy_version=version
+                )
+            )
 
         def fail(err: str) -> None:
             self.errors += 1

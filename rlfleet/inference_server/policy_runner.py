@@ -1,4 +1,5 @@
 """Runs the policy on one gathered batch and swaps in new weights between batches."""
+
 from __future__ import annotations
 
 import logging
@@ -25,8 +26,10 @@ class PolicyRunner:
         self.keys = tuple(policy.obs_keys)
         missing = [k for k in self.keys if k not in self.obs_spec]
         if missing:
-            raise ValueError(f"the policy reads {missing}, which the env does not provide "
-                             f"(it provides {sorted(self.obs_spec)}; images need env.image_size > 0)")
+            raise ValueError(
+                f"the policy reads {missing}, which the env does not provide "
+                f"(it provides {sorted(self.obs_spec)}; images need env.image_size > 0)"
+            )
         self.batches = 0
         self.rows = 0
         self.errors = 0  # requests failed because the policy raised on their batch
@@ -41,14 +44,16 @@ class PolicyRunner:
         rows = None
         for key in self.keys:
             if key not in obs:
-                raise WireFormatError(f"observation lacks {key!r} (the policy reads {list(self.keys)})",
-                                      reason="missing_tensor")
+                raise WireFormatError(
+                    f"observation lacks {key!r} (the policy reads {list(self.keys)})", reason="missing_tensor"
+                )
             arr = np.asarray(obs[key])
             shape, dtype = self.obs_spec[key]
             if arr.dtype != np.dtype(dtype) or arr.shape[1:] != tuple(shape) or arr.ndim != len(shape) + 1:
-                raise WireFormatError(f"{key} must be {dtype} [B, {', '.join(map(str, shape))}], "
-                                      f"got {arr.dtype} {list(arr.shape)}",
-                                      reason="bad_dtype" if arr.dtype != np.dtype(dtype) else "bad_shape")
+                raise WireFormatError(
+                    f"{key} must be {dtype} [B, {', '.join(map(str, shape))}], got {arr.dtype} {list(arr.shape)}",
+                    reason="bad_dtype" if arr.dtype != np.dtype(dtype) else "bad_shape",
+                )
             if rows is not None and arr.shape[0] != rows:
                 raise WireFormatError(f"{key} has {arr.shape[0]} rows, other keys {rows}", reason="bad_shape")
             rows = arr.shape[0]

@@ -1,4 +1,5 @@
 """The inference server process: front ends -> dynamic batcher -> policy, weights from the learner."""
+
 from __future__ import annotations
 
 import logging
@@ -10,15 +11,16 @@ from dataclasses import dataclass
 import zmq
 from omegaconf import DictConfig
 
+from rlfleet.config import policy_settings, run_observation_spec
 from rlfleet.inference_server.batcher import DynamicBatcher, InferenceRequest
 from rlfleet.inference_server.grpc_frontend import InferenceServicer
 from rlfleet.inference_server.policy_runner import PolicyRunner
 from rlfleet.inference_server.weight_subscriber import WeightSubscriber, pull_weights
 from rlfleet.inference_server.zmq_frontend import ZmqFrontend
-from rlfleet.config import policy_settings, run_observation_spec
 from rlfleet.policies.checkpoint_io import load_state_dict_bytes
 from rlfleet.policies.registry import make_policy
-from rlfleet.wire.auth import AuthConfig, resolve as resolve_auth
+from rlfleet.wire.auth import AuthConfig
+from rlfleet.wire.auth import resolve as resolve_auth
 from rlfleet.wire.gen import inference_pb2_grpc, learner_pb2_grpc
 from rlfleet.wire.grpc_decoding import add_servicer
 from rlfleet.wire.grpc_server import start_grpc_server
@@ -38,9 +40,18 @@ class InferenceStats:
 class InferenceServer:
     """Owns the batching loop; runs until stop() or until the learner says training is over."""
 
-    def __init__(self, runner: PolicyRunner, host: str, grpc_port: int, zmq_port: int,
-                 max_batch: int, max_wait_ms: float, subscriber: WeightSubscriber | None = None,
-                 auth: AuthConfig | None = None, offload_idle_s: float = 0.0):
+    def __init__(
+        self,
+        runner: PolicyRunner,
+        host: str,
+        grpc_port: int,
+        zmq_port: int,
+        max_batch: int,
+        max_wait_ms: float,
+        subscriber: WeightSubscriber | None = None,
+        auth: AuthConfig | None = None,
+        offload_idle_s: float = 0.0,
+    ):
         auth = resolve_auth(auth)  # token / TLS / size limit for both front ends
         self.runner = runner
         self.batcher = DynamicBatcher(max_batch, max_wait_ms)
@@ -48,10 +59,19 @@ class InferenceServer:
         self.zmq = ZmqFrontend(self.ctx, host, zmq_port, self.batcher, runner.validate, auth).start()
         self.servicer = InferenceServicer(self.batcher, runner, self.zmq.endpoint)
         self.grpc_server, self.grpc_port = start_grpc_server(
-            host, grpc_port,
-            [lambda s: add_servicer(inference_pb2_grpc.add_InferenceServiceServicer_to_server, self.servicer, s,
-                                    self.servicer.rejections.count)],
-            ["rlfleet.v1.InferenceService"], auth=auth, on_refused=self.servicer.rejections.count,
+            host,
+            grpc_port,
+            [
+                lambda s: add_servicer(
+                    inference_pb2_grpc.add_InferenceServiceServicer_to_server,
+                    self.servicer,
+                    s,
+                    self.servicer.rejections.count,
+                )
+            ],
+            ["rlfleet.v1.InferenceService"],
+            auth=auth,
+            on_refused=self.servicer.rejections.count,
         )
         self.address = f"{host}:{self.grpc_port}"
         self.subscriber = subscriber
@@ -63,13 +83,17 @@ class InferenceServer:
         self._stop.set()
 
     def stats(self) -> InferenceStats:
-        return InferenceStats(self.runner.batches, self.runner.rows, sum(self.rejected_requests().values()),
-                              self.runner.version)
+        return InferenceStats(
+            self.runner.batches, self.runner.rows, sum(self.rejected_requests().values()), self.runner.version
+        )
 
     def rejected_requests(self) -> dict[str, int]:
         """Requests answered with an error, by reason (bad input, protocol, overload, policy failure)."""
-        return merge_counts(self.zmq.rejections.snapshot(), self.servicer.rejections.snapshot(),
-                            {"overloaded": self.batcher.overloaded, "policy_error": self.runner.errors})
+        return merge_counts(
+            self.zmq.rejections.snapshot(),
+            self.servicer.rejections.snapshot(),
+            {"overloaded": self.batcher.overloaded, "policy_error": self.runner.errors},
+        )
 
     def serve(self) -> None:
         last_batch = time.monotonic()
@@ -105,10 +129,11 @@ def build_runner_from_learner(channel, cfg: DictConfig, subscriber_id: str) -> t
     """The run's policy with the learner's current weights, plus a subscriber for newer ones."""
     dims = cfg.model_dims
     # a fresh policy of the run's kind: its weights come from the learner, not from model_path
-    policy = make_policy(policy_settings(cfg), dims.state_dim, dims.action_dim, cfg.env.chunk_size, image_size=cfg.env.image_size)
+    policy = make_policy(
+        policy_settings(cfg), dims.state_dim, dims.action_dim, cfg.env.chunk_size, image_size=cfg.env.image_size
+    )
     stub = learner_pb2_grpc.LearnerServiceStub(channel)
     initial = pull_weights(stub)
     load_state_dict_bytes(policy, initial.data)
     runner = PolicyRunner(policy, initial.version, cfg.inference.device, run_observation_spec(cfg))
     return runner, WeightSubscriber(channel, initial, subscriber_id, delta=cfg.inference.weight_delta).start()
-

@@ -1,5 +1,6 @@
 """Follows the learner's weight versions: watch the stream, pull new versions in chunks (only the
 changed tensors when delta sync is on), verify, and hand them to the batching loop."""
+
 from __future__ import annotations
 
 import logging
@@ -24,13 +25,15 @@ class PulledWeights:
     base_version: int  # -1: all tensors; else a delta on top of base_version
 
 
-def pull_weights(stub: learner_pb2_grpc.LearnerServiceStub, version: int = -1,
-                 base_version: int | None = None) -> PulledWeights:
+def pull_weights(
+    stub: learner_pb2_grpc.LearnerServiceStub, version: int = -1, base_version: int | None = None
+) -> PulledWeights:
     """Fetch one version's bytes (a delta on `base_version` if given and the learner can);
     raises ValueError if the chunks or checksum do not add up."""
     parts, meta = [], None
-    request = learner_pb2.PullRequest(version=version, delta=base_version is not None,
-                                      base_version=base_version if base_version is not None else -1)
+    request = learner_pb2.PullRequest(
+        version=version, delta=base_version is not None, base_version=base_version if base_version is not None else -1
+    )
     for chunk in stub.PullWeights(request):
         if meta is None:
             meta = chunk
@@ -75,7 +78,7 @@ class WeightSubscriber:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="weight-subscriber", daemon=True)
 
-    def start(self) -> "WeightSubscriber":
+    def start(self) -> WeightSubscriber:
         self._thread.start()
         return self
 

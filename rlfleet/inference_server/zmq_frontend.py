@@ -12,6 +12,7 @@ Protocol (DEALER -> ROUTER), every message [kind, request_id(8 bytes little endi
 With a token configured (`rlfleet.wire.auth`), each message is prefixed by [b"auth", token];
 without it, or with a wrong token, the answer is an error and the request is counted, not served.
 """
+
 from __future__ import annotations
 
 import json
@@ -49,8 +50,9 @@ class _Attached:
 
 
 class ZmqFrontend:
-    def __init__(self, ctx: zmq.Context, host: str, port: int, batcher: DynamicBatcher, validate,
-                 auth: AuthConfig | None = None):
+    def __init__(
+        self, ctx: zmq.Context, host: str, port: int, batcher: DynamicBatcher, validate, auth: AuthConfig | None = None
+    ):
         self.ctx = ctx
         self.batcher = batcher
         self.validate = validate
@@ -83,7 +85,7 @@ class ZmqFrontend:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="zmq-frontend", daemon=True)
 
-    def start(self) -> "ZmqFrontend":
+    def start(self) -> ZmqFrontend:
         self._thread.start()
         return self
 
@@ -145,7 +147,7 @@ class ZmqFrontend:
             self.auth_rejected += 1
             self._error(ident, b"\0" * 8, refusal, reason="auth")
             return
-        frames = [ident, *frames[1 + start:]]
+        frames = [ident, *frames[1 + start :]]
         if len(frames) < 3:
             self._error(ident, b"\0" * 8, "message too short: expected [kind, request_id, ...]")
             return
@@ -174,10 +176,13 @@ class ZmqFrontend:
             info = json.loads(payload)
             name, raw_layout, secret = info["shm_name"], info["layout"], info.get("secret")
         except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError) as exc:
-            raise codec.WireFormatError(f"bad attach message: {type(exc).__name__}: {str(exc)[:200]}",
-                                        reason="bad_attach") from exc
+            raise codec.WireFormatError(
+                f"bad attach message: {type(exc).__name__}: {str(exc)[:200]}", reason="bad_attach"
+            ) from exc
         if not isinstance(secret, str) or not isinstance(name, str):
-            raise codec.WireFormatError("attach needs shm_name and the block's secret (strings)", reason="attach_denied")
+            raise codec.WireFormatError(
+                "attach needs shm_name and the block's secret (strings)", reason="attach_denied"
+            )
         layout = check_layout(raw_layout)
         for key in BASE_OUTPUTS:
             if key not in layout:
@@ -253,8 +258,10 @@ class ZmqFrontend:
                     break
                 want = (hi - lo, *blk.layout[slot].shape[1:])
                 if tuple(value.shape) != want or not np.can_cast(value.dtype, blk.layout[slot].dtype, "same_kind"):
-                    problem = (f"slot {slot!r} holds {blk.layout[slot].dtype} {list(want)} for these rows, "
-                               f"the policy answers {value.dtype} {list(value.shape)}")
+                    problem = (
+                        f"slot {slot!r} holds {blk.layout[slot].dtype} {list(want)} for these rows, "
+                        f"the policy answers {value.dtype} {list(value.shape)}"
+                    )
                     break
             if problem is not None:
                 self.rejections.count("slot_mismatch")
@@ -281,8 +288,9 @@ class ZmqFrontend:
 
     def _act_frames(self, ident, req_id: bytes, rest: list) -> None:
         if not rest or len(rest[0].bytes) != 1:
-            raise codec.WireFormatError("act needs a 1-byte deterministic flag frame before the tensors",
-                                        reason="protocol")
+            raise codec.WireFormatError(
+                "act needs a 1-byte deterministic flag frame before the tensors", reason="protocol"
+            )
         det = rest[0].bytes == b"\1"
         obs = self.validate(codec.decode_frames([f.buffer for f in rest[1:]]))
 
@@ -295,4 +303,5 @@ class ZmqFrontend:
         def fail(msg: str) -> None:
             self.errors += 1
             self._reply([ident, b"error", req_id, msg.encode()])
+
         return fail

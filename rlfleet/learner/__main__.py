@@ -1,7 +1,8 @@
 """`python -m rlfleet.learner` = `rlfleet learner`, the form torchrun starts:
 
-    torchrun --nproc-per-node 4 -m rlfleet.learner RECIPE [key=value ...] [--resume] [--address-file F]
+torchrun --nproc-per-node 4 -m rlfleet.learner RECIPE [key=value ...] [--resume] [--address-file F]
 """
+
 import sys
 
 from rlfleet.cli import main

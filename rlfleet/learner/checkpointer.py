@@ -9,6 +9,7 @@ Trainer state (optimiser, RNG states, counters) is tensors in safetensors plus p
 it runs no pickle code. Checkpoints from before that (trainer_state.pt) still load, through
 torch's weights-only unpickler.
 """
+
 from __future__ import annotations
 
 import json
@@ -57,8 +58,12 @@ def git_commit() -> str | None:
         return None
     if out.returncode != 0:
         return None
-    dirty = subprocess.run(["git", "-C", str(src), "status", "--porcelain", "--untracked-files=no"],
-                           capture_output=True, text=True, timeout=10).stdout.strip()
+    dirty = subprocess.run(
+        ["git", "-C", str(src), "status", "--porcelain", "--untracked-files=no"],
+        capture_output=True,
+        text=True,
+        timeout=10,
+    ).stdout.strip()
     return out.stdout.strip() + ("-dirty" if dirty else "")
 
 
@@ -89,10 +94,13 @@ def _optimizer_to_safe(state: dict[str, Any]) -> tuple[dict[str, torch.Tensor], 
     return tensors, {"state": per_param, "param_groups": state["param_groups"]}
 
 
-def _optimizer_from_safe(tensors: dict[str, torch.Tensor], meta: dict[str, Any],
-                         optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    groups = [{k: tuple(v) if isinstance(own.get(k), tuple) else v for k, v in saved.items()}  # JSON made tuples lists
-              for saved, own in zip(meta["param_groups"], optimizer.param_groups)]
+def _optimizer_from_safe(
+    tensors: dict[str, torch.Tensor], meta: dict[str, Any], optimizer: torch.optim.Optimizer
+) -> dict[str, Any]:
+    groups = [
+        {k: tuple(v) if isinstance(own.get(k), tuple) else v for k, v in saved.items()}  # JSON made tuples lists
+        for saved, own in zip(meta["param_groups"], optimizer.param_groups)
+    ]
     state: dict[int, dict[str, Any]] = {int(pid): dict(plain) for pid, plain in meta["state"].items()}
     for key, value in tensors.items():
         if key.startswith("optimizer/"):
@@ -105,7 +113,7 @@ def _load_legacy_state(path: Path) -> dict[str, Any]:
     """trainer_state.pt of older checkpoints: torch's weights-only unpickler (no arbitrary code),
     allowing the numpy types its numpy RNG state holds."""
     allowed = [np.ndarray, np.dtype, type(np.dtype(np.uint32))]
-    reconstruct = getattr(getattr(np, "_core", np.core), "multiarray")._reconstruct
+    reconstruct = getattr(np, "_core", np.core).multiarray._reconstruct
     with torch.serialization.safe_globals([reconstruct, *allowed]):
         return torch.load(path, weights_only=True)
 
@@ -116,8 +124,13 @@ class Checkpointer:
         self.keep = keep
         self.info = info or {}  # written into each checkpoint as training.json
 
-    def save(self, policy: nn.Module, optimizer: torch.optim.Optimizer, counters: TrainerCounters,
-             model_config: dict[str, Any]) -> Path:
+    def save(
+        self,
+        policy: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        counters: TrainerCounters,
+        model_config: dict[str, Any],
+    ) -> Path:
         self.root.mkdir(parents=True, exist_ok=True)
         folder = self.root / f"update_{counters.update:06d}"
         save_checkpoint_folder(folder, policy, model_config)

@@ -10,6 +10,7 @@ columns (`shard_rows`), and the trainer averages gradients with DDP.
 
 `SingleRank` is the one-process case with identity collectives, so the trainer has one code path.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -66,8 +67,10 @@ def backend_and_device(backend: str, local_rank: int, cuda_devices: int | None =
         return "nccl", f"cuda:{local_rank}"
     if n == 1:  # each rank pinned to its own GPU with CUDA_VISIBLE_DEVICES
         return "nccl", "cuda:0"
-    raise ValueError(f"LOCAL_RANK {local_rank} has no GPU of its own: {n} visible; "
-                     "start at most that many ranks per node (--nproc-per-node)")
+    raise ValueError(
+        f"LOCAL_RANK {local_rank} has no GPU of its own: {n} visible; "
+        "start at most that many ranks per node (--nproc-per-node)"
+    )
 
 
 # --- which rows each rank trains on -------------------------------------------------------------
@@ -89,8 +92,14 @@ def kept_steps(seg: Segment, version: int, max_policy_lag: int) -> np.ndarray:
     return np.flatnonzero(lag_mask(lags, max_policy_lag).numpy())
 
 
-def shard_rows(segments: list[Segment], version: int, max_policy_lag: int, rank: int, world_size: int,
-               row_masks: list[np.ndarray] | None = None) -> RowShard:
+def shard_rows(
+    segments: list[Segment],
+    version: int,
+    max_policy_lag: int,
+    rank: int,
+    world_size: int,
+    row_masks: list[np.ndarray] | None = None,
+) -> RowShard:
     """Env column g (counted over all segments in order) goes to rank g % world_size.
 
     Splitting by env keeps each column's time steps together (GAE runs along them) and balances
@@ -123,10 +132,18 @@ def segment_envs(seg: Segment, cols: np.ndarray) -> Segment:
         return seg
     pick = lambda d: {k: v[:, cols] for k, v in d.items()}  # noqa: E731
     return replace(
-        seg, obs=pick(seg.obs), actions=seg.actions[:, cols], logprobs=seg.logprobs[:, cols],
-        values=seg.values[:, cols], rewards=seg.rewards[:, cols], terminated=seg.terminated[:, cols],
-        truncated=seg.truncated[:, cols], final_obs=pick(seg.final_obs),
-        next_obs={k: v[cols] for k, v in seg.next_obs.items()}, task_ids=seg.task_ids[cols], extras=pick(seg.extras),
+        seg,
+        obs=pick(seg.obs),
+        actions=seg.actions[:, cols],
+        logprobs=seg.logprobs[:, cols],
+        values=seg.values[:, cols],
+        rewards=seg.rewards[:, cols],
+        terminated=seg.terminated[:, cols],
+        truncated=seg.truncated[:, cols],
+        final_obs=pick(seg.final_obs),
+        next_obs={k: v[cols] for k, v in seg.next_obs.items()},
+        task_ids=seg.task_ids[cols],
+        extras=pick(seg.extras),
         group_ids=seg.group_ids[cols] if len(seg.group_ids) else seg.group_ids,
     )
 
@@ -146,7 +163,7 @@ def pack_segments(segments: list[Segment]) -> tuple[np.ndarray, np.ndarray]:
     pos = 0
     for f in (f for fs in frames for f in fs):
         n = memoryview(f).nbytes
-        payload[pos:pos + n] = np.frombuffer(f, np.uint8)
+        payload[pos : pos + n] = np.frombuffer(f, np.uint8)
         pos += n
     return lengths, payload
 
@@ -154,14 +171,14 @@ def pack_segments(segments: list[Segment]) -> tuple[np.ndarray, np.ndarray]:
 def unpack_segments(lengths: np.ndarray, payload: np.ndarray) -> list[Segment]:
     """Inverse of pack_segments; the arrays are read-only views of `payload` (validated, no copy)."""
     count = int(lengths[0])
-    per_segment = [int(n) for n in lengths[1:1 + count]]
-    sizes = iter(int(n) for n in lengths[1 + count:])
+    per_segment = [int(n) for n in lengths[1 : 1 + count]]
+    sizes = iter(int(n) for n in lengths[1 + count :])
     view, pos, out = memoryview(payload).cast("B"), 0, []
     for n_frames in per_segment:
         frames = []
         for _ in range(n_frames):
             size = next(sizes)
-            frames.append(view[pos:pos + size])
+            frames.append(view[pos : pos + size])
             pos += size
         out.append(Segment.from_tensors(decode_frames(frames)))
     return out
@@ -211,25 +228,41 @@ class SingleRank:
 class DDPRanks:
     """A rank of a torchrun job: the training process group plus a CPU gloo group for data."""
 
-    def __init__(self, info: RankInfo, backend: str, device: str, timeout_s: float = 1800.0,
-                 idle_timeout_s: float = 7 * 24 * 3600.0, find_unused_parameters: bool | None = None):
+    def __init__(
+        self,
+        info: RankInfo,
+        backend: str,
+        device: str,
+        timeout_s: float = 1800.0,
+        idle_timeout_s: float = 7 * 24 * 3600.0,
+        find_unused_parameters: bool | None = None,
+    ):
         self.rank, self.world_size, self.local_rank = info.rank, info.world_size, info.local_rank
         self.is_main = info.rank == 0
         self._device, self.backend, self.find_unused_parameters = device, backend, find_unused_parameters
         if device.startswith("cuda"):
             torch.cuda.set_device(device)
-        dist.init_process_group(backend, rank=info.rank, world_size=info.world_size,
-                                timeout=timedelta(seconds=timeout_s))
+        dist.init_process_group(
+            backend, rank=info.rank, world_size=info.world_size, timeout=timedelta(seconds=timeout_s)
+        )
         # Segments travel on the CPU (each rank moves only its own columns to its device), and
         # ranks > 0 block here while rank 0 waits for the fleet: hence gloo with a long timeout.
         self.data_group = dist.new_group(backend="gloo", timeout=timedelta(seconds=idle_timeout_s))
-        log.info("learner rank %d of %d on host %s (local rank %d, %s, %s)", self.rank, self.world_size,
-                 socket.gethostname(), self.local_rank, device, backend)
+        log.info(
+            "learner rank %d of %d on host %s (local rank %d, %s, %s)",
+            self.rank,
+            self.world_size,
+            socket.gethostname(),
+            self.local_rank,
+            device,
+            backend,
+        )
 
     def device(self, requested: str) -> str:
         if requested not in ("cpu", self._device):
-            log.info("learner.device=%s ignored under torchrun: rank %d trains on %s", requested, self.rank,
-                     self._device)
+            log.info(
+                "learner.device=%s ignored under torchrun: rank %d trains on %s", requested, self.rank, self._device
+            )
         return self._device
 
     def wrap(self, module: nn.Module, some_unused: bool = False) -> nn.Module:
@@ -245,9 +278,11 @@ class DDPRanks:
         find_unused = some_unused if self.find_unused_parameters is None else self.find_unused_parameters
         ids = [torch.device(self._device).index] if self._device.startswith("cuda") else None
         # newer torch (2.13) calls broadcast_buffers forward_sync_buffers; neither stops the sync at init
-        no_forward_sync = ({"forward_sync_buffers": False}
-                           if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
-                           else {"broadcast_buffers": False})
+        no_forward_sync = (
+            {"forward_sync_buffers": False}
+            if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
+            else {"broadcast_buffers": False}
+        )
         ddp = DistributedDataParallel(module, device_ids=ids, find_unused_parameters=find_unused, **no_forward_sync)
         self.broadcast_buffers(module)
         return ddp

@@ -4,6 +4,7 @@ It binds no port and writes no file: it builds the policy from the config rank 0
 runs the same PPO update on its share of each batch of segments rank 0 broadcasts, until rank 0
 says the run is over. Checkpoints, TensorBoard, weight publishing and evaluation are rank 0's.
 """
+
 from __future__ import annotations
 
 import logging
@@ -29,11 +30,18 @@ def run_follower(ranks: DDPRanks) -> int:
     torch.manual_seed(cfg.runner.seed)
     dims = cfg.model_dims
     # The architecture only: DDP replaces these weights with rank 0's at the first update.
-    policy = policy_from_config(as_dict(cfg.policy), dims.state_dim, dims.action_dim, cfg.env.chunk_size,
-                                cfg.env.image_size)
-    trainer = PPOTrainer(policy, OmegaConf.to_object(cfg.algorithm), cfg.learner.reward_scale,
-                         ranks.device(cfg.learner.device), ranks, reference=reference_policy(cfg, policy),
-                         freeze_normalization=bool(cfg.policy.get("model_path")))
+    policy = policy_from_config(
+        as_dict(cfg.policy), dims.state_dim, dims.action_dim, cfg.env.chunk_size, cfg.env.image_size
+    )
+    trainer = PPOTrainer(
+        policy,
+        OmegaConf.to_object(cfg.algorithm),
+        cfg.learner.reward_scale,
+        ranks.device(cfg.learner.device),
+        ranks,
+        reference=reference_policy(cfg, policy),
+        freeze_normalization=bool(cfg.policy.get("model_path")),
+    )
     updates = 0
     while (received := ranks.receive_update()) is not None:
         segments, version = received

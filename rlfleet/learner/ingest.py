@@ -1,4 +1,5 @@
 """The learner's bounded ingest queue: back-pressure, de-duplication and rejection counts."""
+
 from __future__ import annotations
 
 import queue
@@ -24,8 +25,13 @@ def _env_steps(item: IngestedSegment) -> int:
 class IngestQueue:
     """A full queue blocks the pushing RPC, which blocks the actor: a slow learner slows actors."""
 
-    def __init__(self, maxsize: int, remember: int = 4096, on_accept: Callable[[str, int, int], None] | None = None,
-                 seen_before: Callable[[str, int], bool] | None = None):
+    def __init__(
+        self,
+        maxsize: int,
+        remember: int = 4096,
+        on_accept: Callable[[str, int, int], None] | None = None,
+        seen_before: Callable[[str, int], bool] | None = None,
+    ):
         self._q: queue.Queue[IngestedSegment] = queue.Queue(maxsize=maxsize)
         self._seen: OrderedDict[tuple[str, int], None] = OrderedDict()
         self._inflight: dict[tuple[str, int], threading.Event] = {}
@@ -111,9 +117,15 @@ class IngestQueue:
         """Segment and env-step totals, to check that nothing was counted twice or lost in between:
         accepted == consumed + still queued, and duplicates were acknowledged but not queued."""
         with self._lock:
-            return {"accepted": self.accepted, "accepted_env_steps": self.accepted_env_steps,
-                    "consumed": self.consumed, "consumed_env_steps": self.consumed_env_steps,
-                    "queued": self._q.qsize(), "duplicates": self.duplicates, "rejected": self.rejected}
+            return {
+                "accepted": self.accepted,
+                "accepted_env_steps": self.accepted_env_steps,
+                "consumed": self.consumed,
+                "consumed_env_steps": self.consumed_env_steps,
+                "queued": self._q.qsize(),
+                "duplicates": self.duplicates,
+                "rejected": self.rejected,
+            }
 
     def qsize(self) -> int:
         return self._q.qsize()

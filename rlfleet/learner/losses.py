@@ -27,6 +27,7 @@ Causes:
 So over a run: env steps taken by actors = counted + the sum of `lost` (+ the queue at the end),
 nothing counted twice. The learner's summary has the account under `lost_env_steps`.
 """
+
 from __future__ import annotations
 
 import json
@@ -72,8 +73,12 @@ class LossLedger:
             self.consumed = checkpoint_env_steps
             self._save()
         if rollback or queued:
-            log.warning("resume: %d env steps counted after the checkpoint and %d queued are lost "
-                        "(lost_env_steps: resume_rollback, learner_queue)", rollback, queued)
+            log.warning(
+                "resume: %d env steps counted after the checkpoint and %d queued are lost "
+                "(lost_env_steps: resume_rollback, learner_queue)",
+                rollback,
+                queued,
+            )
 
     def start(self, env_steps: int = 0) -> None:
         """A fresh run."""
@@ -125,6 +130,15 @@ class LossLedger:
     def _save(self) -> None:  # caller holds the lock
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(self.path.name + ".tmp")
-        tmp.write_text(json.dumps({"accepted": self.accepted, "consumed": self.consumed, "lost": dict(self.lost),
-                                   "lives": sorted(self.lives), "segments": self.segments}))
+        tmp.write_text(
+            json.dumps(
+                {
+                    "accepted": self.accepted,
+                    "consumed": self.consumed,
+                    "lost": dict(self.lost),
+                    "lives": sorted(self.lives),
+                    "segments": self.segments,
+                }
+            )
+        )
         os.replace(tmp, self.path)

@@ -1,5 +1,6 @@
 """Metrics: scalars with RLinf's names (to TensorBoard and the other trackers), episode aggregation
 and a rich progress line."""
+
 from __future__ import annotations
 
 import time
@@ -14,7 +15,6 @@ from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
 from rlfleet.chain_metrics import chain_metrics
 from rlfleet.telemetry.trackers import Backend, MetricsLogger, TensorBoardBackend, logger_backends, make_backends
 from rlfleet.wire.segment import Segment
-
 
 MAX_TASK_SERIES = 256  # per-task series when the env names no tasks (the ids an actor reports are not trusted)
 
@@ -51,8 +51,12 @@ class EpisodeWindow:
     def scalars(self) -> dict[str, float]:
         if not self.recent:
             return {}
-        arr = np.array([(r, l, s) for r, l, s, _ in self.recent], dtype=np.float64)
-        out = {"env/return": arr[:, 0].mean(), "env/episode_len": arr[:, 1].mean(), "env/success_once": arr[:, 2].mean()}
+        arr = np.array([(ret, length, s) for ret, length, s, _ in self.recent], dtype=np.float64)
+        out = {
+            "env/return": arr[:, 0].mean(),
+            "env/episode_len": arr[:, 1].mean(),
+            "env/success_once": arr[:, 2].mean(),
+        }
         if self.chain_length:
             done = np.clip(np.rint(arr[:, 0]), 0, self.chain_length).astype(np.int64)
             out.update({f"env/{k}": v for k, v in chain_metrics(done, self.chain_length).items()})
@@ -86,13 +90,18 @@ class MetricsWriter(MetricsLogger):
         super().__init__(backends)
 
     @classmethod
-    def for_run(cls, cfg: Any, run_dir: Path) -> "MetricsWriter":
+    def for_run(cls, cfg: Any, run_dir: Path) -> MetricsWriter:
         """The backends of `cfg.runner.logger`; the tracker run is named after runner.experiment_name."""
         from rlfleet.config import as_dict
 
         logger = cfg.runner.logger
-        backends = make_backends(logger_backends(logger), Path(run_dir), str(logger.get("project_name", "rlfleet")),
-                                 str(cfg.runner.experiment_name), config=as_dict(cfg))
+        backends = make_backends(
+            logger_backends(logger),
+            Path(run_dir),
+            str(logger.get("project_name", "rlfleet")),
+            str(cfg.runner.experiment_name),
+            config=as_dict(cfg),
+        )
         return cls(Path(run_dir) / "tensorboard", backends=backends)
 
     def write(self, scalars: Mapping[str, float | None], step: int) -> None:
@@ -101,12 +110,11 @@ class MetricsWriter(MetricsLogger):
     def write_lag_histogram(self, scalars: dict[str, float], step: int) -> None:
         """TensorBoard histogram ``throughput/policy_lag_hist`` rebuilt from the per-lag counts in
         ``scalars`` (see :func:`policy_lag_counts`): one integer-wide bin per lag."""
-        counts = {int(k[len(LAG_COUNT_PREFIX):]): int(v) for k, v in scalars.items() if k.startswith(LAG_COUNT_PREFIX)}
+        counts = {int(k[len(LAG_COUNT_PREFIX) :]): int(v) for k, v in scalars.items() if k.startswith(LAG_COUNT_PREFIX)}
         if not any(counts.values()):
             return
         lags = np.repeat(np.fromiter(counts.keys(), np.int64), np.fromiter(counts.values(), np.int64))
         self.histogram("throughput/policy_lag_hist", lags, step, bins=np.arange(-0.5, max(counts) + 1.0))
-
 
 
 class TrainProgress:
@@ -121,9 +129,15 @@ class TrainProgress:
 
         self.total_env_steps, self.max_wall_seconds = int(total_env_steps), float(max_wall_seconds)
         self.progress = Progress(
-            TextColumn("[bold]train[/bold]"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
-            TextColumn("{task.fields[steps]}"), TextColumn("{task.fields[info]}"), TimeElapsedColumn(),
-            TextColumn("ETA {task.fields[eta]}"), transient=False, console=console,
+            TextColumn("[bold]train[/bold]"),
+            BarColumn(),
+            TextColumn("{task.percentage:>3.0f}%"),
+            TextColumn("{task.fields[steps]}"),
+            TextColumn("{task.fields[info]}"),
+            TimeElapsedColumn(),
+            TextColumn("ETA {task.fields[eta]}"),
+            transient=False,
+            console=console,
         )
         self.task = self.progress.add_task("train", total=1.0, steps="", info="waiting for actors", eta="-")
         self.t0 = time.monotonic()
@@ -148,14 +162,13 @@ class TrainProgress:
             self.steps0 = env_steps
         elapsed = time.monotonic() - self.t0
         eta = self.eta_seconds(env_steps, elapsed)
-        steps = (f"{env_steps:,} steps" if self.max_wall_seconds > 0
-                 else f"{env_steps:,}/{self.total_env_steps:,} steps")
+        steps = f"{env_steps:,} steps" if self.max_wall_seconds > 0 else f"{env_steps:,}/{self.total_env_steps:,} steps"
         fields = {"steps": steps, "eta": "-" if eta is None else time.strftime("%H:%M:%S", time.gmtime(eta))}
         if info is not None:
             fields["info"] = info
         self.progress.update(self.task, completed=self.fraction(env_steps, elapsed), **fields)
 
-    def __enter__(self) -> "TrainProgress":
+    def __enter__(self) -> TrainProgress:
         self.t0 = time.monotonic()
         self.progress.__enter__()
         return self

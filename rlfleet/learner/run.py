@@ -1,6 +1,6 @@
 """The learner process: serve LearnerService, train on what arrives, publish, checkpoint, evaluate."""
-from __future__ import annotations
 
+from __future__ import annotations
 
 import copy
 import dataclasses
@@ -89,18 +89,31 @@ class Learner:
         torch.manual_seed(cfg.runner.seed)
         self.env_cfg = fill_model_dims(cfg)
         dims = cfg.model_dims
-        self.policy = policy_from_config(as_dict(cfg.policy), dims.state_dim, dims.action_dim, cfg.env.chunk_size,
-                                         cfg.env.image_size)
+        self.policy = policy_from_config(
+            as_dict(cfg.policy), dims.state_dim, dims.action_dim, cfg.env.chunk_size, cfg.env.image_size
+        )
         record_policy_outputs(cfg, self.policy)
-        self.model_config = model_config(as_dict(cfg.policy), dims.state_dim, dims.action_dim, cfg.env.chunk_size,
-                                         as_dict(cfg.env), cfg.env.image_size)
-        self.trainer = PPOTrainer(self.policy, OmegaConf.to_object(cfg.algorithm), cfg.learner.reward_scale,
-                                  self.ranks.device(cfg.learner.device), self.ranks,
-                                  reference=reference_policy(cfg, self.policy),
-                                  freeze_normalization=bool(cfg.policy.get("model_path")))
+        self.model_config = model_config(
+            as_dict(cfg.policy),
+            dims.state_dim,
+            dims.action_dim,
+            cfg.env.chunk_size,
+            as_dict(cfg.env),
+            cfg.env.image_size,
+        )
+        self.trainer = PPOTrainer(
+            self.policy,
+            OmegaConf.to_object(cfg.algorithm),
+            cfg.learner.reward_scale,
+            self.ranks.device(cfg.learner.device),
+            self.ranks,
+            reference=reference_policy(cfg, self.policy),
+            freeze_normalization=bool(cfg.policy.get("model_path")),
+        )
         if self.trainer.grpo_mode:  # fail here rather than in every actor (rlfleet.algorithms.grpo)
-            episode_rollout_len(cfg.env.max_episode_steps, cfg.env.chunk_size,
-                                cfg.env.get("terminate_on_success", False))
+            episode_rollout_len(
+                cfg.env.max_episode_steps, cfg.env.chunk_size, cfg.env.get("terminate_on_success", False)
+            )
             check_stage_rows(cfg.actor.num_envs, cfg.actor.pipeline_stage_num, cfg.algorithm.group_size)
         self.checkpointer = Checkpointer(run_dir, info=run_info())  # command and commit, for the model card
         self.counters = TrainerCounters()
@@ -124,26 +137,44 @@ class Learner:
         self._frozen = frozenset(n for n, p in self.policy.named_parameters() if not p.requires_grad)
         self._digests: dict[str, str] = {}
         self._publish()
-        self.ingest = IngestQueue(cfg.learner.ingest_queue_size, on_accept=self.losses.accepted_segment,
-                                  seen_before=self.losses.seen_before)
+        self.ingest = IngestQueue(
+            cfg.learner.ingest_queue_size, on_accept=self.losses.accepted_segment, seen_before=self.losses.seen_before
+        )
         obs_spec = run_observation_spec(cfg)
         lp_shape, extras = tuple(dims.logprob_shape), {k: tuple(v) for k, v in dims.extra_outputs.items()}
         group_size = cfg.algorithm.group_size if self.trainer.grpo_mode else 0  # GRPO: whole groups, whole episodes
         self.servicer = LearnerServicer(
-            to_yaml(cfg), uuid.uuid4().hex[:12], self.ingest, self.publisher, cfg.learner.weight_chunk_bytes,
-            check_segment=lambda seg: seg.check_schema(obs_spec, dims.action_dim, cfg.env.chunk_size, lp_shape, extras,
-                                                       group_size),
-            max_segment_bytes=segment_byte_limit(obs_spec, max(cfg.actor.rollout_len, episode_rollout_len(  # GRPO
-                cfg.env.max_episode_steps, cfg.env.chunk_size)), cfg.actor.num_envs,
-                                                 cfg.env.chunk_size, dims.action_dim, lp_shape, extras),
+            to_yaml(cfg),
+            uuid.uuid4().hex[:12],
+            self.ingest,
+            self.publisher,
+            cfg.learner.weight_chunk_bytes,
+            check_segment=lambda seg: seg.check_schema(
+                obs_spec, dims.action_dim, cfg.env.chunk_size, lp_shape, extras, group_size
+            ),
+            max_segment_bytes=segment_byte_limit(
+                obs_spec,
+                max(
+                    cfg.actor.rollout_len,
+                    episode_rollout_len(  # GRPO
+                        cfg.env.max_episode_steps, cfg.env.chunk_size
+                    ),
+                ),
+                cfg.actor.num_envs,
+                cfg.env.chunk_size,
+                dims.action_dim,
+                lp_shape,
+                extras,
+            ),
             on_life_ended=self.losses.life_ended,
         )
         self.server = None  # start() serves: constructing a Learner opens no port
         self.port, self.address = 0, ""
         self.stop_event = threading.Event()
         # CALVIN's chain metrics need the subtask count as the return: the sparse reward only
-        self.episodes = EpisodeWindow(task_list(self.env_cfg),
-                                      chain_length=scored_chain_length(cfg.env.name, cfg.env.reward_type))
+        self.episodes = EpisodeWindow(
+            task_list(self.env_cfg), chain_length=scored_chain_length(cfg.env.name, cfg.env.reward_type)
+        )
         # fail at start, not at the first evaluation, if the eval seeds would meet the demo seeds
         eval_tasks = self.episodes.task_names if not cfg.eval.task else task_list(eval_env_config(cfg))
         eval_seed_range(cfg, len(eval_tasks))
@@ -157,10 +188,19 @@ class Learner:
             # undecodable pushes count as rejected segments; any other undecodable call does not
             push_method = {"PushTrajectory": self.ingest.count_rejected}
             self.server, self.port = start_grpc_server(
-                self.cfg.learner.host, self.cfg.learner.port,
-                [lambda s: add_servicer(learner_pb2_grpc.add_LearnerServiceServicer_to_server, self.servicer, s,
-                                        self.servicer.other_rejections.count, per_method=push_method)],
-                ["rlfleet.v1.LearnerService"], on_refused=self.servicer.other_rejections.count,
+                self.cfg.learner.host,
+                self.cfg.learner.port,
+                [
+                    lambda s: add_servicer(
+                        learner_pb2_grpc.add_LearnerServiceServicer_to_server,
+                        self.servicer,
+                        s,
+                        self.servicer.other_rejections.count,
+                        per_method=push_method,
+                    )
+                ],
+                ["rlfleet.v1.LearnerService"],
+                on_refused=self.servicer.other_rejections.count,
             )
             self.address = f"{self.cfg.learner.host}:{self.port}"
         return self.address
@@ -214,7 +254,10 @@ class Learner:
                     if segments is None:
                         break
                     if t_first is None:  # throughput counts from the first data, not from start-up
-                        t_first, steps_at_start = time.monotonic(), self.counters.env_steps - sum(int(s.env_steps) for s in segments)
+                        t_first, steps_at_start = (
+                            time.monotonic(),
+                            self.counters.env_steps - sum(int(s.env_steps) for s in segments),
+                        )
                     t0 = time.monotonic()
                     if cfg.learner.consume_only:
                         continue
@@ -226,7 +269,9 @@ class Learner:
                     elapsed = time.monotonic() - t_first
                     stats.update(self.episodes.scalars())
                     stats["time/update_s"] = time.monotonic() - t0
-                    stats["throughput/env_steps_per_s"] = (self.counters.env_steps - steps_at_start) / max(elapsed, 1e-6)
+                    stats["throughput/env_steps_per_s"] = (self.counters.env_steps - steps_at_start) / max(
+                        elapsed, 1e-6
+                    )
                     stats["queue/ingest_depth"] = float(self.ingest.qsize())
                     stats["queue/rejected_segments"] = float(self.ingest.rejected)
                     stats["learner/version"] = float(self.counters.version)
@@ -235,9 +280,14 @@ class Learner:
                     writer.write(stats, self.counters.env_steps)
                     writer.write_lag_histogram(stats, self.counters.env_steps)
                     self.last_stats = stats
-                    progress.update(self.counters.env_steps, info=(
-                        f"v{self.counters.version} success {stats.get('env/success_once', float('nan')):.2f} "
-                        f"{stats['throughput/env_steps_per_s']:,.0f} steps/s lag {stats.get('throughput/policy_lag', 0):.1f}"))
+                    progress.update(
+                        self.counters.env_steps,
+                        info=(
+                            f"v{self.counters.version} success {stats.get('env/success_once', float('nan')):.2f} "
+                            f"{stats['throughput/env_steps_per_s']:,.0f} steps/s "
+                            f"lag {stats.get('throughput/policy_lag', 0):.1f}"
+                        ),
+                    )
                     if self._eval_due():
                         progress.update(self.counters.env_steps, info="evaluating on the held-out seeds ...")
                         self.periodic_eval(writer)
@@ -293,14 +343,24 @@ class Learner:
         policy = self.policy if on_cpu else copy.deepcopy(self.policy).cpu()
         was_training = policy.training
         try:
-            success = evaluate_policy(policy, eval_env_config(cfg), episodes, seed=cfg.eval.seed, video_cfg=video,
-                                      out_dir=self.run_dir / "periodic_eval" / f"update_{self.counters.update:06d}",
-                                      episode_returns=returns, progress=False, videos=written)
+            success = evaluate_policy(
+                policy,
+                eval_env_config(cfg),
+                episodes,
+                seed=cfg.eval.seed,
+                video_cfg=video,
+                out_dir=self.run_dir / "periodic_eval" / f"update_{self.counters.update:06d}",
+                episode_returns=returns,
+                progress=False,
+                videos=written,
+            )
         finally:
             policy.train(was_training)
         step = self.counters.env_steps
-        scalars = {"eval/success_once": sum(success.values()) / len(success),
-                   "eval/elapsed_s": time.monotonic() - self._t_start}
+        scalars = {
+            "eval/success_once": sum(success.values()) / len(success),
+            "eval/elapsed_s": time.monotonic() - self._t_start,
+        }
         if len(success) > 1:
             scalars.update({f"eval/{task}/success_once": v for task, v in success.items()})
         if self.episodes.chain_length:
@@ -319,17 +379,35 @@ class Learner:
         video = OmegaConf.to_object(self.cfg.eval.video_cfg)
         returns: dict[str, list[float]] = {}
         t0 = time.time()
-        success = evaluate_policy(self.policy, eval_env_config(self.cfg), self.cfg.eval.episodes_per_task,
-                                  seed=self.cfg.eval.seed, video_cfg=video, out_dir=self.run_dir, episode_returns=returns)
+        success = evaluate_policy(
+            self.policy,
+            eval_env_config(self.cfg),
+            self.cfg.eval.episodes_per_task,
+            seed=self.cfg.eval.seed,
+            video_cfg=video,
+            out_dir=self.run_dir,
+            episode_returns=returns,
+        )
         if self.episodes.chain_length:  # CALVIN's table: success_len_1..5 and avg_num_subtasks
             self.eval_chain = chain_report(returns, self.episodes.chain_length)
             (self.run_dir / "eval_chain.md").write_text(
-                chain_markdown(self.eval_chain, f"{self.cfg.runner.experiment_name}: chains", self.episodes.chain_length))
+                chain_markdown(
+                    self.eval_chain, f"{self.cfg.runner.experiment_name}: chains", self.episodes.chain_length
+                )
+            )
         if self.writer is not None:  # eval success, the before/after table and the videos, to every tracker
             video_dir = Path(video.video_base_dir)
-            log_eval(self.writer, success, self.counters.env_steps, before=self._eval_before(),
-                     video_dir=(video_dir if video_dir.is_absolute() else self.run_dir / video_dir) if video.save_video
-                     else None, since=t0, fps=video.fps)
+            log_eval(
+                self.writer,
+                success,
+                self.counters.env_steps,
+                before=self._eval_before(),
+                video_dir=(video_dir if video_dir.is_absolute() else self.run_dir / video_dir)
+                if video.save_video
+                else None,
+                since=t0,
+                fps=video.fps,
+            )
         return success
 
     def _eval_before(self) -> dict[str, float] | None:
@@ -345,8 +423,9 @@ class Learner:
             self.server.stop(grace=1.0)
 
 
-def run_learner(cfg: DictConfig, address_file: str | None = None, metrics_port: int = 0,
-                metrics_host: str = "127.0.0.1") -> dict:
+def run_learner(
+    cfg: DictConfig, address_file: str | None = None, metrics_port: int = 0, metrics_host: str = "127.0.0.1"
+) -> dict:
     ranks = join_ranks(cfg.learner.distributed)
     if not ranks.is_main:  # torchrun rank > 0: trains in lockstep, serves and writes nothing
         try:

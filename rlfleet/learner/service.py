@@ -1,4 +1,5 @@
 """LearnerService: registration, heartbeats, trajectory ingest and weight streaming over gRPC."""
+
 from __future__ import annotations
 
 import logging
@@ -27,8 +28,15 @@ FORGET_CLIENT_S = 600.0  # a client silent this long is dropped from the table
 MAX_CLIENTS = 4096
 
 
-def segment_byte_limit(obs_spec: dict, rollout_len: int, num_envs: int, chunk_size: int, action_dim: int,
-                       logprob_shape: tuple[int, ...] = (), extra_outputs: dict | None = None) -> int:
+def segment_byte_limit(
+    obs_spec: dict,
+    rollout_len: int,
+    num_envs: int,
+    chunk_size: int,
+    action_dim: int,
+    logprob_shape: tuple[int, ...] = (),
+    extra_outputs: dict | None = None,
+) -> int:
     """The largest push this run's actors can make, with room to spare (4x + 16 MiB), at most
     MAX_SEGMENT_BYTES: the learner refuses anything bigger while it streams in."""
     T, B = max(rollout_len, 1), max(num_envs, 1)
@@ -52,11 +60,18 @@ class ClientInfo:
 
 
 class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
-    def __init__(self, config_yaml: str, run_id: str, ingest: IngestQueue, weights: WeightPublisher,
-                 chunk_bytes: int = 4 * 1024 * 1024, heartbeat_ms: int = 1000,
-                 check_segment: Callable[[Segment], None] | None = None,
-                 max_segment_bytes: int = MAX_SEGMENT_BYTES,
-                 on_life_ended: Callable[..., int] | None = None):
+    def __init__(
+        self,
+        config_yaml: str,
+        run_id: str,
+        ingest: IngestQueue,
+        weights: WeightPublisher,
+        chunk_bytes: int = 4 * 1024 * 1024,
+        heartbeat_ms: int = 1000,
+        check_segment: Callable[[Segment], None] | None = None,
+        max_segment_bytes: int = MAX_SEGMENT_BYTES,
+        on_life_ended: Callable[..., int] | None = None,
+    ):
         self.config_yaml = config_yaml
         self.run_id = run_id
         self.ingest = ingest
@@ -112,8 +127,11 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
         log.info("registered %s %s (index %d) from %s", request.role, request.client_id, info.index, request.host)
         current = self.weights.current()
         return learner_pb2.RegisterReply(
-            run_id=self.run_id, config_yaml=self.config_yaml, client_index=info.index,
-            policy_version=current.version if current else -1, heartbeat_interval_ms=self.heartbeat_ms,
+            run_id=self.run_id,
+            config_yaml=self.config_yaml,
+            client_index=info.index,
+            policy_version=current.version if current else -1,
+            heartbeat_interval_ms=self.heartbeat_ms,
         )
 
     def Heartbeat(self, request, context):
@@ -141,8 +159,11 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
         while time.monotonic() < deadline:
             now = time.monotonic()
             with self._lock:
-                pending = [c for c in self._clients.values()
-                           if c.role == "actor" and not c.told_to_stop and now - c.last_seen < within_s]
+                pending = [
+                    c
+                    for c in self._clients.values()
+                    if c.role == "actor" and not c.told_to_stop and now - c.last_seen < within_s
+                ]
             if not pending:
                 return True
             time.sleep(0.05)
@@ -154,10 +175,17 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
             if info is not None and info.life == r.life:
                 info.life_ended = True
         if self.on_life_ended is not None:
-            lost = self.on_life_ended(client_id, r.life, r.env_steps, r.accepted_env_steps, r.rejected_env_steps,
-                                      r.crashed)
-            log.info("%s life %x %s: %d env steps taken, %d lost", client_id, r.life,
-                     "crashed" if r.crashed else "ended", r.env_steps, lost)
+            lost = self.on_life_ended(
+                client_id, r.life, r.env_steps, r.accepted_env_steps, r.rejected_env_steps, r.crashed
+            )
+            log.info(
+                "%s life %x %s: %d env steps taken, %d lost",
+                client_id,
+                r.life,
+                "crashed" if r.crashed else "ended",
+                r.env_steps,
+                lost,
+            )
 
     def wait_lives_ended(self, timeout: float, within_s: float = 10.0) -> bool:
         """After stop: wait for live actors' final reports, so the summary's loss account is whole."""
@@ -165,8 +193,11 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
         while time.monotonic() < deadline:
             now = time.monotonic()
             with self._lock:
-                pending = [c for c in self._clients.values()
-                           if c.role == "actor" and c.life and not c.life_ended and now - c.last_seen < within_s]
+                pending = [
+                    c
+                    for c in self._clients.values()
+                    if c.role == "actor" and c.life and not c.life_ended and now - c.last_seen < within_s
+                ]
             if not pending:
                 return True
             time.sleep(0.05)
@@ -190,17 +221,22 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
                     if chunk.num_chunks == 0:
                         raise codec.WireFormatError("num_chunks must be at least 1", reason="protocol")
                 elif (chunk.segment_id, chunk.client_id, chunk.num_chunks) != (
-                    first.segment_id, first.client_id, first.num_chunks
+                    first.segment_id,
+                    first.client_id,
+                    first.num_chunks,
                 ):
-                    raise codec.WireFormatError("chunks of one push must share segment_id, client_id and num_chunks",
-                                                reason="protocol")
+                    raise codec.WireFormatError(
+                        "chunks of one push must share segment_id, client_id and num_chunks", reason="protocol"
+                    )
                 if chunk.chunk_index != len(parts):
-                    raise codec.WireFormatError(f"chunk {chunk.chunk_index} arrived where {len(parts)} was expected",
-                                                reason="protocol")
+                    raise codec.WireFormatError(
+                        f"chunk {chunk.chunk_index} arrived where {len(parts)} was expected", reason="protocol"
+                    )
                 received += len(chunk.payload)
                 if received > self.max_segment_bytes:  # checked per chunk: never buffer more than the limit
-                    raise codec.WireFormatError(f"segment larger than {self.max_segment_bytes} bytes",
-                                                reason="too_large")
+                    raise codec.WireFormatError(
+                        f"segment larger than {self.max_segment_bytes} bytes", reason="too_large"
+                    )
                 parts.append(chunk.payload)
             if first is None:
                 raise codec.WireFormatError("empty push: no chunks", reason="protocol")
@@ -208,8 +244,13 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
                 raise codec.WireFormatError(f"got {len(parts)} of {first.num_chunks} chunks", reason="protocol")
             if self.ingest.seen(first.client_id, first.segment_id):
                 self.ingest.count_duplicate()
-                return learner_pb2.PushAck(segment_id=first.segment_id, accepted=True, duplicate=True,
-                                           learner_version=version, stop=self.stop_event.is_set())
+                return learner_pb2.PushAck(
+                    segment_id=first.segment_id,
+                    accepted=True,
+                    duplicate=True,
+                    learner_version=version,
+                    stop=self.stop_event.is_set(),
+                )
             msg = tensor_pb2.TensorMap()
             try:
                 msg.ParseFromString(b"".join(parts))
@@ -228,16 +269,21 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
         item = IngestedSegment(first.client_id, first.segment_id, segment)
         while not self.stop_event.is_set() and context.is_active():
             if self.ingest.put(item, timeout=0.5):
-                return learner_pb2.PushAck(segment_id=first.segment_id, accepted=True,
-                                           learner_version=self._version())
-        return learner_pb2.PushAck(segment_id=first.segment_id, accepted=False, stop=True,
-                                   error="learner is stopping", learner_version=self._version())
+                return learner_pb2.PushAck(segment_id=first.segment_id, accepted=True, learner_version=self._version())
+        return learner_pb2.PushAck(
+            segment_id=first.segment_id,
+            accepted=False,
+            stop=True,
+            error="learner is stopping",
+            learner_version=self._version(),
+        )
 
     def _reject(self, first, reason: str, error: str, version: int) -> learner_pb2.PushAck:
         self.ingest.count_rejected(reason)
         log.warning("rejected a trajectory push (%s): %s", reason, error)
-        return learner_pb2.PushAck(segment_id=first.segment_id if first else 0, accepted=False,
-                                   error=error, learner_version=version)
+        return learner_pb2.PushAck(
+            segment_id=first.segment_id if first else 0, accepted=False, error=error, learner_version=version
+        )
 
     def _check_versions(self, segment: Segment) -> None:
         """Samples must come from weights this learner published: a future version would make the
@@ -245,8 +291,10 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
         low, high = int(segment.versions.min()), int(segment.versions.max())
         latest = self._version()
         if low < 0 or (latest >= 0 and high > latest):
-            raise codec.WireFormatError(f"policy versions {low}..{high} were never published "
-                                        f"(latest is {latest})", reason="unknown_policy_version")
+            raise codec.WireFormatError(
+                f"policy versions {low}..{high} were never published (latest is {latest})",
+                reason="unknown_policy_version",
+            )
 
     def rejected_requests(self) -> dict[str, int]:
         """Trajectory pushes refused, by reason (undecodable messages included)."""
@@ -277,11 +325,19 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
         if wv is None:
             context.abort(grpc.StatusCode.UNAVAILABLE, "no weights published yet")
         if request.version >= 0 and request.version > wv.version:
-            context.abort(grpc.StatusCode.NOT_FOUND, f"version {request.version} does not exist yet (latest {wv.version})")
+            context.abort(
+                grpc.StatusCode.NOT_FOUND, f"version {request.version} does not exist yet (latest {wv.version})"
+            )
         # the client may ask for smaller chunks than ours, not for tiny ones (one message per byte)
         size = max(request.max_chunk_bytes, MIN_WEIGHT_CHUNK_BYTES) if request.max_chunk_bytes else self.chunk_bytes
         chunks = codec.split_chunks(wv.data, min(size, self.chunk_bytes))
         for i, piece in enumerate(chunks):
-            yield learner_pb2.WeightChunk(version=wv.version, checksum=wv.checksum, total_size=len(wv.data),
-                                          index=i, num_chunks=len(chunks), data=bytes(piece),
-                                          base_version=wv.base_version)
+            yield learner_pb2.WeightChunk(
+                version=wv.version,
+                checksum=wv.checksum,
+                total_size=len(wv.data),
+                index=i,
+                num_chunks=len(chunks),
+                data=bytes(piece),
+                base_version=wv.base_version,
+            )

@@ -10,6 +10,7 @@ Under torchrun (see rlfleet.learner.distributed) every rank runs the same update
 of the env columns; minibatches are drawn over the one-process row order and each rank's loss is
 scaled by its share of the minibatch, so DDP's gradient average equals the one-process gradient.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -37,7 +38,6 @@ from rlfleet.learner.distributed import Ranks, RowShard, SingleRank, global_mean
 from rlfleet.learner.metrics import policy_lag_counts
 from rlfleet.wire.segment import Segment
 
-
 Obs = dict[str, torch.Tensor]
 
 
@@ -59,11 +59,11 @@ class Batch:
     def __len__(self) -> int:
         return int(self.actions.shape[0])
 
-    def select(self, idx: torch.Tensor) -> "Batch":
+    def select(self, idx: torch.Tensor) -> Batch:
         return Batch(**{f: _index(getattr(self, f), idx) for f in self.__dataclass_fields__})
 
     @staticmethod
-    def cat(parts: list["Batch"]) -> "Batch":
+    def cat(parts: list[Batch]) -> Batch:
         return Batch(**{f: _cat([getattr(p, f) for p in parts]) for f in Batch.__dataclass_fields__})
 
 
@@ -87,9 +87,15 @@ def _broadcast(adv: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 # Per-minibatch statistics, averaged over minibatches (weighted by rows, so across ranks too).
 MINIBATCH_STATS = (
-    "train/actor/policy_loss", "train/actor/approx_kl", "train/actor/clip_fraction",
-    "train/actor/dual_clip_fraction", "train/actor/grad_norm", "train/actor/entropy",
-    "train/critic/value_loss", "train/critic/value_clip_ratio", "train/actor/kl_ref",
+    "train/actor/policy_loss",
+    "train/actor/approx_kl",
+    "train/actor/clip_fraction",
+    "train/actor/dual_clip_fraction",
+    "train/actor/grad_norm",
+    "train/actor/entropy",
+    "train/critic/value_loss",
+    "train/critic/value_clip_ratio",
+    "train/actor/kl_ref",
 )
 
 
@@ -105,8 +111,14 @@ class PolicyEvaluator(nn.Module):
         super().__init__()
         self.policy = policy
 
-    def forward(self, obs: Obs, actions: torch.Tensor, extras: dict[str, torch.Tensor], train_actor: bool = True,
-                train_critic: bool = True):
+    def forward(
+        self,
+        obs: Obs,
+        actions: torch.Tensor,
+        extras: dict[str, torch.Tensor],
+        train_actor: bool = True,
+        train_critic: bool = True,
+    ):
         logp, entropy, values = self.policy.evaluate(obs, actions, extras)
         if not train_actor:
             logp, entropy = logp.detach(), entropy.detach()
@@ -132,8 +144,16 @@ class PPOTrainer:
     # policies do not hold activations for thousands of images at once.
     EVAL_ROWS = 512
 
-    def __init__(self, policy: nn.Module, cfg: PPOConfig, reward_scale: float = 1.0, device: str = "cpu",
-                 ranks: Ranks | None = None, reference: nn.Module | None = None, freeze_normalization: bool = False):
+    def __init__(
+        self,
+        policy: nn.Module,
+        cfg: PPOConfig,
+        reward_scale: float = 1.0,
+        device: str = "cpu",
+        ranks: Ranks | None = None,
+        reference: nn.Module | None = None,
+        freeze_normalization: bool = False,
+    ):
         self.policy = policy.to(device)
         # A policy that starts from a checkpoint (SFT) keeps its observation statistics: moving
         # them moves every action (measured: KL 800 per step to the SFT MLP on RoboTwin).
@@ -173,20 +193,26 @@ class PPOTrainer:
     def _obs(self, obs: dict[str, np.ndarray], flat: bool = True) -> Obs:
         return {k: _flat(self._t(v)) if flat else self._t(v) for k, v in obs.items()}
 
-    def _evaluate(self, obs: Obs, actions: torch.Tensor, extras: dict[str, torch.Tensor],
-                  policy: nn.Module | None = None):
+    def _evaluate(
+        self, obs: Obs, actions: torch.Tensor, extras: dict[str, torch.Tensor], policy: nn.Module | None = None
+    ):
         """policy.evaluate (of the trained policy unless given) over many rows, in pieces of EVAL_ROWS."""
         n, outs = actions.shape[0], []
         for i in range(0, n, self.EVAL_ROWS):
             sl = slice(i, i + self.EVAL_ROWS)
-            outs.append((policy or self.policy).evaluate({k: v[sl] for k, v in obs.items()}, actions[sl],
-                                             {k: v[sl] for k, v in extras.items()}))
+            outs.append(
+                (policy or self.policy).evaluate(
+                    {k: v[sl] for k, v in obs.items()}, actions[sl], {k: v[sl] for k, v in extras.items()}
+                )
+            )
         return tuple(torch.cat(parts) for parts in zip(*outs))
 
     def _value(self, obs: Obs) -> torch.Tensor:
         n = next(iter(obs.values())).shape[0]
-        parts = [self.policy.value({k: v[i : i + self.EVAL_ROWS] for k, v in obs.items()})
-                 for i in range(0, n, self.EVAL_ROWS)]
+        parts = [
+            self.policy.value({k: v[i : i + self.EVAL_ROWS] for k, v in obs.items()})
+            for i in range(0, n, self.EVAL_ROWS)
+        ]
         return torch.cat(parts) if parts else torch.zeros(0, device=self.device)
 
     @torch.no_grad()
@@ -199,8 +225,11 @@ class PPOTrainer:
 
         logp_old, _, values = self._evaluate(obs, actions, extras)
         values = values.reshape(T, B)
-        logp_ref = (self._evaluate(obs, actions, extras, self.reference)[0] if self.reference is not None
-                    else torch.zeros_like(logp_old))
+        logp_ref = (
+            self._evaluate(obs, actions, extras, self.reference)[0]
+            if self.reference is not None
+            else torch.zeros_like(logp_old)
+        )
         terminated, truncated = self._t(seg.terminated), self._t(seg.truncated)
         if not self.cfg.bootstrap_truncated:  # the time limit is part of the task: its end is terminal
             terminated = terminated | truncated
@@ -226,17 +255,34 @@ class PPOTrainer:
         else:
             next_values = bootstrap_next_values(values, last_value, terminated, truncated, final_values)
             log_rhos = chunk_log_ratio(logp_old, behaviour_logp).reshape(T, B)
-            est = estimate(self.critic_estimator, AdvantageInputs(rewards, terminated, truncated, values, next_values,
-                                                                  log_rhos), self.cfg)
+            est = estimate(
+                self.critic_estimator,
+                AdvantageInputs(rewards, terminated, truncated, values, next_values, log_rhos),
+                self.cfg,
+            )
         if est.importance_in_advantage:  # V-trace: rho_s is inside the advantage, so no weight
             is_weights = torch.ones_like(is_weights)
-        return Batch(obs, actions, extras, logp_old, is_weights, values.reshape(-1),
-                     est.advantages.reshape(-1), est.returns.reshape(-1), lags, logp_ref)
+        return Batch(
+            obs,
+            actions,
+            extras,
+            logp_old,
+            is_weights,
+            values.reshape(-1),
+            est.advantages.reshape(-1),
+            est.returns.reshape(-1),
+            lags,
+            logp_ref,
+        )
 
     def _grpo(self, seg: Segment) -> GRPOSegment:
         """GRPO advantages and kept rows of one whole segment (returns after reward_scale)."""
-        inputs = AdvantageInputs(self._t(seg.rewards) * self.reward_scale, self._t(seg.terminated),
-                                 self._t(seg.truncated), group_ids=self._t(seg.group_ids))
+        inputs = AdvantageInputs(
+            self._t(seg.rewards) * self.reward_scale,
+            self._t(seg.terminated),
+            self._t(seg.truncated),
+            group_ids=self._t(seg.group_ids),
+        )
         group = estimate("grpo", inputs, self.cfg).group
         assert group is not None  # the GRPO estimator always returns its groups
         return group
@@ -246,15 +292,17 @@ class PPOTrainer:
         groups (``grpo``: one per segment, computed here from the segments when not given)."""
         if grpo is None and self.grpo_mode:
             grpo = [self._grpo(s) for s in segments]
-        batch = Batch.cat([self._prepare_segment(s, version, g)
-                           for s, g in zip(segments, grpo or [None] * len(segments))])
+        batch = Batch.cat(
+            [self._prepare_segment(s, version, g) for s, g in zip(segments, grpo or [None] * len(segments))]
+        )
         keep = lag_mask(batch.lags, self.cfg.max_policy_lag)
         if grpo is not None:
             keep &= torch.cat([g.keep.reshape(-1) for g in grpo])
         return batch.select(keep.nonzero().squeeze(-1))
 
-    def _prepare_shard(self, segments: list[Segment], shard: RowShard, version: int,
-                       grpo: list[GRPOSegment] | None = None) -> tuple[Batch, Batch]:
+    def _prepare_shard(
+        self, segments: list[Segment], shard: RowShard, version: int, grpo: list[GRPOSegment] | None = None
+    ) -> tuple[Batch, Batch]:
         """This rank's rows, and one row to run through the model with zero weight when a
         minibatch has none of them (the loss must still reach every parameter, for DDP)."""
         parts = [segment_envs(segments[j], cols) for j, cols in shard.parts]
@@ -288,8 +336,9 @@ class PPOTrainer:
             parts.append(_index(self._obs(seg.obs), keep.nonzero().squeeze(-1)))
         return _cat(parts)
 
-    def _update_normalization(self, segments: list[Segment], batch: Batch, version: int,
-                              grpo: list[GRPOSegment] | None = None) -> None:
+    def _update_normalization(
+        self, segments: list[Segment], batch: Batch, version: int, grpo: list[GRPOSegment] | None = None
+    ) -> None:
         if self.freeze_normalization:
             return
         if self.ranks.world_size == 1:
@@ -299,8 +348,9 @@ class PPOTrainer:
             self.policy.update_normalization(self._kept_obs(segments, version, grpo))
         self.ranks.broadcast_buffers(self.policy)
 
-    def _minibatch_step(self, mb: Batch, mb_size: int, warmup: bool, sums: dict[str, list[float]],
-                        stand_in: Batch) -> None:
+    def _minibatch_step(
+        self, mb: Batch, mb_size: int, warmup: bool, sums: dict[str, list[float]], stand_in: Batch
+    ) -> None:
         """One optimiser step on this rank's rows of a minibatch of `mb_size` rows (all ranks)."""
         n = len(mb)
         adv = mb.advantages
@@ -308,14 +358,20 @@ class PPOTrainer:
             ((mean, var),) = global_mean_var(self.ranks, adv)
             adv = normalize_advantages(adv, stats=(mean, var**0.5))
         rows = mb if n else stand_in
-        logp, entropy, values = self._training_model()(rows.obs, rows.actions, rows.extras, train_actor=not warmup,
-                                                       train_critic=warmup or not self.grpo_mode)
+        logp, entropy, values = self._training_model()(
+            rows.obs, rows.actions, rows.extras, train_actor=not warmup, train_critic=warmup or not self.grpo_mode
+        )
         if n == 0:  # still a backward pass: DDP needs every rank in every gradient all-reduce
             loss = 0.0 * (logp.sum() + entropy.sum() + values.sum())
         else:
             pg_loss, pg_stats = policy_loss(
-                logp, mb.logp_old, _broadcast(adv, logp), self.cfg.clip_ratio_low, self.cfg.clip_ratio_high,
-                self.cfg.dual_clip, weights=mb.is_weights,
+                logp,
+                mb.logp_old,
+                _broadcast(adv, logp),
+                self.cfg.clip_ratio_low,
+                self.cfg.clip_ratio_high,
+                self.cfg.dual_clip,
+                weights=mb.is_weights,
             )
             v_loss, v_stats = value_loss(values, mb.values_old, mb.returns, self.cfg.value_clip)
             if warmup:  # the policy keeps its (SFT) weights until the critic has caught up
@@ -342,13 +398,23 @@ class PPOTrainer:
             self.nonfinite_steps += 1
             return
         if n:
-            for key, val in zip(MINIBATCH_STATS, (
-                pg_loss.item(), pg_stats["approx_kl"], pg_stats["clip_fraction"],
-                pg_stats.get("dual_clip_fraction", 0.0), float(grad_norm), entropy.mean().item(),
-                v_loss.item(), v_stats["value_clip_ratio"], kl_ref.item(),
-            )):
+            for key, val in zip(
+                MINIBATCH_STATS,
+                (
+                    pg_loss.item(),
+                    pg_stats["approx_kl"],
+                    pg_stats["clip_fraction"],
+                    pg_stats.get("dual_clip_fraction", 0.0),
+                    float(grad_norm),
+                    entropy.mean().item(),
+                    v_loss.item(),
+                    v_stats["value_clip_ratio"],
+                    kl_ref.item(),
+                ),
+            ):
                 if (self.grpo_mode and key.startswith("train/critic/")) or (
-                        key == "train/actor/kl_ref" and self.reference is None):
+                    key == "train/actor/kl_ref" and self.reference is None
+                ):
                     continue
                 acc = sums.setdefault(key, [0.0, 0.0])
                 acc[0] += val * n
@@ -356,8 +422,9 @@ class PPOTrainer:
         self.optimizer.step()
 
     def _reduce_stats(self, sums: dict[str, list[float]]) -> dict[str, float]:
-        flat = torch.tensor([x for k in MINIBATCH_STATS for x in sums.get(k, [0.0, 0.0])], dtype=torch.float64,
-                            device=self.device)
+        flat = torch.tensor(
+            [x for k in MINIBATCH_STATS for x in sums.get(k, [0.0, 0.0])], dtype=torch.float64, device=self.device
+        )
         totals = self.ranks.all_reduce_(flat).tolist()
         return {k: totals[2 * i] / totals[2 * i + 1] for i, k in enumerate(MINIBATCH_STATS) if totals[2 * i + 1] > 0}
 
@@ -365,11 +432,16 @@ class PPOTrainer:
         """Rollout statistics over the whole update's kept rows (all ranks)."""
         returns, values = batch.returns.double(), batch.values_old.double()
         (r_mean, r_var), (_, res_var), (adv_mean, _), (w_mean, _) = global_mean_var(
-            self.ranks, returns, returns - values, batch.advantages, batch.is_weights)
+            self.ranks, returns, returns - values, batch.advantages, batch.is_weights
+        )
         # 1 - Var[R - V] / Var[R] (see algorithms.explained_variance): undefined when Var[R] = 0
         ev = float("nan") if r_var == 0.0 or np.isnan(r_var) else 1.0 - res_var / r_var
-        return {"train/critic/explained_variance": ev, "rollout/returns_mean": r_mean,
-                "rollout/advantages_mean": adv_mean, "rollout/is_weight_mean": w_mean}
+        return {
+            "train/critic/explained_variance": ev,
+            "rollout/returns_mean": r_mean,
+            "rollout/advantages_mean": adv_mean,
+            "rollout/is_weight_mean": w_mean,
+        }
 
     def lr_scale(self, update: int) -> float:
         """Linear warm-up (i+1)/N over the first N policy updates i; 1 during the critic warm-up."""
@@ -384,15 +456,26 @@ class PPOTrainer:
         trains on its shard; the returned metrics cover all ranks.
         """
         total = sum(s.num_steps * s.num_envs for s in segments)
-        lags = torch.cat([policy_lag(version, self._t(s.versions)).repeat_interleave(s.num_envs) for s in segments]).float()
-        lag_stats = {"throughput/policy_lag": lags.mean().item(), "throughput/policy_lag_max": lags.max().item(),
-                     **policy_lag_counts(lags.long().cpu().numpy(), self.cfg.max_policy_lag)}
+        lags = torch.cat(
+            [policy_lag(version, self._t(s.versions)).repeat_interleave(s.num_envs) for s in segments]
+        ).float()
+        lag_stats = {
+            "throughput/policy_lag": lags.mean().item(),
+            "throughput/policy_lag_max": lags.max().item(),
+            **policy_lag_counts(lags.long().cpu().numpy(), self.cfg.max_policy_lag),
+        }
         # GRPO: groups are resolved on whole segments before any sharding (every rank has them all)
         grpo = [self._grpo(s) for s in segments] if self.grpo_mode else None
         if grpo is not None:
             lag_stats.update(grpo_stats(grpo, [self._t(s.group_ids) for s in segments]))
-        shard = shard_rows(segments, version, self.cfg.max_policy_lag, self.ranks.rank, self.ranks.world_size,
-                           None if grpo is None else [g.keep.cpu().numpy() for g in grpo])
+        shard = shard_rows(
+            segments,
+            version,
+            self.cfg.max_policy_lag,
+            self.ranks.rank,
+            self.ranks.world_size,
+            None if grpo is None else [g.keep.cpu().numpy() for g in grpo],
+        )
         if shard.num_rows == 0:
             return {"train/dropped_samples": float(total), **lag_stats}
         self._training_model()  # before prepare: a resumed run's weights reach every rank first

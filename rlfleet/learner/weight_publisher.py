@@ -5,6 +5,7 @@ at which each tensor last changed (by content digest), so a puller that holds ve
 sent only the tensors changed since b: frozen backbones and untouched buffers never travel
 again. Deltas are built on demand from the current full bytes and cached per base version.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -37,12 +38,14 @@ def tensor_digest(t: torch.Tensor) -> str:
     return h.hexdigest()
 
 
-def tensor_digests(tensors: Mapping[str, torch.Tensor], previous: Mapping[str, str] | None = None,
-                   frozen: frozenset[str] = frozenset()) -> dict[str, str]:
+def tensor_digests(
+    tensors: Mapping[str, torch.Tensor], previous: Mapping[str, str] | None = None, frozen: frozenset[str] = frozenset()
+) -> dict[str, str]:
     """Digests of every tensor; frozen ones keep their previous digest without being hashed again."""
     previous = previous or {}
-    return {name: previous[name] if name in frozen and name in previous else tensor_digest(t)
-            for name, t in tensors.items()}
+    return {
+        name: previous[name] if name in frozen and name in previous else tensor_digest(t) for name, t in tensors.items()
+    }
 
 
 class WeightPublisher:

@@ -1,4 +1,5 @@
 """Policies: networks, their registry and checkpoint I/O."""
+
 from rlfleet.policies.gaussian_mlp import GaussianMLPPolicy, PolicyConfig
 from rlfleet.policies.registry import make_policy
 

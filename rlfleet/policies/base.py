@@ -24,6 +24,7 @@ the PPO loss takes the ratio per element and broadcasts the chunk's advantage ov
 not determine (for flow policies the initial noise or denoise step); the fleet carries them from
 the inference server to the learner untouched.
 """
+
 from __future__ import annotations
 
 from typing import Protocol
@@ -42,8 +43,9 @@ class Policy(Protocol):
 
     def act(self, obs: Obs, deterministic: bool = False) -> dict[str, torch.Tensor]: ...
 
-    def evaluate(self, obs: Obs, actions: torch.Tensor,
-                 extras: dict[str, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]: ...
+    def evaluate(
+        self, obs: Obs, actions: torch.Tensor, extras: dict[str, torch.Tensor] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]: ...
 
     def value(self, obs: Obs) -> torch.Tensor: ...
 

@@ -4,6 +4,7 @@ A checkpoint folder holds config.json (policy config + env dims), model.safetens
 normalisation stats (they are buffers inside the weights); `load_checkpoint` rebuilds the
 policy from the folder alone, so the learner and the inference server load the same path.
 """
+
 from __future__ import annotations
 
 import copy
@@ -59,8 +60,12 @@ def exploration_only(policy: nn.Module, names: set[str]) -> set[str]:
     return {k for k in names if prefixes and k.startswith(prefixes)}
 
 
-def _check_compatible(policy: nn.Module, incoming: dict[str, torch.Tensor], partial: bool = False,
-                      fresh_ok: set[str] | frozenset[str] = frozenset()) -> None:
+def _check_compatible(
+    policy: nn.Module,
+    incoming: dict[str, torch.Tensor],
+    partial: bool = False,
+    fresh_ok: set[str] | frozenset[str] = frozenset(),
+) -> None:
     own = policy.state_dict()
     missing = [] if partial else sorted(set(own) - set(incoming) - set(fresh_ok))
     extra = sorted(set(incoming) - set(own))
@@ -73,7 +78,8 @@ def _check_compatible(policy: nn.Module, incoming: dict[str, torch.Tensor], part
             details.append(f"unexpected {extra}")
         if wrong:
             details.append(
-                "shape mismatch " + ", ".join(f"{k}: {tuple(incoming[k].shape)} vs {tuple(own[k].shape)}" for k in wrong)
+                "shape mismatch "
+                + ", ".join(f"{k}: {tuple(incoming[k].shape)} vs {tuple(own[k].shape)}" for k in wrong)
             )
         raise ValueError("weights do not fit this policy: " + "; ".join(details))
 
@@ -96,12 +102,24 @@ def save_checkpoint_folder(folder: Path, policy: nn.Module, model_config: dict[s
         os.rename(tmp, folder)
 
 
-def model_config(policy_cfg: dict[str, Any], state_dim: int, action_dim: int, chunk_size: int,
-                 env: dict[str, Any] | None = None, image_size: int = 0) -> dict[str, Any]:
+def model_config(
+    policy_cfg: dict[str, Any],
+    state_dim: int,
+    action_dim: int,
+    chunk_size: int,
+    env: dict[str, Any] | None = None,
+    image_size: int = 0,
+) -> dict[str, Any]:
     """config.json: enough to rebuild the policy (and to know which env it was trained on)."""
     policy_cfg = {k: v for k, v in policy_cfg.items() if k != "model_path"}
-    return {"policy": policy_cfg, "state_dim": state_dim, "action_dim": action_dim, "chunk_size": chunk_size,
-            "image_size": image_size, "env": env or {}}
+    return {
+        "policy": policy_cfg,
+        "state_dim": state_dim,
+        "action_dim": action_dim,
+        "chunk_size": chunk_size,
+        "image_size": image_size,
+        "env": env or {},
+    }
 
 
 HF_PREFIX = "hf://"
@@ -113,7 +131,7 @@ def is_hub_path(path: str | os.PathLike) -> bool:
 
 def parse_hub_path(path: str) -> tuple[str, str | None]:
     """`hf://org/name[@revision]` -> (repo id, revision or None)."""
-    spec = str(path)[len(HF_PREFIX):]
+    spec = str(path)[len(HF_PREFIX) :]
     repo, _, revision = spec.partition("@")
     if repo.count("/") != 1 or not all(repo.split("/")):
         raise ValueError(f"{path}: a Hub checkpoint is hf://ORG/NAME or hf://ORG/NAME@REVISION")
@@ -135,8 +153,10 @@ def resolve_model_path(path: str | os.PathLike) -> Path:
     try:
         return Path(snapshot_download(repo, revision=revision))
     except LocalEntryNotFoundError as exc:
-        raise FileNotFoundError(f"{path}: not in the local Hugging Face cache and the Hub cannot be reached "
-                                f"(HF_HUB_OFFLINE={os.environ.get('HF_HUB_OFFLINE', '')!r})") from exc
+        raise FileNotFoundError(
+            f"{path}: not in the local Hugging Face cache and the Hub cannot be reached "
+            f"(HF_HUB_OFFLINE={os.environ.get('HF_HUB_OFFLINE', '')!r})"
+        ) from exc
     except RepositoryNotFoundError as exc:
         raise FileNotFoundError(f"{path}: no such model repository on the Hub (or no access: set HF_TOKEN)") from exc
     except (HfHubHTTPError, OSError) as exc:
@@ -157,8 +177,9 @@ def load_checkpoint(folder: str | Path, overrides: Mapping[str, Any] | None = No
     folder = resolve_model_path(folder)
     cfg = read_model_config(folder)
     policy_cfg = {**cfg["policy"], **dict(overrides or {})}
-    policy = make_policy(policy_cfg, cfg["state_dim"], cfg["action_dim"], cfg["chunk_size"],
-                         image_size=cfg.get("image_size", 0))
+    policy = make_policy(
+        policy_cfg, cfg["state_dim"], cfg["action_dim"], cfg["chunk_size"], image_size=cfg.get("image_size", 0)
+    )
     incoming = load_file(Path(folder) / "model.safetensors")
     own = set(policy.state_dict())
     fresh = exploration_only(policy, own - set(incoming))
@@ -175,8 +196,9 @@ def load_checkpoint(folder: str | Path, overrides: Mapping[str, Any] | None = No
     return policy, cfg
 
 
-def policy_from_config(policy_cfg: Mapping[str, Any], state_dim: int, action_dim: int, chunk_size: int,
-                       image_size: int = 0) -> nn.Module:
+def policy_from_config(
+    policy_cfg: Mapping[str, Any], state_dim: int, action_dim: int, chunk_size: int, image_size: int = 0
+) -> nn.Module:
     """A fresh policy, or with `model_path` set the checkpoint's (a folder or hf://org/name[@revision]),
     checked against the run's env."""
     policy_cfg = dict(policy_cfg)
@@ -191,8 +213,9 @@ def policy_from_config(policy_cfg: Mapping[str, Any], state_dim: int, action_dim
         raise ValueError(f"checkpoint {model_path} does not fit this run: {diff}")
     name = policy_cfg.pop("name", None)
     if name and name != saved["policy"].get("name"):
-        raise ValueError(f"checkpoint {model_path} holds a {saved['policy'].get('name')!r} policy, "
-                         f"the run config asks for {name!r}")
+        raise ValueError(
+            f"checkpoint {model_path} holds a {saved['policy'].get('name')!r} policy, the run config asks for {name!r}"
+        )
     policy, _ = load_checkpoint(model_path, overrides=policy_cfg)
     log.info("loaded policy weights from %s", model_path)
     return policy
@@ -206,8 +229,13 @@ def reference_policy(cfg: Any, policy: nn.Module) -> nn.Module | None:
     if not cfg.policy.get("model_path"):
         return copy.deepcopy(policy)
     dims = cfg.model_dims
-    reference = policy_from_config(OmegaConf.to_container(cfg.policy, resolve=True), dims.state_dim, dims.action_dim,
-                                   cfg.env.chunk_size, cfg.env.image_size)
+    reference = policy_from_config(
+        OmegaConf.to_container(cfg.policy, resolve=True),
+        dims.state_dim,
+        dims.action_dim,
+        cfg.env.chunk_size,
+        cfg.env.image_size,
+    )
     with safe_open(resolve_model_path(cfg.policy.model_path) / "model.safetensors", framework="pt") as f:
         saved = set(f.keys())
     own = policy.state_dict()

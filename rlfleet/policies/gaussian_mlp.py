@@ -3,6 +3,7 @@
 Observation normalisation lives inside the module as buffers, so it travels with the weights
 to the inference servers and into checkpoints (one source of truth for both sides).
 """
+
 from __future__ import annotations
 
 import math

@@ -5,6 +5,7 @@ publishes in the `rlfleet.policies` entry-point group (resolved from the name in
 see `rlfleet.plugins`). A policy class takes (state_dim, action_dim, chunk_size, config[,
 image_size]) and names its settings dataclass in `config_class` (built-ins pair it below).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -47,8 +48,9 @@ def _settings(cfg_cls: type, raw: dict[str, Any]) -> dict[str, Any]:
     return raw if "name" in cfg_cls.__dataclass_fields__ else {k: v for k, v in raw.items() if k != "name"}
 
 
-def make_policy(cfg: Mapping[str, Any] | Any, state_dim: int, action_dim: int, chunk_size: int,
-                *, image_size: int = 0) -> nn.Module:
+def make_policy(
+    cfg: Mapping[str, Any] | Any, state_dim: int, action_dim: int, chunk_size: int, *, image_size: int = 0
+) -> nn.Module:
     """`image_size` (the env's camera side, 0 = no camera) reaches only policies that read images."""
     is_dc = dataclasses.is_dataclass(cfg) and not isinstance(cfg, type)
     raw = dict(vars(cfg)) if is_dc else OmegaConf.to_container(OmegaConf.create(cfg), resolve=True)

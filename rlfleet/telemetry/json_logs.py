@@ -4,6 +4,7 @@ Every line has time, level, logger, pid, role and message; fields passed with
 `log.info(..., extra={"segment_id": 7})` are added as they are (anything JSON cannot hold is
 written with str()), and a traceback goes in `exc_info`.
 """
+
 from __future__ import annotations
 
 import datetime as dt

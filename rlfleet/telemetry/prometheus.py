@@ -6,6 +6,7 @@ batch-size histogram is pushed (one observe() per batch). Metric names: `rlfleet
 the learner mirrors its TensorBoard scalars as gauges (`train/actor/approx_kl` ->
 `rlfleet_learner_train_actor_approx_kl`). docs/operations.md lists them all.
 """
+
 from __future__ import annotations
 
 import importlib.metadata
@@ -17,8 +18,15 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client import (CollectorRegistry, Counter, Histogram, Info, PlatformCollector, ProcessCollector,
-                               start_http_server)
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    Info,
+    PlatformCollector,
+    ProcessCollector,
+    start_http_server,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -56,13 +64,16 @@ def _by_label(name: str, doc: str, label: str, counts: Mapping[str, int]) -> Cou
 def scalar_gauges(role: str, scalars: Mapping[str, float], skip: Iterable[str] = ()) -> Iterator[GaugeMetricFamily]:
     """TensorBoard-style scalars as gauges; non-finite values are left out, as TensorBoard leaves them out."""
     skipped = set(skip)
-    per_task = GaugeMetricFamily(metric_name(role, PER_TASK_PREFIX + "by_task"),
-                                 "env/success_once per task over recent episodes", labels=["task"])
+    per_task = GaugeMetricFamily(
+        metric_name(role, PER_TASK_PREFIX + "by_task"),
+        "env/success_once per task over recent episodes",
+        labels=["task"],
+    )
     for key, value in sorted(scalars.items()):
         if key in skipped or value is None or not math.isfinite(float(value)):
             continue
         if key.startswith(PER_TASK_PREFIX):
-            per_task.add_metric([key[len(PER_TASK_PREFIX):]], float(value))
+            per_task.add_metric([key[len(PER_TASK_PREFIX) :]], float(value))
         else:
             yield _gauge(metric_name(role, key), f"{key} (as last written to TensorBoard)", value)
     if per_task.samples:
@@ -82,17 +93,28 @@ class LearnerCollector(Collector):
         yield _counter("rlfleet_learner_env_steps", "env steps received from actors", lr.counters.env_steps)
         yield _counter("rlfleet_learner_updates", "PPO updates done", lr.counters.update)
         yield _gauge("rlfleet_learner_ingest_queue_depth", "segments waiting in the ingest queue", ingest.qsize())
-        yield _gauge("rlfleet_learner_ingest_queue_capacity", "ingest queue bound (segments)",
-                     lr.cfg.learner.ingest_queue_size)
+        yield _gauge(
+            "rlfleet_learner_ingest_queue_capacity", "ingest queue bound (segments)", lr.cfg.learner.ingest_queue_size
+        )
         yield _counter("rlfleet_learner_accepted_segments", "segments accepted into the ingest queue", ingest.accepted)
-        yield _by_label("rlfleet_learner_rejected_segments", "trajectory pushes rejected as malformed", "reason",
-                        ingest.rejected_by_reason())
-        yield _by_label("rlfleet_learner_rejected_calls", "other calls refused (undecodable, unknown client, "
-                        "stream budget), by reason", "reason", lr.servicer.rejected_calls())
-        yield _counter("rlfleet_learner_duplicate_segments", "retried pushes acknowledged without re-queueing",
-                       ingest.duplicates)
-        yield _gauge("rlfleet_learner_actors_alive", "actors that sent a heartbeat recently",
-                     lr.servicer.alive_clients("actor"))
+        yield _by_label(
+            "rlfleet_learner_rejected_segments",
+            "trajectory pushes rejected as malformed",
+            "reason",
+            ingest.rejected_by_reason(),
+        )
+        yield _by_label(
+            "rlfleet_learner_rejected_calls",
+            "other calls refused (undecodable, unknown client, stream budget), by reason",
+            "reason",
+            lr.servicer.rejected_calls(),
+        )
+        yield _counter(
+            "rlfleet_learner_duplicate_segments", "retried pushes acknowledged without re-queueing", ingest.duplicates
+        )
+        yield _gauge(
+            "rlfleet_learner_actors_alive", "actors that sent a heartbeat recently", lr.servicer.alive_clients("actor")
+        )
         yield from scalar_gauges("learner", lr.last_stats, skip=LEARNER_LIVE_KEYS)
 
 
@@ -106,9 +128,12 @@ class InferenceCollector(Collector):
         s = self.server
         yield _counter("rlfleet_inference_batches", "policy forward passes", s.runner.batches)
         yield _counter("rlfleet_inference_rows", "observation rows answered", s.runner.rows)
-        yield _by_label("rlfleet_inference_rejected_requests",
-                        "requests answered with an error (malformed input, protocol, overload, policy failure)",
-                        "reason", s.rejected_requests())
+        yield _by_label(
+            "rlfleet_inference_rejected_requests",
+            "requests answered with an error (malformed input, protocol, overload, policy failure)",
+            "reason",
+            s.rejected_requests(),
+        )
         yield _gauge("rlfleet_inference_pending_requests", "requests waiting for a batch", s.batcher.pending())
         yield _gauge("rlfleet_inference_policy_version", "version of the weights being served", s.runner.version)
         yield _gauge("rlfleet_inference_shm_clients", "actors attached through shared memory", len(s.zmq.blocks))
@@ -125,8 +150,12 @@ def batch_size_buckets(max_batch: int) -> tuple[float, ...]:
 
 def batch_observer(registry: CollectorRegistry, max_batch: int) -> Callable[[list], None]:
     """A callback for InferenceServer.on_batch: rows per batch as a histogram, and a request counter."""
-    sizes = Histogram("rlfleet_inference_batch_size", "rows per policy batch", registry=registry,
-                      buckets=batch_size_buckets(max_batch))
+    sizes = Histogram(
+        "rlfleet_inference_batch_size",
+        "rows per policy batch",
+        registry=registry,
+        buckets=batch_size_buckets(max_batch),
+    )
     requests = Counter("rlfleet_inference_requests", "requests answered in a batch", registry=registry)
 
     def observe(batch: list) -> None:
@@ -159,15 +188,22 @@ class EnvServerCollector(Collector):
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         s = self.servicer
         yield _by_label("rlfleet_env_server_calls", "EnvService calls received", "rpc", dict(s.calls))
-        yield _by_label("rlfleet_env_server_rejected_calls",
-                        "calls answered with an error, by gRPC status (bad input, simulator failure)", "code",
-                        dict(s.errors))
-        yield _by_label("rlfleet_env_server_rejected_calls_by_reason", "the same calls by reason", "reason",
-                        s.rejections.snapshot())
+        yield _by_label(
+            "rlfleet_env_server_rejected_calls",
+            "calls answered with an error, by gRPC status (bad input, simulator failure)",
+            "code",
+            dict(s.errors),
+        )
+        yield _by_label(
+            "rlfleet_env_server_rejected_calls_by_reason", "the same calls by reason", "reason", s.rejections.snapshot()
+        )
         sessions = list(s.sessions.values())
         yield _gauge("rlfleet_env_server_sessions", "open client sessions", len(sessions))
-        yield _gauge("rlfleet_env_server_envs", "env instances held by open sessions",
-                     sum(session.env.spec.num_envs for session in sessions))
+        yield _gauge(
+            "rlfleet_env_server_envs",
+            "env instances held by open sessions",
+            sum(session.env.spec.num_envs for session in sessions),
+        )
 
 
 def _package_version() -> str:
@@ -183,7 +219,8 @@ def role_registry(role: str, **info: str) -> CollectorRegistry:
     ProcessCollector(registry=registry)
     PlatformCollector(registry=registry)
     Info("rlfleet", "the role this process plays", registry=registry).info(
-        {"role": role, "version": _package_version(), **{k: str(v) for k, v in info.items()}})
+        {"role": role, "version": _package_version(), **{k: str(v) for k, v in info.items()}}
+    )
     return registry
 
 
@@ -222,8 +259,14 @@ def serve_metrics(registry: CollectorRegistry, port: int, host: str = DEFAULT_HO
     return endpoint
 
 
-def start_role_metrics(role: str, port: int, collectors: Iterable[Collector] = (), host: str = DEFAULT_HOST,
-                       registry: CollectorRegistry | None = None, **info: str) -> MetricsEndpoint | None:
+def start_role_metrics(
+    role: str,
+    port: int,
+    collectors: Iterable[Collector] = (),
+    host: str = DEFAULT_HOST,
+    registry: CollectorRegistry | None = None,
+    **info: str,
+) -> MetricsEndpoint | None:
     """The usual case for a role: registry + its collectors + HTTP server; None when port is 0 (disabled)."""
     if not port:
         return None

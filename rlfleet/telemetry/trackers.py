@@ -6,6 +6,7 @@ imported only when chosen (each import below is local for that reason). Naming o
 installed fails before the run starts, with the pip command that fixes it. A backend that fails
 while logging is warned about once and then skipped: a tracker outage never stops training.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -21,7 +22,7 @@ log = logging.getLogger(__name__)
 
 # backend name -> (module to import, what to install)
 BACKENDS: dict[str, tuple[str, str]] = {
-    "tensorboard": ("tensorboard", 'pip install tensorboard'),
+    "tensorboard": ("tensorboard", "pip install tensorboard"),
     "wandb": ("wandb", 'pip install "rlfleet[trackers]" (or: pip install wandb)'),
     "swanlab": ("swanlab", 'pip install "rlfleet[trackers]" (or: pip install swanlab)'),
     "trackio": ("trackio", 'pip install "rlfleet[trackers]" (or: pip install trackio)'),
@@ -33,8 +34,9 @@ def check_backends(names: Iterable[str]) -> list[str]:
     names = list(names)
     for name in names:
         if name not in BACKENDS:
-            raise ValueError(f"runner.logger.logger_backends: unknown backend {name!r}; choose from "
-                             f"{', '.join(BACKENDS)}")
+            raise ValueError(
+                f"runner.logger.logger_backends: unknown backend {name!r}; choose from {', '.join(BACKENDS)}"
+            )
         module, install = BACKENDS[name]
         if importlib.util.find_spec(module) is None:
             raise ValueError(f"runner.logger.logger_backends names {name!r} but {module} is not installed: {install}")
@@ -86,8 +88,9 @@ class TensorBoardBackend:
             return
         images = [Image.fromarray(np.asarray(f, np.uint8)) for f in frames]
         buf = io.BytesIO()
-        images[0].save(buf, format="GIF", save_all=True, append_images=images[1:],
-                       duration=max(1, round(1000 / fps)), loop=0)
+        images[0].save(
+            buf, format="GIF", save_all=True, append_images=images[1:], duration=max(1, round(1000 / fps)), loop=0
+        )
         h, w = frames[0].shape[:2]
         image = Summary.Image(height=h, width=w, colorspace=3, encoded_image_string=buf.getvalue())
         self.writer._get_file_writer().add_summary(Summary(value=[Summary.Value(tag=key, image=image)]), step)
@@ -113,8 +116,14 @@ class WandbBackend:
 
         self.wandb = wandb
         run_dir.mkdir(parents=True, exist_ok=True)
-        self.run = wandb.init(project=project, name=name, dir=str(run_dir), config=dict(config),
-                              resume="allow", id=os.environ.get("WANDB_RUN_ID") or None)
+        self.run = wandb.init(
+            project=project,
+            name=name,
+            dir=str(run_dir),
+            config=dict(config),
+            resume="allow",
+            id=os.environ.get("WANDB_RUN_ID") or None,
+        )
         self.run.define_metric("env_step")
         self.run.define_metric("*", step_metric="env_step")
 
@@ -142,8 +151,9 @@ class SwanlabBackend:
         import swanlab  # optional: the [trackers] extra
 
         self.swanlab = swanlab
-        self.run = swanlab.init(project=project, experiment_name=name, config=dict(config),
-                                logdir=str(run_dir / "swanlog"))
+        self.run = swanlab.init(
+            project=project, experiment_name=name, config=dict(config), logdir=str(run_dir / "swanlog")
+        )
 
     def scalars(self, values: Mapping[str, float], step: int) -> None:
         self.swanlab.log(dict(values), step=step)
@@ -172,8 +182,15 @@ class TrackioBackend:
         import trackio  # optional: the [trackers] extra
 
         self.trackio = trackio
-        self.run = trackio.init(project=project, name=name, config=dict(config), resume="allow", embed=False,
-                                auto_log_gpu=False, auto_log_cpu=False)
+        self.run = trackio.init(
+            project=project,
+            name=name,
+            config=dict(config),
+            resume="allow",
+            embed=False,
+            auto_log_gpu=False,
+            auto_log_cpu=False,
+        )
 
     def scalars(self, values: Mapping[str, float], step: int) -> None:
         self.run.log(dict(values), step=step)
@@ -207,8 +224,12 @@ class MetricsLogger:
                 getattr(backend, method)(*args)
             except Exception as exc:  # a tracker outage must not stop training: warn once, then skip it
                 self._failed.add(name)
-                log.warning("tracker %s failed (%s: %s); it gets no more metrics in this run",
-                            name, type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
+                log.warning(
+                    "tracker %s failed (%s: %s); it gets no more metrics in this run",
+                    name,
+                    type(exc).__name__,
+                    str(exc).splitlines()[0] if str(exc) else "",
+                )
 
     def scalars(self, values: Mapping[str, float | None], step: int) -> None:
         finite = {k: float(v) for k, v in values.items() if v is not None and np.isfinite(v)}
@@ -239,8 +260,14 @@ class MetricsLogger:
         self.backends.clear()
 
 
-def make_backends(names: Iterable[str], run_dir: Path, project: str, name: str,
-                  config: Mapping[str, Any] | None = None, tensorboard_dir: Path | None = None) -> dict[str, Backend]:
+def make_backends(
+    names: Iterable[str],
+    run_dir: Path,
+    project: str,
+    name: str,
+    config: Mapping[str, Any] | None = None,
+    tensorboard_dir: Path | None = None,
+) -> dict[str, Backend]:
     """The backends named (checked first: a missing one is a ValueError with the pip command)."""
     config = dict(config or {})
     out: dict[str, Backend] = {}
@@ -273,9 +300,17 @@ def videos_since(folder: Path, t0: float) -> list[Path]:
     return sorted(found, key=lambda p: p.stat().st_mtime)
 
 
-def log_eval(logger: MetricsLogger, success: Mapping[str, float], step: int, *, prefix: str = "eval",
-             before: Mapping[str, float] | None = None, video_dir: Path | None = None, since: float | None = None,
-             fps: int = 20) -> None:
+def log_eval(
+    logger: MetricsLogger,
+    success: Mapping[str, float],
+    step: int,
+    *,
+    prefix: str = "eval",
+    before: Mapping[str, float] | None = None,
+    video_dir: Path | None = None,
+    since: float | None = None,
+    fps: int = 20,
+) -> None:
     """An evaluation's success per task (`eval/success/<task>`, `eval/success_mean`), its table
     (with a before column when `before` is given) and the videos it wrote."""
     if not success:
@@ -285,14 +320,16 @@ def log_eval(logger: MetricsLogger, success: Mapping[str, float], step: int, *, 
     if before:
         scalars.update({f"{prefix}/success_before/{task}": v for task, v in before.items()})
         scalars[f"{prefix}/success_before_mean"] = float(np.mean(list(before.values())))
-        rows = [[task, round(before.get(task, float("nan")), 4), round(v, 4),
-                 round(v - before.get(task, float("nan")), 4)] for task, v in success.items()]
+        rows = [
+            [task, round(before.get(task, float("nan")), 4), round(v, 4), round(v - before.get(task, float("nan")), 4)]
+            for task, v in success.items()
+        ]
         logger.table(f"{prefix}/before_after", ["task", "before", "after", "delta"], rows, step)
     else:
-        logger.table(f"{prefix}/success_table", ["task", "success"], [[t, round(v, 4)] for t, v in success.items()],
-                     step)
+        logger.table(
+            f"{prefix}/success_table", ["task", "success"], [[t, round(v, 4)] for t, v in success.items()], step
+        )
     logger.scalars(scalars, step)
     if video_dir is not None:
         for path in videos_since(video_dir, since if since is not None else 0.0):
             logger.video(f"{prefix}/video/{path.parent.name}", path, step, fps)
-

@@ -18,6 +18,7 @@ ZAP/PLAIN mechanism was considered: it sends the password in clear as well, and 
 only sees a silent handshake failure and waits out its timeout, whereas the frame gets a clear
 error reply that the server counts.
 """
+
 from __future__ import annotations
 
 import collections
@@ -81,22 +82,32 @@ class AuthConfig:
         return bool(self.tls_ca or self.tls_cert)
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> "AuthConfig":
+    def from_env(cls, env: Mapping[str, str] | None = None) -> AuthConfig:
         env = os.environ if env is None else env
         size = env.get(ENV_MAX_MESSAGE_BYTES, "")
         try:
             max_bytes = int(size) if size else MAX_MESSAGE_BYTES
         except ValueError:
             raise AuthError(f"{ENV_MAX_MESSAGE_BYTES} must be an integer, got {size!r}") from None
-        return cls(token=env.get(ENV_TOKEN, "").strip(), tls_cert=env.get(ENV_TLS_CERT, ""),
-                   tls_key=env.get(ENV_TLS_KEY, ""), tls_ca=env.get(ENV_TLS_CA, ""),
-                   tls_server_name=env.get(ENV_TLS_SERVER_NAME, ""), max_message_bytes=max_bytes)
+        return cls(
+            token=env.get(ENV_TOKEN, "").strip(),
+            tls_cert=env.get(ENV_TLS_CERT, ""),
+            tls_key=env.get(ENV_TLS_KEY, ""),
+            tls_ca=env.get(ENV_TLS_CA, ""),
+            tls_server_name=env.get(ENV_TLS_SERVER_NAME, ""),
+            max_message_bytes=max_bytes,
+        )
 
     def child_env(self) -> dict[str, str]:
         """Environment variables that give a child process these settings (the launcher's channel)."""
-        pairs = {ENV_TOKEN: self.token, ENV_TLS_CERT: self.tls_cert, ENV_TLS_KEY: self.tls_key,
-                 ENV_TLS_CA: self.tls_ca, ENV_TLS_SERVER_NAME: self.tls_server_name,
-                 ENV_MAX_MESSAGE_BYTES: str(self.max_message_bytes)}
+        pairs = {
+            ENV_TOKEN: self.token,
+            ENV_TLS_CERT: self.tls_cert,
+            ENV_TLS_KEY: self.tls_key,
+            ENV_TLS_CA: self.tls_ca,
+            ENV_TLS_SERVER_NAME: self.tls_server_name,
+            ENV_MAX_MESSAGE_BYTES: str(self.max_message_bytes),
+        }
         return {k: v for k, v in pairs.items() if v}
 
 
@@ -145,6 +156,7 @@ def resolve(auth: AuthConfig | None) -> AuthConfig:
 
 # ---- bind rule ---------------------------------------------------------------------------------
 
+
 def is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
@@ -165,11 +177,15 @@ def check_bind_host(host: str, auth: AuthConfig | None = None) -> None:
             f"unless every client must authenticate; set {ENV_TOKEN} or pass --token-file"
         )
     if not cfg.server_tls:
-        log.warning("binding %s with a token but without TLS: the token and the data cross the network "
-                    "in clear (see docs/security.md)", host)
+        log.warning(
+            "binding %s with a token but without TLS: the token and the data cross the network "
+            "in clear (see docs/security.md)",
+            host,
+        )
 
 
 # ---- gRPC: server side -------------------------------------------------------------------------
+
 
 def grpc_options(auth: AuthConfig | None = None) -> list[tuple[str, int]]:
     limit = resolve(auth).max_message_bytes
@@ -177,8 +193,10 @@ def grpc_options(auth: AuthConfig | None = None) -> list[tuple[str, int]]:
 
 
 def _deny(request_or_iterator, context: grpc.ServicerContext):
-    context.abort(grpc.StatusCode.UNAUTHENTICATED,
-                  f"missing or wrong token: send 'authorization: Bearer <token>' (set {ENV_TOKEN} or --token-file)")
+    context.abort(
+        grpc.StatusCode.UNAUTHENTICATED,
+        f"missing or wrong token: send 'authorization: Bearer <token>' (set {ENV_TOKEN} or --token-file)",
+    )
 
 
 def _deny_handler(handler: grpc.RpcMethodHandler | None) -> grpc.RpcMethodHandler:
@@ -244,22 +262,36 @@ def add_server_port(server: grpc.Server, address: str, auth: AuthConfig | None =
 
 # ---- gRPC: client side -------------------------------------------------------------------------
 
-class _CallDetails(collections.namedtuple("_CallDetails", ("method", "timeout", "metadata", "credentials",
-                                                            "wait_for_ready", "compression")),
-                   grpc.ClientCallDetails):
+
+class _CallDetails(
+    collections.namedtuple(
+        "_CallDetails", ("method", "timeout", "metadata", "credentials", "wait_for_ready", "compression")
+    ),
+    grpc.ClientCallDetails,
+):
     pass
 
 
-class BearerTokenClientInterceptor(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor,
-                                   grpc.StreamUnaryClientInterceptor, grpc.StreamStreamClientInterceptor):
+class BearerTokenClientInterceptor(
+    grpc.UnaryUnaryClientInterceptor,
+    grpc.UnaryStreamClientInterceptor,
+    grpc.StreamUnaryClientInterceptor,
+    grpc.StreamStreamClientInterceptor,
+):
     """Adds the token to every call on a plain-text channel (call credentials need a secure one)."""
 
     def __init__(self, token: str):
         self._header = ("authorization", f"Bearer {token}")
 
     def _details(self, d: grpc.ClientCallDetails) -> _CallDetails:
-        return _CallDetails(d.method, d.timeout, [*(d.metadata or ()), self._header], d.credentials,
-                            getattr(d, "wait_for_ready", None), getattr(d, "compression", None))
+        return _CallDetails(
+            d.method,
+            d.timeout,
+            [*(d.metadata or ()), self._header],
+            d.credentials,
+            getattr(d, "wait_for_ready", None),
+            getattr(d, "compression", None),
+        )
 
     def intercept_unary_unary(self, continuation, client_call_details, request):
         return continuation(self._details(client_call_details), request)
@@ -293,6 +325,7 @@ def secure_channel(address: str, auth: AuthConfig | None = None) -> grpc.Channel
 
 
 # ---- ZeroMQ ------------------------------------------------------------------------------------
+
 
 def zmq_auth_frames(auth: AuthConfig | None = None) -> list[bytes]:
     """Frames a client puts before each request: [b"auth", token], or nothing without a token."""

@@ -4,6 +4,7 @@ Every decoder checks what it is given (known dtype, non-negative shape, byte cou
 shape x itemsize, size limit) and raises WireFormatError with a message that says what was
 wrong, so a server can answer with that error and keep serving.
 """
+
 from __future__ import annotations
 
 import math
@@ -15,9 +16,7 @@ import numpy as np
 from rlfleet.wire.gen import tensor_pb2
 
 SCHEMA_VERSION = 1
-ALLOWED_DTYPES = frozenset(
-    ["bool", "uint8", "int8", "int16", "int32", "int64", "float16", "float32", "float64"]
-)
+ALLOWED_DTYPES = frozenset(["bool", "uint8", "int8", "int16", "int32", "int64", "float16", "float32", "float64"])
 DEFAULT_MAX_TENSOR_BYTES = 256 * 1024 * 1024
 
 Tensors = dict[str, "np.ndarray | list[str]"]
@@ -56,7 +55,10 @@ def expected_nbytes(dtype: np.dtype, shape: tuple[int, ...]) -> int:
 
 
 def array_from_buffer(
-    name: str, dtype: str, shape: Sequence[int], data: bytes | memoryview,
+    name: str,
+    dtype: str,
+    shape: Sequence[int],
+    data: bytes | memoryview,
     max_bytes: int = DEFAULT_MAX_TENSOR_BYTES,
 ) -> np.ndarray:
     """Validate (dtype, shape, bytes) and view them as a read-only array without copying."""
@@ -68,14 +70,15 @@ def array_from_buffer(
     got = memoryview(data).nbytes
     if got != need:
         raise WireFormatError(
-            f"tensor {name!r}: {got} bytes of data for dtype {dtype} and shape {list(shp)} "
-            f"(expected {need})",
+            f"tensor {name!r}: {got} bytes of data for dtype {dtype} and shape {list(shp)} (expected {need})",
             reason="size_mismatch",
         )
     try:
         return np.frombuffer(data, dtype=dt).reshape(shp)
     except ValueError as exc:  # e.g. an empty tensor whose other dims overflow numpy's index type
-        raise WireFormatError(f"tensor {name!r}: shape {list(shp)} is not representable: {exc}", reason="bad_shape") from exc
+        raise WireFormatError(
+            f"tensor {name!r}: shape {list(shp)} is not representable: {exc}", reason="bad_shape"
+        ) from exc
 
 
 def _as_contiguous(arr: np.ndarray, name: str) -> np.ndarray:
@@ -141,9 +144,7 @@ def encode_frames(tensors: Mapping[str, np.ndarray | Sequence[str]]) -> list[byt
     return [header.SerializeToString(), *frames]
 
 
-def decode_frames(
-    frames: Sequence[bytes | memoryview], max_bytes: int = DEFAULT_MAX_TENSOR_BYTES
-) -> Tensors:
+def decode_frames(frames: Sequence[bytes | memoryview], max_bytes: int = DEFAULT_MAX_TENSOR_BYTES) -> Tensors:
     if not frames:
         raise WireFormatError("empty message: expected a header frame", reason="protocol")
     header = tensor_pb2.TensorMap()
@@ -172,13 +173,17 @@ def decode_frames(
 
 
 def require(
-    tensors: Mapping[str, object], name: str, dtype: str | None = None,
-    shape: Sequence[int | None] | None = None, finite: bool = False,
+    tensors: Mapping[str, object],
+    name: str,
+    dtype: str | None = None,
+    shape: Sequence[int | None] | None = None,
+    finite: bool = False,
 ) -> np.ndarray:
     """Fetch a tensor a message must carry, checking dtype, shape (None = any) and NaN/inf."""
     if name not in tensors:
-        raise WireFormatError(f"missing tensor {name!r} (got: {', '.join(sorted(tensors)) or 'none'})",
-                              reason="missing_tensor")
+        raise WireFormatError(
+            f"missing tensor {name!r} (got: {', '.join(sorted(tensors)) or 'none'})", reason="missing_tensor"
+        )
     arr = tensors[name]
     if not isinstance(arr, np.ndarray):
         raise WireFormatError(f"{name!r} must be a tensor, not a list of strings", reason="bad_dtype")

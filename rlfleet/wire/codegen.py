@@ -3,6 +3,7 @@
 protoc names generated modules after the proto package (`rlfleet.v1`); we keep them inside
 `rlfleet.wire.gen` so the whole project stays one import namespace, rewriting the imports.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -90,8 +91,9 @@ def stale_files(gen_dir: Path = GEN_DIR) -> list[str]:
     with tempfile.TemporaryDirectory() as tmp:
         fresh = {p.name: _content(p.name, p.read_text()) for p in generate(Path(tmp))}
     current = {p.name: _content(p.name, p.read_text()) for p in gen_dir.glob("*.py*")} if gen_dir.exists() else {}
-    return sorted(n for n in fresh.keys() | current.keys()
-                  if n not in fresh or n not in current or fresh[n] != current[n])
+    return sorted(
+        n for n in fresh.keys() | current.keys() if n not in fresh or n not in current or fresh[n] != current[n]
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,6 +7,7 @@ servicer with each method's deserializer moved inside the handler, so such a req
 rejected like any other bad input: INVALID_ARGUMENT with the parser's message, counted by
 the role's rejection counter. The servicer code itself is unchanged.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
@@ -54,8 +55,11 @@ def _wrap(handler, on_reject: Callable[[str], None]):
     deserialize = handler.request_deserializer
     if deserialize is None:
         return handler
-    kind = ("stream" if handler.request_streaming else "unary") + "_" + (
-        "stream" if handler.response_streaming else "unary")
+    kind = (
+        ("stream" if handler.request_streaming else "unary")
+        + "_"
+        + ("stream" if handler.response_streaming else "unary")
+    )
     behavior = getattr(handler, kind)
 
     def requests(request, context):
@@ -64,12 +68,14 @@ def _wrap(handler, on_reject: Callable[[str], None]):
         return _parse(deserialize, request, context, on_reject)
 
     if handler.response_streaming:
+
         def call(request, context):
             try:
                 yield from behavior(requests(request, context), context)
             except UndecodableRequest as exc:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
     else:
+
         def call(request, context):
             try:
                 return behavior(requests(request, context), context)
@@ -79,8 +85,13 @@ def _wrap(handler, on_reject: Callable[[str], None]):
     return handler._replace(request_deserializer=None, **{kind: call})
 
 
-def add_servicer(add_to_server: Callable, servicer, server: grpc.Server, on_reject: Callable[[str], None],
-                 per_method: dict[str, Callable[[str], None]] | None = None) -> None:
+def add_servicer(
+    add_to_server: Callable,
+    servicer,
+    server: grpc.Server,
+    on_reject: Callable[[str], None],
+    per_method: dict[str, Callable[[str], None]] | None = None,
+) -> None:
     """`add_XServicer_to_server(servicer, server)`, but undecodable requests go to `on_reject(reason)`,
     or to `per_method[name]` for the methods it names (e.g. pushes counted as rejected segments)."""
     capture = _Capture()

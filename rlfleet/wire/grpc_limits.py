@@ -5,9 +5,11 @@ Act, PushTrajectory or WatchWeights stream therefore holds a thread; with one sh
 few dozen idle streams left no thread for health checks, Act or Push. `StreamBudget` (a server
 interceptor) admits at most `max_streams` streaming calls at once, refusing more with
 RESOURCE_EXHAUSTED, and the pool is sized to those plus the server's own workers
-(`start_grpc_server(max_workers=32)`), so unary calls always find a thread. A request stream that sends nothing for `idle_s` while the server waits on it is
+(`start_grpc_server(max_workers=32)`), so unary calls always find a thread. A request stream that
+sends nothing for `idle_s` while the server waits on it is
 cancelled; HTTP/2 keepalive pings find peers that vanished without closing their connection.
 """
+
 from __future__ import annotations
 
 import logging
@@ -41,8 +43,10 @@ class StreamLimits:
 
     @classmethod
     def from_env(cls) -> StreamLimits:
-        return cls(max_streams=int(_env_float("RLFLEET_GRPC_MAX_STREAMS", cls.max_streams)),
-                   idle_s=_env_float("RLFLEET_GRPC_STREAM_IDLE_S", cls.idle_s))
+        return cls(
+            max_streams=int(_env_float("RLFLEET_GRPC_MAX_STREAMS", cls.max_streams)),
+            idle_s=_env_float("RLFLEET_GRPC_STREAM_IDLE_S", cls.idle_s),
+        )
 
     def options(self) -> list[tuple[str, int]]:
         return [
@@ -128,8 +132,10 @@ class StreamBudget(grpc.ServerInterceptor):
         if not self._slots.acquire(blocking=False):
             self.refused += 1
             self._on_refused("too_many_streams")
-            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                          f"server has {self.limits.max_streams} streams open: try again later")
+            context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"server has {self.limits.max_streams} streams open: try again later",
+            )
         with self._lock:
             self.open_streams += 1
 
@@ -142,12 +148,16 @@ class StreamBudget(grpc.ServerInterceptor):
         handler = continuation(handler_call_details)
         if handler is None or not (handler.request_streaming or handler.response_streaming):
             return handler
-        kind = ("stream" if handler.request_streaming else "unary") + "_" + (
-            "stream" if handler.response_streaming else "unary")
+        kind = (
+            ("stream" if handler.request_streaming else "unary")
+            + "_"
+            + ("stream" if handler.response_streaming else "unary")
+        )
         behavior = getattr(handler, kind)
         watch = handler.request_streaming
 
         if handler.response_streaming:
+
             def call(request, context):
                 self._admit(context)
                 try:
@@ -155,6 +165,7 @@ class StreamBudget(grpc.ServerInterceptor):
                 finally:
                     self._leave()
         else:
+
             def call(request, context):
                 self._admit(context)
                 try:

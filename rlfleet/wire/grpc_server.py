@@ -1,4 +1,5 @@
 """gRPC servers and channels with the project's defaults: loopback, token/TLS, health, reflection, limits."""
+
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -8,16 +9,29 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from rlfleet.wire.auth import (MAX_MESSAGE_BYTES, AuthConfig, add_server_port, check_bind_host, grpc_options,
-                               resolve, secure_channel, server_interceptors)
+from rlfleet.wire.auth import (
+    MAX_MESSAGE_BYTES,
+    AuthConfig,
+    add_server_port,
+    check_bind_host,
+    grpc_options,
+    resolve,
+    secure_channel,
+    server_interceptors,
+)
 from rlfleet.wire.grpc_limits import StreamBudget, StreamLimits
 
 __all__ = ["MAX_MESSAGE_BYTES", "check_bind_host", "make_channel", "start_grpc_server"]
 
 
 def start_grpc_server(
-    host: str, port: int, register: Sequence[Callable[[grpc.Server], None]], service_names: Sequence[str],
-    max_workers: int = 32, auth: AuthConfig | None = None, limits: StreamLimits | None = None,
+    host: str,
+    port: int,
+    register: Sequence[Callable[[grpc.Server], None]],
+    service_names: Sequence[str],
+    max_workers: int = 32,
+    auth: AuthConfig | None = None,
+    limits: StreamLimits | None = None,
     on_refused: Callable[[str], None] | None = None,
 ) -> tuple[grpc.Server, int]:
     """Start a server with the given servicers plus health checking and reflection; returns the bound port.
@@ -31,10 +45,12 @@ def start_grpc_server(
     check_bind_host(host, cfg)
     limits = limits or StreamLimits.from_env()
     budget = StreamBudget(limits, on_refused)
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers + limits.max_streams),
-                         interceptors=[*server_interceptors(cfg), budget],
-                         options=[*grpc_options(cfg), *limits.options(), ("grpc.so_reuseport", 0)])
-    server.stream_budget = budget  # type: ignore[attr-defined]  # its counters, for tests and metrics
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=max_workers + limits.max_streams),
+        interceptors=[*server_interceptors(cfg), budget],
+        options=[*grpc_options(cfg), *limits.options(), ("grpc.so_reuseport", 0)],
+    )
+    server.stream_budget = budget  # its counters, for tests and metrics
     for add in register:
         add(server)
     health_servicer = health.HealthServicer()

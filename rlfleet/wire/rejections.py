@@ -4,6 +4,7 @@ Reasons are short fixed labels (`WireFormatError.reason`, or a front end's own s
 "protocol", "undecodable", "overloaded"), never text taken from the request, so they stay a
 small set that a metrics exporter can use as a label.
 """
+
 from __future__ import annotations
 
 import threading

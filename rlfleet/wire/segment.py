@@ -5,6 +5,7 @@ every field's dtype and shape against the others, so a malformed push is rejecte
 Observations are dicts keyed like the env API (`states`, `main_images`, `instructions`); on the
 wire they are flattened to `obs.<key>`, `final_obs.<key>`, `next_obs.<key>` and `extra.<name>`.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
@@ -59,8 +60,15 @@ class Segment:
                 out[f.name] = value
         return out
 
-    def check_schema(self, obs_spec: dict, action_dim: int, chunk_size: int, logprob_shape: tuple[int, ...],
-                     extra_outputs: dict[str, tuple[int, ...]], group_size: int = 0) -> None:
+    def check_schema(
+        self,
+        obs_spec: dict,
+        action_dim: int,
+        chunk_size: int,
+        logprob_shape: tuple[int, ...],
+        extra_outputs: dict[str, tuple[int, ...]],
+        group_size: int = 0,
+    ) -> None:
         """Reject a well-formed segment that does not fit this run (another env or policy).
 
         ``group_size`` > 0 (a GRPO run): every env column needs a group of exactly that many
@@ -69,19 +77,26 @@ class Segment:
         if group_size:
             self._check_groups(group_size)
         if set(self.obs) != set(obs_spec):
-            raise WireFormatError(f"observation keys {sorted(self.obs)} differ from this run's {sorted(obs_spec)}",
-                                  reason="run_mismatch")
+            raise WireFormatError(
+                f"observation keys {sorted(self.obs)} differ from this run's {sorted(obs_spec)}", reason="run_mismatch"
+            )
         for key, (shape, dtype) in obs_spec.items():
             arr = self.obs[key]
             if arr.dtype != np.dtype(dtype) or arr.shape[2:] != tuple(shape):
-                raise WireFormatError(f"obs.{key} is {arr.dtype} {list(arr.shape[2:])} per env, "
-                                      f"this run needs {dtype} {list(shape)}", reason="run_mismatch")
+                raise WireFormatError(
+                    f"obs.{key} is {arr.dtype} {list(arr.shape[2:])} per env, this run needs {dtype} {list(shape)}",
+                    reason="run_mismatch",
+                )
         if self.actions.shape[2:] != (chunk_size, action_dim):
-            raise WireFormatError(f"action chunks are {list(self.actions.shape[2:])}, this run needs "
-                                  f"[{chunk_size}, {action_dim}]", reason="run_mismatch")
+            raise WireFormatError(
+                f"action chunks are {list(self.actions.shape[2:])}, this run needs [{chunk_size}, {action_dim}]",
+                reason="run_mismatch",
+            )
         if self.logprobs.shape[2:] != tuple(logprob_shape):
-            raise WireFormatError(f"logprobs are {list(self.logprobs.shape[2:])} per sample, the policy "
-                                  f"gives {list(logprob_shape)}", reason="run_mismatch")
+            raise WireFormatError(
+                f"logprobs are {list(self.logprobs.shape[2:])} per sample, the policy gives {list(logprob_shape)}",
+                reason="run_mismatch",
+            )
         want = {k: tuple(v) for k, v in extra_outputs.items()}
         got = {k: tuple(v.shape[2:]) for k, v in self.extras.items()}
         if got != want:
@@ -89,19 +104,24 @@ class Segment:
 
     def _check_groups(self, group_size: int) -> None:
         if self.group_ids.shape != (self.num_envs,):
-            raise WireFormatError(f"this run trains with GRPO and needs group_ids [{self.num_envs}], "
-                                  f"the segment has {list(self.group_ids.shape)} (an actor not in GRPO mode?)",
-                                  reason="grpo_groups")
+            raise WireFormatError(
+                f"this run trains with GRPO and needs group_ids [{self.num_envs}], "
+                f"the segment has {list(self.group_ids.shape)} (an actor not in GRPO mode?)",
+                reason="grpo_groups",
+            )
         _, counts = np.unique(self.group_ids, return_counts=True)
         if (counts != group_size).any():
-            raise WireFormatError(f"GRPO groups must have {group_size} envs each, got sizes {sorted(set(counts.tolist()))}",
-                                  reason="grpo_groups")
+            raise WireFormatError(
+                f"GRPO groups must have {group_size} envs each, got sizes {sorted(set(counts.tolist()))}",
+                reason="grpo_groups",
+            )
         if not (self.terminated | self.truncated).any(axis=0).all():
-            raise WireFormatError("GRPO segments must hold whole episodes: some env did not end its episode",
-                                  reason="grpo_groups")
+            raise WireFormatError(
+                "GRPO segments must hold whole episodes: some env did not end its episode", reason="grpo_groups"
+            )
 
     @classmethod
-    def from_tensors(cls, t: dict) -> "Segment":
+    def from_tensors(cls, t: dict) -> Segment:
         actions = require(t, "actions", "float32", (None, None, None, None), finite=True)
         T, B = actions.shape[:2]
         if T == 0 or B == 0:
@@ -112,14 +132,17 @@ class Segment:
             raise WireFormatError("segment has no observations (obs.<key> tensors)", reason="missing_tensor")
         for name, lead in (("obs", (T, B)), ("final_obs", (T, B)), ("next_obs", (B,))):
             if set(groups[name]) != set(obs):
-                raise WireFormatError(f"{name} keys {sorted(groups[name])} differ from obs keys {sorted(obs)}",
-                                      reason="missing_tensor")
+                raise WireFormatError(
+                    f"{name} keys {sorted(groups[name])} differ from obs keys {sorted(obs)}", reason="missing_tensor"
+                )
             for key, arr in groups[name].items():
                 want = (*lead, *obs[key].shape[2:])
                 _check(f"{name}.{key}", arr, obs[key].dtype, want)
         for key, arr in groups["extras"].items():
             if arr.shape[:2] != (T, B):
-                raise WireFormatError(f"extra.{key} must lead with [{T}, {B}], got {list(arr.shape)}", reason="bad_shape")
+                raise WireFormatError(
+                    f"extra.{key} must lead with [{T}, {B}], got {list(arr.shape)}", reason="bad_shape"
+                )
             _check(f"extra.{key}", arr, np.dtype("float32"), arr.shape)
         logprobs = require(t, "logprobs", "float32", None, finite=True)
         if logprobs.shape[:2] != (T, B):
@@ -152,13 +175,14 @@ def _env_steps(t: dict, most: int) -> np.ndarray:
     negative; the learner's step count (and the run's end) is built from these."""
     steps = require(t, "env_steps", "int64", ())
     if not 0 <= int(steps) <= most:
-        raise WireFormatError(f"env_steps {int(steps)} is outside 0..{most} (T*B*K of this segment)",
-                              reason="bad_env_steps")
+        raise WireFormatError(
+            f"env_steps {int(steps)} is outside 0..{most} (T*B*K of this segment)", reason="bad_env_steps"
+        )
     return steps
 
 
 def _prefixed(t: dict, prefix: str) -> dict[str, np.ndarray]:
-    out = {k[len(prefix):]: v for k, v in t.items() if k.startswith(prefix)}
+    out = {k[len(prefix) :]: v for k, v in t.items() if k.startswith(prefix)}
     for key, value in out.items():
         if not isinstance(value, np.ndarray):
             raise WireFormatError(f"{prefix}{key} must be a tensor", reason="bad_dtype")
@@ -167,7 +191,9 @@ def _prefixed(t: dict, prefix: str) -> dict[str, np.ndarray]:
 
 def _check(name: str, arr: np.ndarray, dtype: np.dtype, shape: tuple) -> None:
     if arr.dtype != dtype or tuple(arr.shape) != tuple(shape):
-        raise WireFormatError(f"{name} must be {dtype} {list(shape)}, got {arr.dtype} {list(arr.shape)}",
-                              reason="bad_dtype" if arr.dtype != dtype else "bad_shape")
+        raise WireFormatError(
+            f"{name} must be {dtype} {list(shape)}, got {arr.dtype} {list(arr.shape)}",
+            reason="bad_dtype" if arr.dtype != dtype else "bad_shape",
+        )
     if arr.dtype.kind == "f" and not np.isfinite(arr).all():
         raise WireFormatError(f"{name} contains NaN or inf", reason="non_finite")

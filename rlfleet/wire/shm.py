@@ -9,6 +9,7 @@ a process that can already read the block knows, and the name must carry this pr
 prefix: a client cannot make the server map a block some other process created. Layout
 dtypes are limited to plain numeric ones (no object pointers in shared memory).
 """
+
 from __future__ import annotations
 
 import _posixshmem  # the module multiprocessing.shared_memory itself uses for shm_open
@@ -33,8 +34,9 @@ _MAGIC = b"RLFLSHM1"
 _SECRET_BYTES = 16
 PREFIX = "rlfleet"
 # Plain numeric dtypes only: an object dtype would put heap pointers into shared memory.
-PLAIN_DTYPES = frozenset({"bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
-                          "float16", "float32", "float64"})
+PLAIN_DTYPES = frozenset(
+    {"bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16", "float32", "float64"}
+)
 MAX_ARRAYS = 256  # per layout
 MAX_NDIM = 8
 MAX_BLOCK_BYTES = 1 << 40
@@ -73,12 +75,18 @@ def check_layout(raw: object) -> Layout:
             raise WireFormatError(f"layout entry {str(name)[:64]!r} must be [shape, dtype]", reason="bad_layout")
         shape, dtype = entry
         if not isinstance(dtype, str) or dtype not in PLAIN_DTYPES:
-            raise WireFormatError(f"layout dtype {str(dtype)[:32]!r} is not one of {sorted(PLAIN_DTYPES)}",
-                                  reason="bad_dtype")
-        if (not isinstance(shape, (list, tuple)) or len(shape) > MAX_NDIM
-                or not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < MAX_BLOCK_BYTES for d in shape)):
-            raise WireFormatError(f"layout shape of {str(name)[:64]!r} must be at most {MAX_NDIM} "
-                                  "non-negative integers", reason="bad_shape")
+            raise WireFormatError(
+                f"layout dtype {str(dtype)[:32]!r} is not one of {sorted(PLAIN_DTYPES)}", reason="bad_dtype"
+            )
+        if (
+            not isinstance(shape, (list, tuple))
+            or len(shape) > MAX_NDIM
+            or not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < MAX_BLOCK_BYTES for d in shape)
+        ):
+            raise WireFormatError(
+                f"layout shape of {str(name)[:64]!r} must be at most {MAX_NDIM} non-negative integers",
+                reason="bad_shape",
+            )
         out[str(name)] = ArraySpec(tuple(shape), dtype)
     if _offsets(out)[1] > MAX_BLOCK_BYTES:
         raise WireFormatError("layout is larger than any block could be", reason="bad_shape")
@@ -123,7 +131,9 @@ class _Mapping:
         try:
             size = os.fstat(fd).st_size
             if size < _HEADER:
-                raise WireFormatError(f"shared block {name} is too small to be an rlfleet block", reason="attach_denied")
+                raise WireFormatError(
+                    f"shared block {name} is too small to be an rlfleet block", reason="attach_denied"
+                )
             addr = lib.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd, 0)
             if addr in (None, _MAP_FAILED):
                 err = ctypes.get_errno()
@@ -161,16 +171,16 @@ class SharedArrays:
     @property
     def secret(self) -> str:
         """The block's secret (hex): what a peer must present to have the inference server attach it."""
-        return bytes(self.shm.buf[len(_MAGIC):len(_MAGIC) + _SECRET_BYTES]).hex()
+        return bytes(self.shm.buf[len(_MAGIC) : len(_MAGIC) + _SECRET_BYTES]).hex()
 
     @classmethod
     def create(cls, layout: Layout, prefix: str = PREFIX) -> SharedArrays:
         _, size = _offsets(layout)
-        shm = shared_memory.SharedMemory(
-            name=f"{prefix}_{secrets.token_hex(6)}", create=True, size=size
-        )
-        shm.buf[:len(_MAGIC)] = _MAGIC
-        shm.buf[len(_MAGIC):len(_MAGIC) + _SECRET_BYTES] = secrets.token_bytes(_SECRET_BYTES)
+        shm = shared_memory.SharedMemory(name=f"{prefix}_{secrets.token_hex(6)}", create=True, size=size)
+        buf = shm.buf
+        assert buf is not None  # a block just created is mapped
+        buf[: len(_MAGIC)] = _MAGIC
+        buf[len(_MAGIC) : len(_MAGIC) + _SECRET_BYTES] = secrets.token_bytes(_SECRET_BYTES)
         out = cls(shm, layout, owner=True)
         for arr in out.arrays.values():
             arr.fill(0)
@@ -192,22 +202,24 @@ class SharedArrays:
         except PermissionError as exc:
             raise WireFormatError(f"shared block {name[:80]!r} is not accessible", reason="attach_denied") from exc
         except OSError as exc:  # e.g. out of fds or address space: refused, never unlinked
-            raise WireFormatError(f"could not map shared block {name[:80]!r}: {exc.strerror}",
-                                  reason="attach_failed") from exc
+            raise WireFormatError(
+                f"could not map shared block {name[:80]!r}: {exc.strerror}", reason="attach_failed"
+            ) from exc
         try:
             assert shm.buf is not None
             if secret is not None:
-                header = bytes(shm.buf[:len(_MAGIC) + _SECRET_BYTES])
+                header = bytes(shm.buf[: len(_MAGIC) + _SECRET_BYTES])
                 try:
                     given = bytes.fromhex(secret) if isinstance(secret, str) else b""
                 except ValueError:
                     given = b""
-                if header[:len(_MAGIC)] != _MAGIC or not hmac.compare_digest(header[len(_MAGIC):], given):
+                if header[: len(_MAGIC)] != _MAGIC or not hmac.compare_digest(header[len(_MAGIC) :], given):
                     raise WireFormatError("shared block secret does not match", reason="attach_denied")
             _, size = _offsets(layout)
             if shm.size < size:
-                raise WireFormatError(f"shared block {name} holds {shm.size} bytes, layout needs {size}",
-                                      reason="bad_shape")
+                raise WireFormatError(
+                    f"shared block {name} holds {shm.size} bytes, layout needs {size}", reason="bad_shape"
+                )
             return cls(shm, layout, owner=False)
         except BaseException:
             shm.close()

@@ -5,6 +5,7 @@ results. Names are the contract: observation keys as in the env API (plus a `fin
 the observation an episode ended in), `actions`/`logprobs`/`values`, and `extra.<name>` for any
 other policy output the learner needs.
 """
+
 from __future__ import annotations
 
 from rlfleet.wire.shm import ArraySpec, Layout
@@ -18,8 +19,14 @@ def output_slot(name: str) -> str:
     return name if name in BASE_OUTPUTS else f"extra.{name}"
 
 
-def slot_layout(num_envs: int, obs_spec: ObsSpec, action_dim: int, chunk_size: int,
-                logprob_shape: tuple[int, ...] = (), extra_outputs: ObsSpec | None = None) -> Layout:
+def slot_layout(
+    num_envs: int,
+    obs_spec: ObsSpec,
+    action_dim: int,
+    chunk_size: int,
+    logprob_shape: tuple[int, ...] = (),
+    extra_outputs: ObsSpec | None = None,
+) -> Layout:
     """The shared-memory slots of one actor's E envs (also read by a same-host inference server).
 
     Every observation key `k` gets a slot `k` and a slot `final_k` (the observation an episode
@@ -32,20 +39,22 @@ def slot_layout(num_envs: int, obs_spec: ObsSpec, action_dim: int, chunk_size: i
         layout[f"final_{key}"] = ArraySpec((E, *shape), dtype)
     for name, (shape, dtype) in (extra_outputs or {}).items():
         layout[f"extra.{name}"] = ArraySpec((E, *shape), dtype)
-    layout.update({
-        "task_ids": ArraySpec((E,), "int64"),
-        "actions": ArraySpec((E, K, D), "float32"),
-        "logprobs": ArraySpec((E, *logprob_shape), "float32"),
-        "values": ArraySpec((E,), "float32"),
-        "rewards": ArraySpec((E, K), "float32"),
-        "terminated": ArraySpec((E,), "bool"),
-        "truncated": ArraySpec((E,), "bool"),
-        "success": ArraySpec((E,), "bool"),
-        "episode_done": ArraySpec((E,), "bool"),
-        "episode_return": ArraySpec((E,), "float32"),
-        "episode_length": ArraySpec((E,), "int32"),
-        "episode_success_once": ArraySpec((E,), "bool"),
-    })
+    layout.update(
+        {
+            "task_ids": ArraySpec((E,), "int64"),
+            "actions": ArraySpec((E, K, D), "float32"),
+            "logprobs": ArraySpec((E, *logprob_shape), "float32"),
+            "values": ArraySpec((E,), "float32"),
+            "rewards": ArraySpec((E, K), "float32"),
+            "terminated": ArraySpec((E,), "bool"),
+            "truncated": ArraySpec((E,), "bool"),
+            "success": ArraySpec((E,), "bool"),
+            "episode_done": ArraySpec((E,), "bool"),
+            "episode_return": ArraySpec((E,), "float32"),
+            "episode_length": ArraySpec((E,), "int32"),
+            "episode_success_once": ArraySpec((E,), "bool"),
+        }
+    )
     return layout
 
 

@@ -1,8 +1,8 @@
 """Fixtures for the integration tests; the helpers live in role_processes.py."""
+
 from __future__ import annotations
 
 import pytest
-
 from role_processes import Roles
 
 

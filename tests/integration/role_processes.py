@@ -1,5 +1,6 @@
 """Helpers to run real rlfleet role processes on loopback (imported by the integration tests;
 a plain module, since several test folders have a conftest.py)."""
+
 from __future__ import annotations
 
 import json
@@ -11,10 +12,18 @@ import time
 from pathlib import Path
 
 TINY = [
-    "env.task=reach-v3", "env.max_episode_steps=20",
-    "actor.num_envs=4", "actor.num_workers=1", "actor.pipeline_stage_num=2", "actor.rollout_len=8",
-    "learner.batch_env_steps=64", "learner.ingest_queue_size=4", "runner.checkpoint_every=2", "runner.max_wall_seconds=0",
-    "eval.episodes_per_task=2", "policy.hidden_sizes=[32,32]",
+    "env.task=reach-v3",
+    "env.max_episode_steps=20",
+    "actor.num_envs=4",
+    "actor.num_workers=1",
+    "actor.pipeline_stage_num=2",
+    "actor.rollout_len=8",
+    "learner.batch_env_steps=64",
+    "learner.ingest_queue_size=4",
+    "runner.checkpoint_every=2",
+    "runner.max_wall_seconds=0",
+    "eval.episodes_per_task=2",
+    "policy.hidden_sizes=[32,32]",
 ]
 
 
@@ -28,8 +37,13 @@ class Roles:
     def start(self, name: str, *args: str) -> subprocess.Popen:
         log = open(self.tmp / f"{name}.log", "ab")
         env = dict(os.environ, OMP_NUM_THREADS="1")
-        proc = subprocess.Popen([sys.executable, "-m", "rlfleet.cli", *args], stdout=log, stderr=subprocess.STDOUT,
-                                env=env, start_new_session=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "rlfleet.cli", *args],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
         self.procs.append(proc)
         return proc
 
@@ -48,27 +62,45 @@ class Roles:
         raise AssertionError(f"{name} did not start:\n{self.log(name)[-3000:]}")
 
     def learner(self, run_dir: Path, *overrides: str, resume: bool = False) -> tuple[subprocess.Popen, str]:
-        args = ["learner", "metaworld_reach_ppo", *TINY, f"runner.logger.log_path={run_dir}", *overrides,
-                "--address-file", str(self.tmp / "learner.json")]
+        args = [
+            "learner",
+            "metaworld_reach_ppo",
+            *TINY,
+            f"runner.logger.log_path={run_dir}",
+            *overrides,
+            "--address-file",
+            str(self.tmp / "learner.json"),
+        ]
         (self.tmp / "learner.json").unlink(missing_ok=True)
         proc = self.start("learner", *args, *(["--resume"] if resume else []))
         return proc, self.wait_address("learner", proc)["learner"]
 
     def inference(self, learner_addr: str) -> tuple[subprocess.Popen, str]:
         (self.tmp / "inference.json").unlink(missing_ok=True)
-        proc = self.start("inference", "inference", "--learner", learner_addr,
-                          "--address-file", str(self.tmp / "inference.json"))
+        proc = self.start(
+            "inference", "inference", "--learner", learner_addr, "--address-file", str(self.tmp / "inference.json")
+        )
         return proc, self.wait_address("inference", proc)["inference"]
 
     def actor(self, name: str, learner_addr: str, inference_addr: str, transport: str) -> subprocess.Popen:
-        return self.start(name, "actor", "--learner", learner_addr, "--inference", inference_addr,
-                          "--transport", transport, "--id", name)
+        return self.start(
+            name,
+            "actor",
+            "--learner",
+            learner_addr,
+            "--inference",
+            inference_addr,
+            "--transport",
+            transport,
+            "--id",
+            name,
+        )
 
     def wait(self, proc: subprocess.Popen, name: str, timeout: float) -> int:
         try:
             return proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            raise AssertionError(f"{name} still running after {timeout}s:\n{self.log(name)[-3000:]}")
+            raise AssertionError(f"{name} still running after {timeout}s:\n{self.log(name)[-3000:]}") from None
 
     def kill_group(self, proc: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
         try:

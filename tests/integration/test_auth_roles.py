@@ -1,4 +1,5 @@
 """The three roles as separate processes with a token, bound to 0.0.0.0: they train; outsiders are refused."""
+
 from __future__ import annotations
 
 import json
@@ -31,8 +32,9 @@ def test_roles_with_a_token_train_and_refuse_outsiders(roles, tmp_path, monkeypa
         health = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=30)
         assert health.status == health_pb2.HealthCheckResponse.SERVING
         with pytest.raises(grpc.RpcError) as info:
-            learner_pb2_grpc.LearnerServiceStub(ch).Heartbeat(learner_pb2.HeartbeatRequest(client_id="outsider"),
-                                                              timeout=30)
+            learner_pb2_grpc.LearnerServiceStub(ch).Heartbeat(
+                learner_pb2.HeartbeatRequest(client_id="outsider"), timeout=30
+            )
         assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
 
     monkeypatch.setenv("RLFLEET_TOKEN", "not-the-token")
@@ -45,7 +47,9 @@ def test_roles_with_a_token_train_and_refuse_outsiders(roles, tmp_path, monkeypa
     assert roles.wait(learner, "learner", 300) == 0, roles.log("learner")[-3000:]
     summary = json.loads((run / "summary.json").read_text())
     assert summary["updates"] >= 2 and summary["env_steps"] >= 256
-    assert summary["segments_by_client"].get("actor-zmq", 0) > 0 and "actor-intruder" not in summary["segments_by_client"]
+    assert (
+        summary["segments_by_client"].get("actor-zmq", 0) > 0 and "actor-intruder" not in summary["segments_by_client"]
+    )
     for name, proc in (("inference", inference), ("actor-zmq", actor)):
         assert roles.wait(proc, name, 90) == 0, roles.log(name)[-3000:]
     assert TOKEN not in roles.log("learner") + roles.log("inference") + roles.log("actor-zmq")

@@ -1,6 +1,7 @@
 """Chaos: every role SIGKILLed in turn mid-run and started again (actor over shm, actor over zmq,
 env server, inference server, learner), then the account: env steps the actors took == env steps
 counted + env steps lost by cause, nothing counted twice, and the policy version never goes back."""
+
 from __future__ import annotations
 
 import json
@@ -36,7 +37,8 @@ class VersionWatch:
             try:
                 with grpc.insecure_channel(self.address) as ch:
                     reply = learner_pb2_grpc.LearnerServiceStub(ch).Heartbeat(
-                        learner_pb2.HeartbeatRequest(client_id="chaos-watch"), timeout=2)
+                        learner_pb2.HeartbeatRequest(client_id="chaos-watch"), timeout=2
+                    )
                 if reply.policy_version >= 0:
                     self.seen.append(reply.policy_version)
             except grpc.RpcError:
@@ -65,26 +67,56 @@ def test_every_role_killed_and_restarted_loses_nothing_uncounted(roles, tmp_path
 
     def env_server():
         (tmp_path / "env.json").unlink(missing_ok=True)
-        proc = roles.start("env", "env-server", "--env", "metaworld", "--task", "reach-v3", "--port", str(eport),
-                           "--address-file", str(tmp_path / "env.json"), "max_episode_steps=20", "image_size=0")
+        proc = roles.start(
+            "env",
+            "env-server",
+            "--env",
+            "metaworld",
+            "--task",
+            "reach-v3",
+            "--port",
+            str(eport),
+            "--address-file",
+            str(tmp_path / "env.json"),
+            "max_episode_steps=20",
+            "image_size=0",
+        )
         roles.wait_address("env", proc)
         return proc
 
     def inference(laddr: str):
         (tmp_path / "inference.json").unlink(missing_ok=True)
-        proc = roles.start("inference", "inference", "--learner", laddr, "--grpc-port", str(gport),
-                           "--zmq-port", str(zport), "--address-file", str(tmp_path / "inference.json"))
+        proc = roles.start(
+            "inference",
+            "inference",
+            "--learner",
+            laddr,
+            "--grpc-port",
+            str(gport),
+            "--zmq-port",
+            str(zport),
+            "--address-file",
+            str(tmp_path / "inference.json"),
+        )
         return proc, roles.wait_address("inference", proc)["inference"]
 
-    common = [f"learner.port={lport}", f"env.name={env_name}", "eval.at_end=false", "actor.send_queue_size=4",
-              "actor.failover.request_timeout_s=20"]
+    common = [
+        f"learner.port={lport}",
+        f"env.name={env_name}",
+        "eval.at_end=false",
+        "actor.send_queue_size=4",
+        "actor.failover.request_timeout_s=20",
+    ]
     envsrv = env_server()
     learner, laddr = roles.learner(run, *common, "runner.total_env_steps=100000000")
     infer, iaddr = inference(laddr)
     shm = roles.actor("chaos-shm", laddr, iaddr, "shm")
     zmq = roles.actor("chaos-zmq", laddr, iaddr, "zmq")
     watch = VersionWatch(laddr)
-    logs = lambda: "\n".join(roles.log(n)[-1500:] for n in ("learner", "inference", "chaos-shm", "chaos-zmq", "env"))
+
+    def logs() -> str:
+        return "\n".join(roles.log(n)[-1500:] for n in ("learner", "inference", "chaos-shm", "chaos-zmq", "env"))
+
     def stepping(client: str, timeout: float = 240) -> None:
         """Until a new life of `client` (a ledger never seen before) has taken env steps."""
         deadline = time.monotonic() + timeout
@@ -126,8 +158,7 @@ def test_every_role_killed_and_restarted_loses_nothing_uncounted(roles, tmp_path
         before = watch.latest()
         published = int((run / "checkpoints" / "published_version").read_text())
         env_steps_at_crash = json.loads((run / "checkpoints" / "env_step_ledger.json").read_text())["consumed"]
-        learner, laddr2 = roles.learner(run, *common, f"runner.total_env_steps={env_steps_at_crash + 600}",
-                                        resume=True)
+        learner, laddr2 = roles.learner(run, *common, f"runner.total_env_steps={env_steps_at_crash + 600}", resume=True)
         assert laddr2 == laddr
         assert roles.wait(learner, "learner", 400) == 0, logs()
         for name, proc in (("chaos-shm", shm), ("chaos-zmq", zmq)):

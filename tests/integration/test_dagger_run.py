@@ -1,5 +1,6 @@
 """`rlfleet train <dagger recipe>` end to end, tiny: SFT bootstrap (demos + flow matching), 2 DAgger
 iterations with the scripted experts, checkpoints, TensorBoard, summary.json and before_after.md."""
+
 from __future__ import annotations
 
 import json
@@ -11,18 +12,40 @@ from rlfleet.cli import main
 from rlfleet.policies.checkpoint_io import load_checkpoint
 
 TINY = [
-    "env.task=reach-v3", "env.max_episode_steps=48", "env.chunk_size=8", "env.image_size=32",
-    "policy.dim=32", "policy.depth=1", "policy.heads=2",
-    "demos.episodes_per_task=1", "demos.num_workers=1", "sft.steps=3", "sft.batch_size=8",
-    "dagger.iterations=2", "dagger.num_envs=2", "dagger.train_steps=3", "dagger.batch_size=8",
-    "dagger.window=80", "eval.episodes_per_task=1", "runner.checkpoint_every=1", "runner.max_wall_seconds=0",
+    "env.task=reach-v3",
+    "env.max_episode_steps=48",
+    "env.chunk_size=8",
+    "env.image_size=32",
+    "policy.dim=32",
+    "policy.depth=1",
+    "policy.heads=2",
+    "demos.episodes_per_task=1",
+    "demos.num_workers=1",
+    "sft.steps=3",
+    "sft.batch_size=8",
+    "dagger.iterations=2",
+    "dagger.num_envs=2",
+    "dagger.train_steps=3",
+    "dagger.batch_size=8",
+    "dagger.window=80",
+    "eval.episodes_per_task=1",
+    "runner.checkpoint_every=1",
+    "runner.max_wall_seconds=0",
 ]
 
 
 def _run(tmp_path, *overrides: str) -> dict:
     run_dir = tmp_path / "run"
-    rc = main(["train", "metaworld_dagger_tinypi0_cpu", *TINY, f"demos.cache_dir={tmp_path / 'cache'}",
-               f"runner.logger.log_path={run_dir}", *overrides])
+    rc = main(
+        [
+            "train",
+            "metaworld_dagger_tinypi0_cpu",
+            *TINY,
+            f"demos.cache_dir={tmp_path / 'cache'}",
+            f"runner.logger.log_path={run_dir}",
+            *overrides,
+        ]
+    )
     assert rc == 0
     return json.loads((run_dir / "summary.json").read_text())
 
@@ -59,11 +82,23 @@ def test_dagger_recipe_trains_from_the_sft_bootstrap(tmp_path):
 def test_hg_dagger_resume_continues_the_iterations(tmp_path):
     """HG-DAgger with a gate that always fires (threshold 0): every chunk is an intervention and
     enters D. A resumed run with more iterations continues from the saved window and checkpoint."""
-    first = _run(tmp_path, "dagger.variant=hg_dagger", "dagger.hg_threshold=0.0", "dagger.include_demos=false",
-                 "eval.before=false")
+    first = _run(
+        tmp_path,
+        "dagger.variant=hg_dagger",
+        "dagger.hg_threshold=0.0",
+        "dagger.include_demos=false",
+        "eval.before=false",
+    )
     assert first["variant"] == "hg_dagger" and first["dataset_size"] == 2 * 12
     assert all(r["dagger/expert_fraction"] == 1.0 for r in first["history"])
-    second = _run(tmp_path, "dagger.variant=hg_dagger", "dagger.hg_threshold=0.0", "dagger.include_demos=false",
-                  "eval.before=false", "dagger.iterations=3", "runner.resume=true")
+    second = _run(
+        tmp_path,
+        "dagger.variant=hg_dagger",
+        "dagger.hg_threshold=0.0",
+        "dagger.include_demos=false",
+        "eval.before=false",
+        "dagger.iterations=3",
+        "runner.resume=true",
+    )
     assert second["iterations"] == 3 and [r["iteration"] for r in second["history"]] == [3]
     assert second["dataset_size"] == 3 * 12

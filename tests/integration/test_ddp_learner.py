@@ -1,4 +1,5 @@
 """`torchrun --nproc-per-node 2 -m rlfleet.learner` in a fleet: rank 0 serves, both ranks train."""
+
 from __future__ import annotations
 
 import json
@@ -20,10 +21,27 @@ def _free_port() -> int:
 def test_torchrun_learner_with_two_gloo_ranks_trains_and_rank0_checkpoints(roles, tmp_path):
     run = tmp_path / "run"
     address_file = tmp_path / "learner.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
-           "--rdzv-endpoint", f"127.0.0.1:{_free_port()}", "-m", "rlfleet.learner", "metaworld_reach_ppo", *TINY,
-           f"runner.logger.log_path={run}", "runner.total_env_steps=256", "eval.at_end=false",
-           "learner.distributed.backend=gloo", "--address-file", str(address_file)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"127.0.0.1:{_free_port()}",
+        "-m",
+        "rlfleet.learner",
+        "metaworld_reach_ppo",
+        *TINY,
+        f"runner.logger.log_path={run}",
+        "runner.total_env_steps=256",
+        "eval.at_end=false",
+        "learner.distributed.backend=gloo",
+        "--address-file",
+        str(address_file),
+    ]
     env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
     with open(tmp_path / "learner.log", "ab") as log:
         learner = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)

@@ -1,4 +1,5 @@
 """`rlfleet env-server` serving MetaWorld (state-only reach-v3) as a real process on 127.0.0.1."""
+
 from __future__ import annotations
 
 import os
@@ -27,9 +28,25 @@ def env_server(tmp_path_factory):
     addr_file = tmp / "env.json"
     log = open(tmp / "env_server.log", "wb")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "rlfleet.cli", "env-server", "--env", "metaworld", "--task", "reach-v3",
-         "--address-file", str(addr_file), f"max_episode_steps={STEPS}", "image_size=0"],
-        stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, OMP_NUM_THREADS="1"), start_new_session=True)
+        [
+            sys.executable,
+            "-m",
+            "rlfleet.cli",
+            "env-server",
+            "--env",
+            "metaworld",
+            "--task",
+            "reach-v3",
+            "--address-file",
+            str(addr_file),
+            f"max_episode_steps={STEPS}",
+            "image_size=0",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 120
         while not addr_file.exists():
@@ -77,8 +94,15 @@ def test_remote_metaworld_equals_local(env_server):
                 ra, rb = remote.chunk_step(act), local.chunk_step(act)
                 np.testing.assert_array_equal(ra.obs["states"], rb.obs["states"])
                 np.testing.assert_array_equal(ra.rewards, rb.rewards)
-                for name in ("terminated", "truncated", "success", "episode_done", "episode_return",
-                             "episode_length", "episode_success_once"):
+                for name in (
+                    "terminated",
+                    "truncated",
+                    "success",
+                    "episode_done",
+                    "episode_return",
+                    "episode_length",
+                    "episode_success_once",
+                ):
                     np.testing.assert_array_equal(getattr(ra, name), getattr(rb, name), err_msg=name)
                 assert set(ra.final_obs) == set(rb.final_obs)
                 for key in rb.final_obs:
@@ -105,7 +129,9 @@ def test_bad_requests_get_clear_statuses_and_the_server_keeps_serving(env_server
         spec = stub.GetSpec(env_pb2.SpecRequest(session_id="h", num_envs=2, chunk_size=1), timeout=60)
         assert (spec.num_envs, spec.state_dim, spec.action_dim, spec.env_name) == (2, 39, 4, "metaworld")
         assert [(o.key, o.dtype, list(o.shape)) for o in spec.observations] == [
-            ("states", "float32", [39]), ("instructions", "uint8", [128])]
+            ("states", "float32", [39]),
+            ("instructions", "uint8", [128]),
+        ]
 
         def step(arr):
             return env_pb2.ChunkStepRequest(session_id="h", actions=codec.encode_tensor("actions", arr))
@@ -113,12 +139,16 @@ def test_bad_requests_get_clear_statuses_and_the_server_keeps_serving(env_server
         code, msg = status(stub.ChunkStep, step(np.zeros((2, 1, 4), np.float32)))
         assert code == grpc.StatusCode.FAILED_PRECONDITION and "call Reset" in msg
         stub.Reset(env_pb2.ResetRequest(session_id="h", seeds=[1, 2]), timeout=60)
-        for arr, expect in [(np.zeros((2, 1, 3), np.float32), "shape [2, 1, 3], expected [2, 1, 4]"),
-                            (np.zeros((2, 1, 4), np.float64), "dtype float64, expected float32"),
-                            (np.full((2, 1, 4), np.nan, np.float32), "NaN or inf")]:
+        for arr, expect in [
+            (np.zeros((2, 1, 3), np.float32), "shape [2, 1, 3], expected [2, 1, 4]"),
+            (np.zeros((2, 1, 4), np.float64), "dtype float64, expected float32"),
+            (np.full((2, 1, 4), np.nan, np.float32), "NaN or inf"),
+        ]:
             code, msg = status(stub.ChunkStep, step(arr))
             assert code == grpc.StatusCode.INVALID_ARGUMENT and expect in msg, msg
-        garbled = env_pb2.ChunkStepRequest(session_id="h", actions=codec.encode_tensor("actions", np.zeros((2, 1, 4), np.float32)))
+        garbled = env_pb2.ChunkStepRequest(
+            session_id="h", actions=codec.encode_tensor("actions", np.zeros((2, 1, 4), np.float32))
+        )
         garbled.actions.data = garbled.actions.data[:-3]
         code, msg = status(stub.ChunkStep, garbled)
         assert code == grpc.StatusCode.INVALID_ARGUMENT and "bytes of data" in msg
@@ -150,7 +180,11 @@ def test_sigint_stops_the_server_cleanly(tmp_path):
     addr_file = tmp_path / "env.json"
     proc = subprocess.Popen(
         [sys.executable, "-m", "rlfleet.cli", "env-server", "--env", "metaworld", "--address-file", str(addr_file)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 120
         while not addr_file.exists():
@@ -167,11 +201,19 @@ def test_sigint_stops_the_server_cleanly(tmp_path):
 
 
 def test_env_server_rejects_a_bad_config(tmp_path):
-    res = subprocess.run([sys.executable, "-m", "rlfleet.cli", "env-server", "--env", "metaworld", "--task", "nope-v3"],
-                         capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        [sys.executable, "-m", "rlfleet.cli", "env-server", "--env", "metaworld", "--task", "nope-v3"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 2 and "unknown MetaWorld task" in res.stderr
-    res = subprocess.run([sys.executable, "-m", "rlfleet.cli", "env-server", "--env", "metaworld", "colour=red"],
-                         capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        [sys.executable, "-m", "rlfleet.cli", "env-server", "--env", "metaworld", "colour=red"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 2 and "bad env override" in res.stderr
 
 

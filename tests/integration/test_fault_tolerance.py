@@ -4,6 +4,7 @@ The first tests drive the failover client against in-process servers on loopback
 they can freeze a server with requests in flight); the others run real `rlfleet` processes
 and SIGKILL one of them mid-run.
 """
+
 from __future__ import annotations
 
 import json
@@ -43,8 +44,9 @@ class LocalServer:
     """An inference server in this process, on fixed ports so that it can come back on them."""
 
     def __init__(self, grpc_port: int = 0, zmq_port: int = 0, version: int = 1):
-        self.srv = InferenceServer(PolicyRunner(_policy(), version=version), "127.0.0.1", grpc_port, zmq_port,
-                                   max_batch=64, max_wait_ms=1)
+        self.srv = InferenceServer(
+            PolicyRunner(_policy(), version=version), "127.0.0.1", grpc_port, zmq_port, max_batch=64, max_wait_ms=1
+        )
         self.ports = (self.srv.grpc_port, int(self.srv.zmq.endpoint.rsplit(":", 1)[1]))
         self.thread = threading.Thread(target=self.srv.serve, daemon=True)
         self.thread.start()
@@ -116,7 +118,9 @@ def test_requests_move_to_the_live_server_and_come_back_after_a_restart(servers,
         a.kill()  # ... and dies with it: that request must be answered by b, once
         slots["actions"][:] = 0
         assert client.wait(0) == 1 and client.wait(1) == 1
-        np.testing.assert_allclose(slots["actions"][:], _expected_actions(slots["states"][:].copy()), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(
+            slots["actions"][:], _expected_actions(slots["states"][:].copy()), rtol=1e-5, atol=1e-6
+        )
         assert b.rows() - served_before == E  # every row answered exactly once, all of them by b
         assert client.live() == [b.address] and client.failovers == 1 and client.retried == 1
 
@@ -141,7 +145,9 @@ def test_all_servers_down_for_too_long_is_a_clear_error(servers, slots, transpor
         assert client.wait(0) == 1
         a.kill()
         t0 = time.monotonic()
-        with pytest.raises(InferenceError, match=r"all inference servers \(.*\) have been unreachable for .*all_down_timeout_s=2"):
+        with pytest.raises(
+            InferenceError, match=r"all inference servers \(.*\) have been unreachable for .*all_down_timeout_s=2"
+        ):
             client.submit(0, 0, 4)
             client.wait(0)
         assert time.monotonic() - t0 < 20
@@ -167,9 +173,12 @@ def test_an_actor_can_start_before_its_servers(servers, slots):
 
 # ---- real processes ----------------------------------------------------------------------------
 
+
 def _learner_version(addr: str) -> int:
     with grpc.insecure_channel(addr) as ch:
-        reply = learner_pb2_grpc.LearnerServiceStub(ch).Heartbeat(learner_pb2.HeartbeatRequest(client_id="test"), timeout=10)
+        reply = learner_pb2_grpc.LearnerServiceStub(ch).Heartbeat(
+            learner_pb2.HeartbeatRequest(client_id="test"), timeout=10
+        )
         return reply.policy_version
 
 
@@ -193,8 +202,18 @@ def test_actor_keeps_going_on_the_other_server_when_one_is_killed(roles, tmp_pat
     learner, laddr = roles.learner(run, "runner.total_env_steps=100000000", "eval.at_end=false")
     victim, vaddr = _start_inference(roles, "inference-a", laddr)
     survivor, saddr = _start_inference(roles, "inference-b", laddr)
-    actor = roles.start("actor", "actor", "--learner", laddr, "--inference", f"{vaddr},{saddr}",
-                        "--transport", transport, "--id", "actor-two-servers")
+    actor = roles.start(
+        "actor",
+        "actor",
+        "--learner",
+        laddr,
+        "--inference",
+        f"{vaddr},{saddr}",
+        "--transport",
+        transport,
+        "--id",
+        "actor-two-servers",
+    )
     _wait_version(laddr, 3, 180, lambda: roles.log("actor")[-3000:])
     log = roles.log("actor")
     assert f"using inference server {vaddr}" in log and f"using inference server {saddr}" in log
@@ -232,10 +251,24 @@ def test_local_mode_restarts_a_killed_actor_and_counts_every_segment_once(tmp_pa
     run = tmp_path / "run"
     env = dict(os.environ, OMP_NUM_THREADS="1")
     out = open(tmp_path / "train.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "rlfleet.cli", "train", "metaworld_reach_ppo", *TINY,
-                             "runner.total_env_steps=1200", "eval.at_end=false", "actor.restart_backoff_s=0.5",
-                             f"runner.logger.log_path={run}"],
-                            stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "rlfleet.cli",
+            "train",
+            "metaworld_reach_ppo",
+            *TINY,
+            "runner.total_env_steps=1200",
+            "eval.at_end=false",
+            "actor.restart_backoff_s=0.5",
+            f"runner.logger.log_path={run}",
+        ],
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        env=env,
+        start_new_session=True,
+    )
     text = lambda: (tmp_path / "train.log").read_text(errors="replace")[-4000:]  # noqa: E731
     pid_file, addr_file = run / "pids" / "actor0.pid", run / "addresses" / "learner.json"
     try:
@@ -259,7 +292,7 @@ def test_local_mode_restarts_a_killed_actor_and_counts_every_segment_once(tmp_pa
             proc.wait()
         out.close()
     log = text()
-    assert "actor 0 (pid %d) died with signal SIGKILL; restarting actor 0" % first_pid in log
+    assert f"actor 0 (pid {first_pid}) died with signal SIGKILL; restarting actor 0" in log
     assert "restarted actor 0 as pid" in log
     assert not _pid_alive(first_pid)
     assert (run / "logs" / "actor0.log").read_text().count("stepping") == 2  # two lives, one log

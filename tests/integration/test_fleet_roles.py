@@ -1,4 +1,5 @@
 """The three roles started one by one, over every transport, with an actor killed mid-run and a resume."""
+
 from __future__ import annotations
 
 import json
@@ -11,7 +12,9 @@ from rlfleet.wire.gen import learner_pb2, learner_pb2_grpc
 
 def _learner_version(addr: str) -> int:
     with grpc.insecure_channel(addr) as ch:
-        reply = learner_pb2_grpc.LearnerServiceStub(ch).Heartbeat(learner_pb2.HeartbeatRequest(client_id="test"), timeout=5)
+        reply = learner_pb2_grpc.LearnerServiceStub(ch).Heartbeat(
+            learner_pb2.HeartbeatRequest(client_id="test"), timeout=5
+        )
         return reply.policy_version
 
 
@@ -87,8 +90,9 @@ def test_learner_crash_and_resume_the_same_actor_reconnects(roles, tmp_path):
     learner.wait(10)
     published = int((run / "checkpoints" / "published_version").read_text())
     resumed_from = _checkpointed_env_steps(run)
-    learner2, laddr2 = roles.learner(run, f"learner.port={port}", "runner.total_env_steps=2000", "eval.at_end=false",
-                                     resume=True)
+    learner2, laddr2 = roles.learner(
+        run, f"learner.port={port}", "runner.total_env_steps=2000", "eval.at_end=false", resume=True
+    )
     assert laddr2 == laddr
     assert roles.wait(learner2, "learner", 240) == 0, roles.log("learner")[-3000:]
     summary = json.loads((run / "summary.json").read_text())

@@ -7,6 +7,7 @@ unknown policy versions, broken chunking. Every one must get a clear error (an e
 rejected ack, or INVALID_ARGUMENT / RESOURCE_EXHAUSTED), be counted by reason, and leave the
 server serving valid requests afterwards. RLFLEET_FUZZ_SEED=N explores other seeds (default 0).
 """
+
 from __future__ import annotations
 
 import os
@@ -33,11 +34,26 @@ S, D, K = 7, 3, 2
 SEED = int(os.environ.get("RLFLEET_FUZZ_SEED", "0"))
 CASES = 120  # per front end; the generators cycle through every kind of damage
 BIG = 65 * 1024 * 1024  # over the 64 MB gRPC message limit
-REASONS = {"undecodable", "bad_dtype", "bad_shape", "non_finite", "too_large", "size_mismatch", "missing_tensor",
-           "schema_version", "duplicate_tensor", "protocol", "bad_attach", "bad_layout", "attach_denied", "attach_failed"}
+REASONS = {
+    "undecodable",
+    "bad_dtype",
+    "bad_shape",
+    "non_finite",
+    "too_large",
+    "size_mismatch",
+    "missing_tensor",
+    "schema_version",
+    "duplicate_tensor",
+    "protocol",
+    "bad_attach",
+    "bad_layout",
+    "attach_denied",
+    "attach_failed",
+}
 
 
 # ---- malformed observation maps (shared by gRPC and ZeroMQ) ------------------------------------
+
 
 def _tensor(name: str, dtype: str, shape: list[int], data: bytes) -> tensor_pb2.Tensor:
     return tensor_pb2.Tensor(name=name, dtype=dtype, shape=shape, data=data)
@@ -66,18 +82,19 @@ def bad_obs(rng: np.random.Generator, i: int) -> tensor_pb2.TensorMap:
     elif kind == 4:  # oversized dims with little data
         m.tensors.append(_tensor("states", "float32", [int(2 ** rng.integers(31, 62)), S], good.tobytes()))
     elif kind == 5:  # negative dims
-        m.tensors.append(_tensor("states", "float32", [-int(rng.integers(1, 2 ** 40)), S], good.tobytes()))
+        m.tensors.append(_tensor("states", "float32", [-int(rng.integers(1, 2**40)), S], good.tobytes()))
     elif kind == 6:  # a declared size the bytes do not fill (or overfill)
-        m.tensors.append(_tensor("states", "float32", [b + int(rng.integers(1, 10 ** 6)), S], good.tobytes()))
+        m.tensors.append(_tensor("states", "float32", [b + int(rng.integers(1, 10**6)), S], good.tobytes()))
     elif kind == 7:
         m.tensors.append(_tensor("states", "float32", [b, S], good.tobytes()[: -int(rng.integers(1, 4 * S))]))
     elif kind == 8:  # the policy's key missing
-        m.tensors.append(_tensor(str(rng.choice(["state", "obs", "main_images", "STATES"])), "float32", [b, S],
-                                 good.tobytes()))
+        m.tensors.append(
+            _tensor(str(rng.choice(["state", "obs", "main_images", "STATES"])), "float32", [b, S], good.tobytes())
+        )
     elif kind == 9:  # the same tensor twice
         m.tensors.extend([_tensor("states", "float32", [b, S], good.tobytes())] * 2)
     elif kind == 10:  # a schema this build does not speak
-        m.schema_version = int(rng.choice([0, 2, 99, 2 ** 31]))
+        m.schema_version = int(rng.choice([0, 2, 99, 2**31]))
         m.tensors.append(_tensor("states", "float32", [b, S], good.tobytes()))
     else:  # text where a tensor belongs
         m.strings["states"].values.extend(["a"] * b)
@@ -93,6 +110,7 @@ def truncated(rng: np.random.Generator, payload: bytes) -> bytes:
 
 
 # ---- the inference server ------------------------------------------------------------------
+
 
 @pytest.fixture
 def inference_server():
@@ -125,8 +143,11 @@ def test_grpc_inference_front_end_rejects_every_malformed_request(inference_serv
     rng = np.random.default_rng([SEED, 7])
     raw_act = None
     with grpc.insecure_channel(inference_server.address) as ch:
-        raw_act = ch.stream_stream("/rlfleet.v1.InferenceService/Act", request_serializer=None,
-                                   response_deserializer=inference_pb2.ActResponse.FromString)
+        raw_act = ch.stream_stream(
+            "/rlfleet.v1.InferenceService/Act",
+            request_serializer=None,
+            response_deserializer=inference_pb2.ActResponse.FromString,
+        )
         codes = {}
         for i in range(CASES):
             try:
@@ -166,12 +187,16 @@ def _zmq_case(rng: np.random.Generator, i: int) -> list[bytes]:
     if kind == 3:  # no or a bad deterministic flag
         return [b"act", rid, *([b"\0\0"] if rng.random() < 0.5 else [])]
     if kind == 4:  # act_shm without attach, or with a bad row frame
-        return [b"act_shm", rid, struct.pack("<qqq", -1, 2 ** 40, 0)[: int(rng.choice([24, 16, 3]))]]
+        return [b"act_shm", rid, struct.pack("<qqq", -1, 2**40, 0)[: int(rng.choice([24, 16, 3]))]]
     if kind == 5:  # attach: bad JSON, missing keys, a block that does not exist, nonsense layout
-        payload = [random_bytes(rng), b"{}", b'{"shm_name": "rlfleet_nope", "layout": {}}',
-                   b'{"shm_name": "rlfleet_nope_%d", "layout": {"actions": [[4, 2], "float32"], '
-                   b'"logprobs": [[4], "float32"], "values": [[4], "float32"]}}' % i,
-                   b'{"shm_name": 5, "layout": {"actions": [[-1], "complex"]}}'][int(rng.integers(0, 5))]
+        payload = [
+            random_bytes(rng),
+            b"{}",
+            b'{"shm_name": "rlfleet_nope", "layout": {}}',
+            b'{"shm_name": "rlfleet_nope_%d", "layout": {"actions": [[4, 2], "float32"], '
+            b'"logprobs": [[4], "float32"], "values": [[4], "float32"]}}' % i,
+            b'{"shm_name": 5, "layout": {"actions": [[-1], "complex"]}}',
+        ][int(rng.integers(0, 5))]
         return [b"attach", rid, payload]
     if kind == 6:  # too short
         return [b"act"]
@@ -216,6 +241,7 @@ def test_zmq_inference_front_end_rejects_every_malformed_request(inference_serve
 
 # ---- the learner ----------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def learner(tmp_path_factory):
     from rlfleet.config import load_config
@@ -241,13 +267,23 @@ def _segment_tensors(ln, rng: np.random.Generator) -> dict:
     spec = run_observation_spec(ln.cfg)
     n = lambda *shape: rng.normal(size=shape).astype(np.float32)  # noqa: E731
     seg = Segment(
-        obs=_obs(spec, (T, B), rng), actions=n(T, B, ln.cfg.env.chunk_size, d.action_dim),
-        logprobs=n(T, B, *d.logprob_shape), values=n(T, B), rewards=n(T, B),
-        terminated=np.zeros((T, B), bool), truncated=np.zeros((T, B), bool),
-        final_obs={k: np.zeros_like(v) for k, v in _obs(spec, (T, B), rng).items()}, next_obs=_obs(spec, (B,), rng),
-        versions=np.zeros(T, np.int64), task_ids=np.zeros(B, np.int64), env_steps=np.array(T * B, np.int64),
-        ep_returns=np.zeros(0, np.float32), ep_lengths=np.zeros(0, np.int32), ep_success=np.zeros(0, bool),
-        ep_task_ids=np.zeros(0, np.int64), extras={},
+        obs=_obs(spec, (T, B), rng),
+        actions=n(T, B, ln.cfg.env.chunk_size, d.action_dim),
+        logprobs=n(T, B, *d.logprob_shape),
+        values=n(T, B),
+        rewards=n(T, B),
+        terminated=np.zeros((T, B), bool),
+        truncated=np.zeros((T, B), bool),
+        final_obs={k: np.zeros_like(v) for k, v in _obs(spec, (T, B), rng).items()},
+        next_obs=_obs(spec, (B,), rng),
+        versions=np.zeros(T, np.int64),
+        task_ids=np.zeros(B, np.int64),
+        env_steps=np.array(T * B, np.int64),
+        ep_returns=np.zeros(0, np.float32),
+        ep_lengths=np.zeros(0, np.int32),
+        ep_success=np.zeros(0, bool),
+        ep_task_ids=np.zeros(0, np.int64),
+        extras={},
     )
     return seg.to_tensors()
 
@@ -265,12 +301,15 @@ def _damaged_segment(ln, rng: np.random.Generator, i: int) -> bytes:
     elif kind == 3:  # wrong shape
         t[name] = np.zeros((*t[name].shape, 2), t[name].dtype) if rng.random() < 0.5 else t[name].reshape(-1)[:1]
     elif kind == 4:  # NaN / inf in a float field
-        name = str(rng.choice(["actions", "logprobs", "values", "rewards", "obs.states", "next_obs.states",
-                               "final_obs.states"]))
+        name = str(
+            rng.choice(
+                ["actions", "logprobs", "values", "rewards", "obs.states", "next_obs.states", "final_obs.states"]
+            )
+        )
         t[name] = t[name].copy()
         t[name].reshape(-1)[int(rng.integers(0, t[name].size))] = rng.choice([np.nan, np.inf])
     elif kind == 5:  # policy versions this learner never published
-        t["versions"] = np.full(4, int(rng.choice([-1, -(2 ** 40), 10 ** 6, 2 ** 62])), np.int64)
+        t["versions"] = np.full(4, int(rng.choice([-1, -(2**40), 10**6, 2**62])), np.int64)
     elif kind == 6:  # a tensor missing, or a well-formed segment of another run (other action size)
         if rng.random() < 0.5:
             t.pop(name)
@@ -279,7 +318,7 @@ def _damaged_segment(ln, rng: np.random.Generator, i: int) -> bytes:
     else:  # oversized / negative dims or a byte count that does not match, declared in the raw message
         m = codec.encode_map(t)
         victim = m.tensors[int(rng.integers(0, len(m.tensors)))]
-        shape = [int(rng.choice([2 ** 45, -3, 10 ** 6]))] + list(victim.shape[1:])
+        shape = [int(rng.choice([2**45, -3, 10**6]))] + list(victim.shape[1:])
         del victim.shape[:]
         victim.shape.extend(shape)
         return m.SerializeToString()
@@ -288,8 +327,12 @@ def _damaged_segment(ln, rng: np.random.Generator, i: int) -> bytes:
 
 def _chunks(payload: bytes, segment_id: int, client: str = "fuzzer", size: int = 1 << 20):
     pieces = codec.split_chunks(payload, size)
-    return [learner_pb2.TrajectoryChunk(client_id=client, segment_id=segment_id, chunk_index=i,
-                                        num_chunks=len(pieces), payload=bytes(p)) for i, p in enumerate(pieces)]
+    return [
+        learner_pb2.TrajectoryChunk(
+            client_id=client, segment_id=segment_id, chunk_index=i, num_chunks=len(pieces), payload=bytes(p)
+        )
+        for i, p in enumerate(pieces)
+    ]
 
 
 def _broken_chunking(ln, rng: np.random.Generator, i: int) -> list:
@@ -311,8 +354,11 @@ def test_learner_ingest_rejects_every_malformed_push(learner):
     ln = learner
     with grpc.insecure_channel(ln.address) as ch:
         stub = learner_pb2_grpc.LearnerServiceStub(ch)
-        raw_push = ch.stream_unary("/rlfleet.v1.LearnerService/PushTrajectory", request_serializer=None,
-                                   response_deserializer=learner_pb2.PushAck.FromString)
+        raw_push = ch.stream_unary(
+            "/rlfleet.v1.LearnerService/PushTrajectory",
+            request_serializer=None,
+            response_deserializer=learner_pb2.PushAck.FromString,
+        )
         reasons_seen = set()
         for i in range(CASES):
             try:
@@ -329,8 +375,16 @@ def test_learner_ingest_rejects_every_malformed_push(learner):
             assert not ack.accepted and ack.error, (i, ack)
         counted = ln.servicer.rejected_requests()
         assert sum(counted.values()) == CASES and ln.ingest.rejected == CASES, counted
-        assert {"undecodable", "unknown_policy_version", "non_finite", "bad_dtype", "bad_shape", "protocol",
-                "missing_tensor", "run_mismatch"} <= set(counted), counted
+        assert {
+            "undecodable",
+            "unknown_policy_version",
+            "non_finite",
+            "bad_dtype",
+            "bad_shape",
+            "protocol",
+            "missing_tensor",
+            "run_mismatch",
+        } <= set(counted), counted
         assert "internal" not in counted, counted
         assert ln.ingest.accepted == 0 and ln.ingest.qsize() == 0  # nothing slipped through
 
@@ -339,8 +393,9 @@ def test_learner_ingest_rejects_every_malformed_push(learner):
             raw_push(iter([b"\x2a" + b"\xff" * BIG]), timeout=60)
         assert big.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
 
-        ack = stub.PushTrajectory(iter(_chunks(codec.encode_map(_segment_tensors(ln, rng)).SerializeToString(), 5_000_000)),
-                                  timeout=30)
+        ack = stub.PushTrajectory(
+            iter(_chunks(codec.encode_map(_segment_tensors(ln, rng)).SerializeToString(), 5_000_000)), timeout=30
+        )
     assert ack.accepted and not ack.duplicate, ack  # and a valid segment still goes in
     assert ln.ingest.accepted == 1 and ln.ingest.accounting()["accepted_env_steps"] == 8
 
@@ -350,8 +405,13 @@ def test_learner_ingest_rejects_every_malformed_push(learner):
 STORM = int(os.environ.get("RLFLEET_FUZZ_STORM", "10000"))  # messages in all (seeded, bounded)
 FD_BOUND = 64  # open fds the storm may leave behind (sockets still closing)
 RSS_BOUND_MB = 200  # resident memory it may add (allocator caches, gRPC buffers)
-EXPECTED_CODES = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION,
-                  grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNAVAILABLE}
+EXPECTED_CODES = {
+    grpc.StatusCode.INVALID_ARGUMENT,
+    grpc.StatusCode.FAILED_PRECONDITION,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+    grpc.StatusCode.NOT_FOUND,
+    grpc.StatusCode.UNAVAILABLE,
+}
 
 
 class _StormEnv:
@@ -361,13 +421,23 @@ class _StormEnv:
         from rlfleet.envs.api import EnvSpec
 
         self.cfg, self.n = cfg, num_envs
-        self.spec = EnvSpec(state_dim=2, action_dim=2, chunk_size=cfg.chunk_size, num_envs=num_envs,
-                            max_episode_steps=5, task_names=["storm"] * num_envs)
+        self.spec = EnvSpec(
+            state_dim=2,
+            action_dim=2,
+            chunk_size=cfg.chunk_size,
+            num_envs=num_envs,
+            max_episode_steps=5,
+            task_names=["storm"] * num_envs,
+        )
         self.task_list = ["storm"]
 
     def _obs(self) -> dict:
-        return {"states": np.zeros((self.n, 2), np.float32), "instructions": np.zeros((self.n, 128), np.uint8),
-                "task_ids": np.zeros(self.n, np.int64), "task_descriptions": ["storm"] * self.n}
+        return {
+            "states": np.zeros((self.n, 2), np.float32),
+            "instructions": np.zeros((self.n, 128), np.uint8),
+            "task_ids": np.zeros(self.n, np.int64),
+            "task_descriptions": ["storm"] * self.n,
+        }
 
     def reset(self, seeds=None):
         return self._obs()
@@ -376,9 +446,18 @@ class _StormEnv:
         from rlfleet.envs.api import StepResult
 
         z, f = np.zeros(self.n, np.float32), np.zeros(self.n, bool)
-        return StepResult(obs=self._obs(), rewards=np.zeros((self.n, self.cfg.chunk_size), np.float32),
-                          terminated=f, truncated=f, success=f, episode_done=f, episode_return=z,
-                          episode_length=np.zeros(self.n, np.int32), episode_success_once=f, final_obs=self._obs())
+        return StepResult(
+            obs=self._obs(),
+            rewards=np.zeros((self.n, self.cfg.chunk_size), np.float32),
+            terminated=f,
+            truncated=f,
+            success=f,
+            episode_done=f,
+            episode_return=z,
+            episode_length=np.zeros(self.n, np.int32),
+            episode_success_once=f,
+            final_obs=self._obs(),
+        )
 
     def close(self) -> None:
         pass
@@ -406,8 +485,12 @@ def _env_case(rng: np.random.Generator, i: int) -> tuple[str, bytes]:
     if kind == 0:
         return method, random_bytes(rng)
     if method == "GetSpec":
-        req = env_pb2.SpecRequest(session_id=sid, num_envs=int(rng.choice([-5, 0, 1, 2, 40, 2 ** 31 - 1])),
-                                  env_offset=int(rng.choice([-1, 0, 3])), chunk_size=int(rng.choice([-1, 0, 2, 9])))
+        req = env_pb2.SpecRequest(
+            session_id=sid,
+            num_envs=int(rng.choice([-5, 0, 1, 2, 40, 2**31 - 1])),
+            env_offset=int(rng.choice([-1, 0, 3])),
+            chunk_size=int(rng.choice([-1, 0, 2, 9])),
+        )
     elif method == "Reset":
         req = env_pb2.ResetRequest(session_id=sid, seeds=[int(s) for s in rng.integers(-9, 9, int(rng.integers(0, 4)))])
     elif method == "ChunkStep":
@@ -435,17 +518,27 @@ def _attach_storm_case(rng: np.random.Generator, i: int, blk) -> list[bytes]:
     if kind == 2:  # a dtype that is not plain, or a slot of the wrong shape
         bad = dict(layout)
         bad[str(rng.choice(["values", "actions", "states"]))] = (
-            [[4], str(rng.choice(["O", "U4", "V8", "complex64", ">f8", "float32"]))] if rng.random() < 0.5
-            else [[4, int(rng.integers(0, 9))], "float32"])
+            [[4], str(rng.choice(["O", "U4", "V8", "complex64", ">f8", "float32"]))]
+            if rng.random() < 0.5
+            else [[4, int(rng.integers(0, 9))], "float32"]
+        )
         return [b"attach", rid, json.dumps({"shm_name": blk.name, "layout": bad, "secret": blk.secret}).encode()]
     if kind == 3:  # wrong or missing secret, foreign names
         name = str(rng.choice([blk.name, "psm_deadbeef", "rlfleet_" + "0" * 12, "../etc", "rlfleet_a/b"]))
-        return [b"attach", rid, json.dumps({"shm_name": name, "layout": layout,
-                                            "secret": str(rng.choice(["", "00" * 16, "zz"]))}).encode()]
+        return [
+            b"attach",
+            rid,
+            json.dumps({"shm_name": name, "layout": layout, "secret": str(rng.choice(["", "00" * 16, "zz"]))}).encode(),
+        ]
     if kind == 4:  # layouts that are not layouts
-        junk = [None, [], "x", {"a": 1}, {"actions": [[-1], "float32"]}, {"actions": [[2 ** 62, 2 ** 62], "float64"]}]
-        return [b"attach", rid, json.dumps({"shm_name": blk.name, "secret": blk.secret,
-                                            "layout": junk[int(rng.integers(0, len(junk)))]}).encode()]
+        junk = [None, [], "x", {"a": 1}, {"actions": [[-1], "float32"]}, {"actions": [[2**62, 2**62], "float64"]}]
+        return [
+            b"attach",
+            rid,
+            json.dumps(
+                {"shm_name": blk.name, "secret": blk.secret, "layout": junk[int(rng.integers(0, len(junk)))]}
+            ).encode(),
+        ]
     if kind == 5:
         return [b"detach", rid]
     if kind == 6:
@@ -499,11 +592,16 @@ def test_storm_on_every_service_leaves_them_serving(inference_server, learner, e
 
         # gRPC Act: damaged requests on long streams, undecodable ones on their own streams
         with grpc.insecure_channel(inference_server.address) as ch:
-            raw_act = ch.stream_stream("/rlfleet.v1.InferenceService/Act", request_serializer=None,
-                                       response_deserializer=inference_pb2.ActResponse.FromString)
+            raw_act = ch.stream_stream(
+                "/rlfleet.v1.InferenceService/Act",
+                request_serializer=None,
+                response_deserializer=inference_pb2.ActResponse.FromString,
+            )
             n_act = int(STORM * share["act"])
-            batch = [inference_pb2.ActRequest(request_id=j + 1, obs=bad_obs(rng, j)).SerializeToString()
-                     for j in range(n_act - n_act // 10)]
+            batch = [
+                inference_pb2.ActRequest(request_id=j + 1, obs=bad_obs(rng, j)).SerializeToString()
+                for j in range(n_act - n_act // 10)
+            ]
             replies = list(raw_act(iter(batch), timeout=120))
             assert len(replies) == len(batch) and all(r.error for r in replies)
             sent["act"] += len(batch)
@@ -518,12 +616,23 @@ def test_storm_on_every_service_leaves_them_serving(inference_server, learner, e
         # LearnerService: damaged pushes, broken chunking, garbage on every method
         with grpc.insecure_channel(learner.address) as ch:
             stub = learner_pb2_grpc.LearnerServiceStub(ch)
-            methods = {m: ch.unary_unary(f"/rlfleet.v1.LearnerService/{m}", request_serializer=None,
-                                         response_deserializer=None) for m in ("Register", "Heartbeat")}
-            streams = {m: ch.unary_stream(f"/rlfleet.v1.LearnerService/{m}", request_serializer=None,
-                                          response_deserializer=None) for m in ("PullWeights", "WatchWeights")}
-            raw_push = ch.stream_unary("/rlfleet.v1.LearnerService/PushTrajectory", request_serializer=None,
-                                       response_deserializer=learner_pb2.PushAck.FromString)
+            methods = {
+                m: ch.unary_unary(
+                    f"/rlfleet.v1.LearnerService/{m}", request_serializer=None, response_deserializer=None
+                )
+                for m in ("Register", "Heartbeat")
+            }
+            streams = {
+                m: ch.unary_stream(
+                    f"/rlfleet.v1.LearnerService/{m}", request_serializer=None, response_deserializer=None
+                )
+                for m in ("PullWeights", "WatchWeights")
+            }
+            raw_push = ch.stream_unary(
+                "/rlfleet.v1.LearnerService/PushTrajectory",
+                request_serializer=None,
+                response_deserializer=learner_pb2.PushAck.FromString,
+            )
             for i in range(int(STORM * share["learner"])):
                 try:
                     if i % 5 == 0:
@@ -544,8 +653,10 @@ def test_storm_on_every_service_leaves_them_serving(inference_server, learner, e
 
         # EnvService: garbage and damaged requests on every method
         with grpc.insecure_channel(env_address) as ch:
-            raw = {m: ch.unary_unary(f"/rlfleet.v1.EnvService/{m}", request_serializer=None, response_deserializer=None)
-                   for m in ("GetSpec", "Reset", "ChunkStep", "Close")}
+            raw = {
+                m: ch.unary_unary(f"/rlfleet.v1.EnvService/{m}", request_serializer=None, response_deserializer=None)
+                for m in ("GetSpec", "Reset", "ChunkStep", "Close")
+            }
             for i in range(int(STORM * share["env"])):
                 method, payload = _env_case(rng, i)
                 try:
@@ -571,14 +682,19 @@ def test_storm_on_every_service_leaves_them_serving(inference_server, learner, e
             assert client.wait(0) == 3, transport
             client.close()
         ack = learner_pb2_grpc.LearnerServiceStub(grpc.insecure_channel(learner.address)).PushTrajectory(
-            iter(_chunks(codec.encode_map(_segment_tensors(learner, rng)).SerializeToString(), 9_000_000)), timeout=30)
+            iter(_chunks(codec.encode_map(_segment_tensors(learner, rng)).SerializeToString(), 9_000_000)), timeout=30
+        )
         assert ack.accepted, ack
         with grpc.insecure_channel(env_address) as ch:
             env = env_pb2_grpc.EnvServiceStub(ch)
             env.GetSpec(env_pb2.SpecRequest(session_id="after", num_envs=2), timeout=30)
             env.Reset(env_pb2.ResetRequest(session_id="after"), timeout=30)
-            step = env.ChunkStep(env_pb2.ChunkStepRequest(
-                session_id="after", actions=codec.encode_tensor("actions", np.zeros((2, 2, 2), np.float32))), timeout=30)
+            step = env.ChunkStep(
+                env_pb2.ChunkStepRequest(
+                    session_id="after", actions=codec.encode_tensor("actions", np.zeros((2, 2, 2), np.float32))
+                ),
+                timeout=30,
+            )
         assert codec.decode_map(step.obs)["states"].shape == (2, 2)
     finally:
         blk.close()

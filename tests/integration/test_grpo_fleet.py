@@ -1,5 +1,6 @@
 """GRPO end to end through real processes: `rlfleet train` in local mode (learner, inference
 server, actor with env worker subprocesses) with whole-episode grouped segments."""
+
 from __future__ import annotations
 
 import json
@@ -7,13 +8,16 @@ import os
 import subprocess
 import sys
 
+from role_processes import TINY
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from role_processes import TINY
-
 GRPO = [
-    "algorithm.adv_type=grpo", "algorithm.group_size=2", "algorithm.group_filter=[-1000000.0,1000000.0]",
-    "algorithm.update_epochs=2", "algorithm.num_minibatches=2", "eval.at_end=false",
+    "algorithm.adv_type=grpo",
+    "algorithm.group_size=2",
+    "algorithm.group_filter=[-1000000.0,1000000.0]",
+    "algorithm.update_epochs=2",
+    "algorithm.num_minibatches=2",
+    "eval.at_end=false",
 ]
 
 
@@ -21,9 +25,23 @@ def test_grpo_train_local(tmp_path):
     run = tmp_path / "run"
     env = dict(os.environ, OMP_NUM_THREADS="1")
     # TINY: 4 envs in 2 stages, 20-step episodes, chunks of 1: segments of 20 steps x 2 envs (one group)
-    res = subprocess.run([sys.executable, "-m", "rlfleet.cli", "train", "metaworld_reach_ppo", *TINY, *GRPO,
-                          "runner.total_env_steps=560", f"runner.logger.log_path={run}"],
-                         capture_output=True, text=True, env=env, timeout=240)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rlfleet.cli",
+            "train",
+            "metaworld_reach_ppo",
+            *TINY,
+            *GRPO,
+            "runner.total_env_steps=560",
+            f"runner.logger.log_path={run}",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=240,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     summary = json.loads((run / "summary.json").read_text())
     assert summary["updates"] >= 3

@@ -1,5 +1,6 @@
 """gymnasium's MuJoCo InvertedPendulum-v5 (`env.name=gym:InvertedPendulum-v5`) trained through the
 whole fleet by `rlfleet train`, then scored by `rlfleet eval` (mean episode return)."""
+
 from __future__ import annotations
 
 import json
@@ -16,14 +17,16 @@ RECIPE = "gym_inverted_pendulum_ppo"
 
 def _cli(*args: str, timeout: float) -> subprocess.CompletedProcess:
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    return subprocess.run([sys.executable, "-m", "rlfleet.cli", *args], capture_output=True, text=True, env=env,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "rlfleet.cli", *args], capture_output=True, text=True, env=env, timeout=timeout
+    )
 
 
 def _train_and_eval(tmp_path, *overrides: str, timeout: float) -> tuple[dict, float]:
     run = tmp_path / "run"
-    res = _cli("train", RECIPE, f"runner.logger.log_path={run}", "runner.max_wall_seconds=0", *overrides,
-               timeout=timeout)
+    res = _cli(
+        "train", RECIPE, f"runner.logger.log_path={run}", "runner.max_wall_seconds=0", *overrides, timeout=timeout
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     summary = json.loads((run / "summary.json").read_text())
     ckpt = run / "checkpoints" / (run / "checkpoints" / "latest").read_text().strip()
@@ -35,8 +38,15 @@ def _train_and_eval(tmp_path, *overrides: str, timeout: float) -> tuple[dict, fl
 
 def test_a_few_updates_through_the_fleet(tmp_path) -> None:
     summary, mean_return = _train_and_eval(
-        tmp_path, "runner.total_env_steps=1024", "learner.batch_env_steps=256", "actor.num_envs=4",
-        "actor.rollout_len=16", "env.max_episode_steps=50", "eval.episodes_per_task=2", timeout=400)
+        tmp_path,
+        "runner.total_env_steps=1024",
+        "learner.batch_env_steps=256",
+        "actor.num_envs=4",
+        "actor.rollout_len=16",
+        "env.max_episode_steps=50",
+        "eval.episodes_per_task=2",
+        timeout=400,
+    )
     assert summary["updates"] >= 4 and summary["env_steps"] >= 1024
     assert set(summary["eval_success"]) == {"InvertedPendulum-v5"}
     assert 1.0 <= mean_return <= 50.0  # at least one step survived, at most the episode limit

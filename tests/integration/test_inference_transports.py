@@ -1,4 +1,5 @@
 """A real inference server on loopback: every transport, many actors, bad input, a dead actor."""
+
 from __future__ import annotations
 
 import struct
@@ -63,7 +64,9 @@ def test_each_transport_returns_the_policy_outputs(server, slots, transport):
         client.close()
     actions, values = _expected(server, slots["states"][:4].copy())
     np.testing.assert_allclose(slots["actions"][:4], actions, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(slots["values"][:8], _expected(server, slots["states"][:8].copy())[1], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        slots["values"][:8], _expected(server, slots["states"][:8].copy())[1], rtol=1e-5, atol=1e-6
+    )
     assert np.isfinite(slots["logprobs"][:8]).all() and not np.allclose(slots["actions"][4:], 0)
 
 
@@ -74,7 +77,9 @@ def test_server_info_and_health(server):
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
     with grpc.insecure_channel(server.address) as ch:
-        status = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service="rlfleet.v1.InferenceService"))
+        status = health_pb2_grpc.HealthStub(ch).Check(
+            health_pb2.HealthCheckRequest(service="rlfleet.v1.InferenceService")
+        )
     assert status.status == health_pb2.HealthCheckResponse.SERVING
 
 

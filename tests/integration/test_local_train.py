@@ -1,4 +1,5 @@
 """`rlfleet train` end to end in local mode, Ctrl-C, and `rlfleet eval` on the checkpoint it wrote."""
+
 from __future__ import annotations
 
 import json
@@ -18,15 +19,23 @@ def _cli(*args, **kw):
 
 def test_train_local_then_eval(tmp_path):
     run = tmp_path / "run"
-    res = _cli("train", "metaworld_reach_ppo", *TINY, "runner.total_env_steps=640", f"runner.logger.log_path={run}",
-               "eval.before=true", timeout=300)
+    res = _cli(
+        "train",
+        "metaworld_reach_ppo",
+        *TINY,
+        "runner.total_env_steps=640",
+        f"runner.logger.log_path={run}",
+        "eval.before=true",
+        timeout=300,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     summary = json.loads((run / "summary.json").read_text())
     assert summary["updates"] >= 9 and 0.0 <= summary["eval_success"]["reach-v3"] <= 1.0
     assert "reach-v3" in res.stdout and "mean" in res.stdout  # the success table is printed
     ckpt = run / "checkpoints" / (run / "checkpoints" / "latest").read_text().strip()
-    assert {"config.json", "model.safetensors", "trainer_state.json", "trainer_state.safetensors",
-            "training.json"} <= {p.name for p in ckpt.iterdir()}
+    assert {"config.json", "model.safetensors", "trainer_state.json", "trainer_state.safetensors", "training.json"} <= {
+        p.name for p in ckpt.iterdir()
+    }
     assert (run / "logs" / "actor0.log").exists() and (run / "logs" / "inference.log").exists()
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -48,9 +57,22 @@ def test_train_local_then_eval(tmp_path):
 def test_ctrl_c_stops_every_role_and_checkpoints(tmp_path):
     run = tmp_path / "run"
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.Popen([sys.executable, "-m", "rlfleet.cli", "train", "metaworld_reach_ppo", *TINY,
-                             "runner.total_env_steps=100000000", f"runner.logger.log_path={run}"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "rlfleet.cli",
+            "train",
+            "metaworld_reach_ppo",
+            *TINY,
+            "runner.total_env_steps=100000000",
+            f"runner.logger.log_path={run}",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=env,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 180
         while not (run / "checkpoints" / "update_000002").exists():  # training is under way

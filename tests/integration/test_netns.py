@@ -5,6 +5,7 @@ loopback, so a token is required); the actor lives in another and reaches both a
 link. The addresses are private to the test's namespaces: nothing leaves this machine.
 Needs root and iproute2 (CI runs as root); skipped with the reason otherwise.
 """
+
 from __future__ import annotations
 
 import json
@@ -15,7 +16,6 @@ import subprocess
 import sys
 
 import pytest
-
 from role_processes import TINY, Roles
 
 
@@ -43,8 +43,13 @@ class NamespacedRoles(Roles):
     def start_in(self, ns: str, name: str, *args: str, env: dict[str, str]) -> subprocess.Popen:
         log = open(self.tmp / f"{name}.log", "ab")
         cmd = ["ip", "netns", "exec", ns, sys.executable, "-m", "rlfleet.cli", *args]
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                env=dict(os.environ, OMP_NUM_THREADS="1", **env))
+        proc = subprocess.Popen(
+            cmd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env=dict(os.environ, OMP_NUM_THREADS="1", **env),
+        )
         self.procs.append(proc)
         return proc
 
@@ -76,18 +81,51 @@ def test_fleet_across_namespaces_trains(two_hosts, tmp_path):
     roles, (ns_a, addr_a), (ns_b, addr_b) = two_hosts
     env = {"RLFLEET_TOKEN": secrets.token_hex(16)}
     run = tmp_path / "run"
-    learner = roles.start_in(ns_a, "learner", "learner", "metaworld_reach_ppo", *TINY, "runner.total_env_steps=640",
-                             f"runner.logger.log_path={run}", "--host", addr_a,
-                             "--address-file", str(tmp_path / "learner.json"), env=env)
+    learner = roles.start_in(
+        ns_a,
+        "learner",
+        "learner",
+        "metaworld_reach_ppo",
+        *TINY,
+        "runner.total_env_steps=640",
+        f"runner.logger.log_path={run}",
+        "--host",
+        addr_a,
+        "--address-file",
+        str(tmp_path / "learner.json"),
+        env=env,
+    )
     laddr = roles.wait_address("learner", learner)["learner"]
     assert laddr.startswith(addr_a)
-    inference = roles.start_in(ns_a, "inference", "inference", "--learner", laddr, "--host", addr_a,
-                               "--address-file", str(tmp_path / "inference.json"), env=env)
+    inference = roles.start_in(
+        ns_a,
+        "inference",
+        "inference",
+        "--learner",
+        laddr,
+        "--host",
+        addr_a,
+        "--address-file",
+        str(tmp_path / "inference.json"),
+        env=env,
+    )
     iaddr = roles.wait_address("inference", inference)["inference"]
     assert iaddr.startswith(addr_a)
     # the actor is on the other "host": it reaches both roles only through the veth link
-    actor = roles.start_in(ns_b, "actor", "actor", "--learner", laddr, "--inference", iaddr,
-                           "--transport", "zmq", "--id", "actor-b", env=env)
+    actor = roles.start_in(
+        ns_b,
+        "actor",
+        "actor",
+        "--learner",
+        laddr,
+        "--inference",
+        iaddr,
+        "--transport",
+        "zmq",
+        "--id",
+        "actor-b",
+        env=env,
+    )
     assert roles.wait(learner, "learner", 300) == 0, roles.log("learner")[-3000:]
     summary = json.loads((run / "summary.json").read_text())
     assert summary["env_steps"] >= 640 and summary["updates"] >= 3, summary
@@ -99,11 +137,32 @@ def test_fleet_across_namespaces_trains(two_hosts, tmp_path):
 def test_actor_without_the_token_is_refused_across_namespaces(two_hosts, tmp_path):
     roles, (ns_a, addr_a), (ns_b, _) = two_hosts
     run = tmp_path / "run"
-    learner = roles.start_in(ns_a, "learner", "learner", "metaworld_reach_ppo", *TINY, "runner.total_env_steps=100000",
-                             f"runner.logger.log_path={run}", "--host", addr_a,
-                             "--address-file", str(tmp_path / "learner.json"), env={"RLFLEET_TOKEN": "right-token"})
+    learner = roles.start_in(
+        ns_a,
+        "learner",
+        "learner",
+        "metaworld_reach_ppo",
+        *TINY,
+        "runner.total_env_steps=100000",
+        f"runner.logger.log_path={run}",
+        "--host",
+        addr_a,
+        "--address-file",
+        str(tmp_path / "learner.json"),
+        env={"RLFLEET_TOKEN": "right-token"},
+    )
     laddr = roles.wait_address("learner", learner)["learner"]
-    actor = roles.start_in(ns_b, "actor", "actor", "--learner", laddr, "--inference", laddr, "--id", "intruder",
-                           env={"RLFLEET_TOKEN": "wrong-token"})
+    actor = roles.start_in(
+        ns_b,
+        "actor",
+        "actor",
+        "--learner",
+        laddr,
+        "--inference",
+        laddr,
+        "--id",
+        "intruder",
+        env={"RLFLEET_TOKEN": "wrong-token"},
+    )
     assert roles.wait(actor, "actor", 120) != 0
     assert "UNAUTHENTICATED" in roles.log("actor") or "token" in roles.log("actor").lower(), roles.log("actor")[-2000:]

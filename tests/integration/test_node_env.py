@@ -2,6 +2,7 @@
 
 Skipped, with the reason, where `node` is missing or its packages cannot be installed (`npm ci`).
 """
+
 from __future__ import annotations
 
 import json
@@ -34,8 +35,13 @@ def _node_ready() -> str:
         if npm is None:
             pytest.skip("npm is not installed: cannot install examples/node_env's packages")
         try:
-            res = subprocess.run([npm, "ci", "--ignore-scripts", "--no-audit", "--no-fund"], cwd=NODE_ENV,
-                                 capture_output=True, text=True, timeout=300)
+            res = subprocess.run(
+                [npm, "ci", "--ignore-scripts", "--no-audit", "--no-fund"],
+                cwd=NODE_ENV,
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
         except subprocess.TimeoutExpired:
             pytest.skip("`npm ci` in examples/node_env took over 300 s (no access to the npm registry?)")
         if res.returncode != 0:
@@ -49,8 +55,12 @@ def node_server(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("node_env")
     addr_file, log_path = tmp / "env.json", tmp / "node.log"
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen([node, str(NODE_ENV / "server.js"), "--port", "0", "--address-file", str(addr_file)],
-                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            [node, str(NODE_ENV / "server.js"), "--port", "0", "--address-file", str(addr_file)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         deadline = time.monotonic() + 60
         while not addr_file.exists():
@@ -72,14 +82,17 @@ def test_health_check_passes(node_server):
     address, _, _ = node_server
     with make_channel(address) as channel:
         reply = health_pb2_grpc.HealthStub(channel).Check(
-            health_pb2.HealthCheckRequest(service="rlfleet.v1.EnvService"), timeout=30)
+            health_pb2.HealthCheckRequest(service="rlfleet.v1.EnvService"), timeout=30
+        )
     assert reply.status == health_pb2.HealthCheckResponse.SERVING
 
 
 def test_node_env_keeps_the_env_contract(node_server):
     address, proc, _ = node_server
-    with make_env(_remote(address, chunk_size=3), 4, env_offset=2) as env, \
-            make_env(_remote(address, chunk_size=3), 4) as twin:
+    with (
+        make_env(_remote(address, chunk_size=3), 4, env_offset=2) as env,
+        make_env(_remote(address, chunk_size=3), 4) as twin,
+    ):
         spec = env.spec
         assert (spec.state_dim, spec.action_dim, spec.chunk_size, spec.num_envs) == (4, 2, 3, 4)
         assert env.task_list == ["reach2d"] and spec.task_names == ["reach2d"] * 4
@@ -138,9 +151,22 @@ def test_ppo_learns_on_the_node_simulator(node_server, tmp_path):
     address, _, _ = node_server
     run = tmp_path / "run"
     res = subprocess.run(
-        [sys.executable, "-m", "rlfleet.cli", "train", "node_reach2d_ppo", f"env.name=remote://{address}",
-         "runner.total_env_steps=10000", "runner.max_wall_seconds=150", f"runner.logger.log_path={run}"],
-        capture_output=True, text=True, timeout=420, env=dict(os.environ, OMP_NUM_THREADS="1"))
+        [
+            sys.executable,
+            "-m",
+            "rlfleet.cli",
+            "train",
+            "node_reach2d_ppo",
+            f"env.name=remote://{address}",
+            "runner.total_env_steps=10000",
+            "runner.max_wall_seconds=150",
+            f"runner.logger.log_path={run}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=420,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     summary = json.loads((run / "summary.json").read_text())
     before, after = summary["eval_before"]["reach2d"], summary["eval_success"]["reach2d"]

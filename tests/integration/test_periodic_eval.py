@@ -1,4 +1,5 @@
 """Periodic evaluation during RL: a quickstart-like fleet run writes eval/* curves (and videos) to TensorBoard."""
+
 from __future__ import annotations
 
 import json
@@ -16,24 +17,48 @@ def test_quickstart_like_run_writes_eval_curves_to_tensorboard(tmp_path):
     run = tmp_path / "run"
     # the quickstart recipe (tiny_oft on 64 px pixels) from fresh weights, shrunk to a few updates
     overrides = [
-        f"env.task={TASKS}", "env.max_episode_steps=16", "demos.bootstrap=false", "eval.before=false",
-        "actor.num_envs=4", "actor.num_workers=1", "actor.rollout_len=4", "learner.batch_env_steps=32",
-        "runner.total_env_steps=640", "runner.max_wall_seconds=0", "runner.checkpoint_every=100",
-        "algorithm.critic_warmup_updates=0", "algorithm.lr_warmup_updates=0", "algorithm.kl_beta=0.0",
-        "eval.episodes_per_task=1", "eval.every_updates=2", "eval.every_seconds=0", "eval.periodic_episodes_per_task=1",
-        "eval.video_cfg.save_video=true", "eval.video_cfg.tensorboard=true", "eval.video_cfg.info_overlay=false",
+        f"env.task={TASKS}",
+        "env.max_episode_steps=16",
+        "demos.bootstrap=false",
+        "eval.before=false",
+        "actor.num_envs=4",
+        "actor.num_workers=1",
+        "actor.rollout_len=4",
+        "learner.batch_env_steps=32",
+        "runner.total_env_steps=640",
+        "runner.max_wall_seconds=0",
+        "runner.checkpoint_every=100",
+        "algorithm.critic_warmup_updates=0",
+        "algorithm.lr_warmup_updates=0",
+        "algorithm.kl_beta=0.0",
+        "eval.episodes_per_task=1",
+        "eval.every_updates=2",
+        "eval.every_seconds=0",
+        "eval.periodic_episodes_per_task=1",
+        "eval.video_cfg.save_video=true",
+        "eval.video_cfg.tensorboard=true",
+        "eval.video_cfg.info_overlay=false",
         f"runner.logger.log_path={run}",
     ]
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    res = subprocess.run([sys.executable, "-m", "rlfleet.cli", "train", "metaworld_quickstart_tinyoft", *overrides],
-                         capture_output=True, text=True, env=env, timeout=900)
+    res = subprocess.run(
+        [sys.executable, "-m", "rlfleet.cli", "train", "metaworld_quickstart_tinyoft", *overrides],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     summary = json.loads((run / "summary.json").read_text())
     acc = EventAccumulator(str(run / "tensorboard"), size_guidance={"scalars": 0, "images": 0})
     acc.Reload()
     tags = set(acc.Tags()["scalars"])
-    assert {"eval/success_once", "eval/elapsed_s", "eval/reach-v3/success_once",
-            "eval/button-press-topdown-v3/success_once"} <= tags
+    assert {
+        "eval/success_once",
+        "eval/elapsed_s",
+        "eval/reach-v3/success_once",
+        "eval/button-press-topdown-v3/success_once",
+    } <= tags
     curve = acc.Scalars("eval/success_once")
     assert len(curve) == summary["updates"] // 2  # every second update
     assert all(0.0 <= e.value <= 1.0 for e in curve)

@@ -1,6 +1,7 @@
 """Pixel policies through real servers and processes: the batched inference server serves the
 tiny VLA heads over every transport, the learner recomputes exactly the log-probs the server
 returned, and a short pixel training run goes through learner + inference server + actor."""
+
 from __future__ import annotations
 
 import json
@@ -31,8 +32,9 @@ def served(request):
     name, _, flow_rl = request.param.partition("/")  # flow policies: Flow-SDE and Flow-Noise extras too
     settings = {"name": name, "depth": 1, "logprob_type": "action", **({"flow_rl": flow_rl} if flow_rl else {})}
     policy = make_policy(settings, S, D, K, image_size=SIZE)
-    srv = InferenceServer(PolicyRunner(policy, version=3, obs_spec=OBS_SPEC), "127.0.0.1", 0, 0,
-                          max_batch=64, max_wait_ms=2)
+    srv = InferenceServer(
+        PolicyRunner(policy, version=3, obs_spec=OBS_SPEC), "127.0.0.1", 0, 0, max_batch=64, max_wait_ms=2
+    )
     thread = threading.Thread(target=srv.serve, daemon=True)
     thread.start()
     yield srv, policy
@@ -71,11 +73,22 @@ def test_server_logprobs_equal_the_learners_recomputation(served, transport):
 
 
 PIXEL_RUN = [
-    "env.task=reach-v3,button-press-topdown-v3", "env.image_size=32", "env.chunk_size=4", "env.max_episode_steps=16",
-    "policy.depth=1", "demos.bootstrap=false",
-    "actor.num_envs=4", "actor.num_workers=1", "actor.pipeline_stage_num=2", "actor.rollout_len=4",
-    "learner.batch_env_steps=16", "runner.total_env_steps=512", "runner.max_wall_seconds=0",
-    "runner.checkpoint_every=2", "eval.episodes_per_task=1", "eval.before=true",
+    "env.task=reach-v3,button-press-topdown-v3",
+    "env.image_size=32",
+    "env.chunk_size=4",
+    "env.max_episode_steps=16",
+    "policy.depth=1",
+    "demos.bootstrap=false",
+    "actor.num_envs=4",
+    "actor.num_workers=1",
+    "actor.pipeline_stage_num=2",
+    "actor.rollout_len=4",
+    "learner.batch_env_steps=16",
+    "runner.total_env_steps=512",
+    "runner.max_wall_seconds=0",
+    "runner.checkpoint_every=2",
+    "eval.episodes_per_task=1",
+    "eval.before=true",
     "eval.video_cfg.save_video=true",
 ]
 
@@ -84,14 +97,29 @@ PIXEL_RUN = [
 def test_short_pixel_training_run_through_real_processes(tmp_path, policy):
     run = tmp_path / "run"
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    res = subprocess.run([sys.executable, "-m", "rlfleet.cli", "train", "metaworld_quickstart_tinyoft", *PIXEL_RUN,
-                          f"policy.name={policy}", f"runner.logger.log_path={run}"],
-                         capture_output=True, text=True, env=env, timeout=600)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rlfleet.cli",
+            "train",
+            "metaworld_quickstart_tinyoft",
+            *PIXEL_RUN,
+            f"policy.name={policy}",
+            f"runner.logger.log_path={run}",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     summary = json.loads((run / "summary.json").read_text())
     assert summary["updates"] >= 4 and summary["rejected_segments"] == 0
     assert set(summary["eval_success"]) == set(summary["eval_before"]) == {"reach-v3", "button-press-topdown-v3"}
     assert (run / "before_after.md").exists() and "Before" in (run / "before_after.md").read_text()
     assert list((run / "videos").rglob("*.mp4")), "eval videos were asked for"
-    cfg = json.loads((run / "checkpoints" / (run / "checkpoints" / "latest").read_text().strip() / "config.json").read_text())
+    cfg = json.loads(
+        (run / "checkpoints" / (run / "checkpoints" / "latest").read_text().strip() / "config.json").read_text()
+    )
     assert cfg["policy"]["name"] == policy and cfg["image_size"] == 32

@@ -1,4 +1,5 @@
 """`rlfleet train` with cluster.component_placement: the plan decides how many of each role start."""
+
 from __future__ import annotations
 
 import json
@@ -13,9 +14,23 @@ def test_collocated_placement_on_cpu_slots(tmp_path):
     """2 actors, 2 inference servers and a 2-rank (gloo) torchrun learner, from one placement line."""
     run = tmp_path / "run"
     res = subprocess.run(
-        [sys.executable, "-m", "rlfleet.cli", "train", "metaworld_reach_ppo", *TINY, "runner.total_env_steps=640",
-         f"runner.logger.log_path={run}", "cluster.cpu_slots=2", "cluster.component_placement={'env,rollout,actor': all}"],
-        capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=420)
+        [
+            sys.executable,
+            "-m",
+            "rlfleet.cli",
+            "train",
+            "metaworld_reach_ppo",
+            *TINY,
+            "runner.total_env_steps=640",
+            f"runner.logger.log_path={run}",
+            "cluster.cpu_slots=2",
+            "cluster.component_placement={'env,rollout,actor': all}",
+        ],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+        timeout=420,
+    )
     assert res.returncode == 0, res.stderr[-4000:]
     assert "placement: collocated" in res.stderr and "no CUDA device here" in res.stderr
     summary = json.loads((run / "summary.json").read_text())

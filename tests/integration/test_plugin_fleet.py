@@ -1,6 +1,7 @@
 """The example plugin package (examples/rlfleet_plugin_example) installed with pip and found by name,
 through its entry points, in every role: local `rlfleet train`, the roles started one by one, and
 `rlfleet env-server`. The test process itself never imports the plugin: only the roles see it."""
+
 from __future__ import annotations
 
 import json
@@ -12,7 +13,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from role_processes import TINY
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "rlfleet_plugin_example"
@@ -27,8 +27,23 @@ def plugin_path(tmp_path_factory) -> str:
     src = root / "src"
     shutil.copytree(EXAMPLE, src, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
     target = root / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
-                    "--target", str(target), str(src)], check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "--target",
+            str(target),
+            str(src),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     assert (target / "rlfleet_plugin_example").is_dir()
     return str(target)
 
@@ -42,8 +57,9 @@ def with_plugin(plugin_path, monkeypatch) -> str:
 
 def _cli(*args: str, timeout: float) -> subprocess.CompletedProcess:
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    return subprocess.run([sys.executable, "-m", "rlfleet.cli", *args], capture_output=True, text=True, env=env,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "rlfleet.cli", *args], capture_output=True, text=True, env=env, timeout=timeout
+    )
 
 
 def test_plugin_is_not_visible_without_its_path() -> None:
@@ -55,8 +71,15 @@ def test_plugin_is_not_visible_without_its_path() -> None:
 
 def test_plugin_trains_in_local_mode(with_plugin, tmp_path) -> None:
     run = tmp_path / "run"
-    res = _cli("train", "metaworld_reach_ppo", *TINY, *PLUGIN, "runner.total_env_steps=384",
-               f"runner.logger.log_path={run}", timeout=400)
+    res = _cli(
+        "train",
+        "metaworld_reach_ppo",
+        *TINY,
+        *PLUGIN,
+        "runner.total_env_steps=384",
+        f"runner.logger.log_path={run}",
+        timeout=400,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     summary = json.loads((run / "summary.json").read_text())
     assert summary["updates"] >= 5 and summary["env_steps"] >= 384
@@ -86,8 +109,9 @@ def test_env_server_serves_the_plugin(with_plugin, roles, tmp_path) -> None:
     from rlfleet.envs import EnvConfig, make_env
 
     (tmp_path / "env.json").unlink(missing_ok=True)
-    proc = roles.start("env", "env-server", "--env", "point_reach", "--address-file", str(tmp_path / "env.json"),
-                       "max_episode_steps=5")
+    proc = roles.start(
+        "env", "env-server", "--env", "point_reach", "--address-file", str(tmp_path / "env.json"), "max_episode_steps=5"
+    )
     address = roles.wait_address("env", proc)["env"]
     with make_env(EnvConfig(name=f"remote://{address}", chunk_size=2), 3) as env:
         obs = env.reset(np.arange(3))

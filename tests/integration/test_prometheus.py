@@ -1,4 +1,5 @@
 """Each role's /metrics endpoint, scraped from real processes while a tiny run trains."""
+
 from __future__ import annotations
 
 import math
@@ -77,12 +78,21 @@ def _send_malformed_inference_request(zmq_endpoint: str) -> None:
 
 def test_learner_inference_and_actor_serve_prometheus_metrics(roles, tmp_path, monkeypatch):
     learner_port, inference_port, actor_port = _free_port(), _free_port(), _free_port()
-    learner, laddr = roles.learner(tmp_path / "run", "runner.total_env_steps=100000000", "eval.at_end=false",
-                                   "--metrics-port", str(learner_port))
+    learner, laddr = roles.learner(
+        tmp_path / "run", "runner.total_env_steps=100000000", "eval.at_end=false", "--metrics-port", str(learner_port)
+    )
     learner_info = roles.wait_address("learner", learner)
     assert learner_info["metrics"] == f"127.0.0.1:{learner_port}"  # reported beside the gRPC address
-    inference = roles.start("inference", "inference", "--learner", laddr, "--address-file",
-                            str(tmp_path / "inference.json"), "--metrics-port", str(inference_port))
+    inference = roles.start(
+        "inference",
+        "inference",
+        "--learner",
+        laddr,
+        "--address-file",
+        str(tmp_path / "inference.json"),
+        "--metrics-port",
+        str(inference_port),
+    )
     inference_info = roles.wait_address("inference", inference)
     monkeypatch.setenv("RLFLEET_METRICS_PORT", str(actor_port))  # the environment works as well as the flag
     roles.actor("actor-metrics", laddr, inference_info["inference"], "zmq")
@@ -100,8 +110,12 @@ def test_learner_inference_and_actor_serve_prometheus_metrics(roles, tmp_path, m
     assert _value(lm, "rlfleet_learner_ingest_queue_capacity") == 4
     assert 0 <= _value(lm, "rlfleet_learner_ingest_queue_depth") <= 4
     assert lm["rlfleet_learner_rejected_segments"].type == "counter"
-    for gauge in ("rlfleet_learner_train_actor_approx_kl", "rlfleet_learner_train_actor_policy_loss",
-                  "rlfleet_learner_train_critic_value_loss", "rlfleet_learner_throughput_policy_lag"):
+    for gauge in (
+        "rlfleet_learner_train_actor_approx_kl",
+        "rlfleet_learner_train_actor_policy_loss",
+        "rlfleet_learner_train_critic_value_loss",
+        "rlfleet_learner_throughput_policy_lag",
+    ):
         assert lm[gauge].type == "gauge" and math.isfinite(_value(lm, gauge)), gauge
     assert _value(lm, "rlfleet_learner_throughput_env_steps_per_s") > 0
     assert _value(lm, "rlfleet_info", role="learner") == 1
@@ -132,8 +146,18 @@ def test_env_server_counts_calls_and_rejected_calls(roles, tmp_path):
     from rlfleet.wire.gen import env_pb2, env_pb2_grpc
 
     port = _free_port()
-    server = roles.start("env-server", "env-server", "--env", "metaworld", "--task", "reach-v3", "--metrics-port",
-                         str(port), "--address-file", str(tmp_path / "env-server.json"))
+    server = roles.start(
+        "env-server",
+        "env-server",
+        "--env",
+        "metaworld",
+        "--task",
+        "reach-v3",
+        "--metrics-port",
+        str(port),
+        "--address-file",
+        str(tmp_path / "env-server.json"),
+    )
     address = roles.wait_address("env-server", server)["env"]
     with grpc.insecure_channel(address) as ch:
         stub = env_pb2_grpc.EnvServiceStub(ch)

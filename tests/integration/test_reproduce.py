@@ -1,4 +1,5 @@
 """bench/reproduce.py end to end: two tiny training seeds, a results page and both plots."""
+
 from __future__ import annotations
 
 import json
@@ -18,8 +19,13 @@ def test_two_seeds_give_a_results_page_with_plots(tmp_path):
     out = tmp_path / "repro"
     overrides = [*TINY, "runner.total_env_steps=640", "eval.every_updates=4"]
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    res = subprocess.run([sys.executable, str(REPRODUCE), "metaworld_reach_ppo", "--seeds", "2", "--out", str(out),
-                          *overrides], capture_output=True, text=True, env=env, timeout=900)
+    res = subprocess.run(
+        [sys.executable, str(REPRODUCE), "metaworld_reach_ppo", "--seeds", "2", "--out", str(out), *overrides],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+    )
     assert res.returncode == 0, res.stderr[-3000:] + res.stdout[-2000:]
     page = (out / "results.md").read_text()
     assert "| reach-v3 |" in page and "| **mean** |" in page and "over 2 training seeds" in page
@@ -32,7 +38,22 @@ def test_two_seeds_give_a_results_page_with_plots(tmp_path):
     agg = json.loads((out / "results.json").read_text())
     assert agg["seeds"] == 2 and len(agg["env_steps"]) == 2 and all(s >= 640 for s in agg["env_steps"])
     # --report-only rebuilds the same page from the runs on disk, without training
-    again = subprocess.run([sys.executable, str(REPRODUCE), "metaworld_reach_ppo", "--seeds", "2", "--out", str(out),
-                            "--report-only", *overrides], capture_output=True, text=True, env=env, timeout=300)
+    again = subprocess.run(
+        [
+            sys.executable,
+            str(REPRODUCE),
+            "metaworld_reach_ppo",
+            "--seeds",
+            "2",
+            "--out",
+            str(out),
+            "--report-only",
+            *overrides,
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert again.returncode == 0, again.stderr[-3000:]
     assert (out / "results.md").read_text() == page

@@ -4,6 +4,7 @@ Each test sends what a client may send over ZeroMQ (a layout that does not fit t
 an object dtype, a re-attach racing an answer, endless attaches, someone else's block) and
 checks the server answers with an error, counts it, and keeps serving.
 """
+
 from __future__ import annotations
 
 import json
@@ -68,8 +69,11 @@ class Raw:
 
     def attach(self, blk: SharedArrays, lay=None, secret: str | None = None, name: str | None = None) -> list[bytes]:
         lay = blk.layout if lay is None else lay
-        msg = {"shm_name": name or blk.name, "layout": {k: [list(v.shape), v.dtype] for k, v in lay.items()},
-               "secret": blk.secret if secret is None else secret}
+        msg = {
+            "shm_name": name or blk.name,
+            "layout": {k: [list(v.shape), v.dtype] for k, v in lay.items()},
+            "secret": blk.secret if secret is None else secret,
+        }
         self.send(b"attach", json.dumps(msg).encode())
         return self.recv()
 
@@ -130,8 +134,16 @@ def test_act_shm_then_reattach_keeps_the_server_up(server):
     try:
         for blk in blocks:  # each answer races the next attach, which replaces the block it writes
             blk["states"][:] = 1.0
-            raw.send(b"attach", json.dumps({"shm_name": blk.name, "secret": blk.secret, "layout": {
-                k: [list(v.shape), v.dtype] for k, v in blk.layout.items()}}).encode())
+            raw.send(
+                b"attach",
+                json.dumps(
+                    {
+                        "shm_name": blk.name,
+                        "secret": blk.secret,
+                        "layout": {k: [list(v.shape), v.dtype] for k, v in blk.layout.items()},
+                    }
+                ).encode(),
+            )
             raw.act_shm(0, 8)
         kinds = sorted(raw.recv()[0] for _ in range(len(blocks) * 2))
         assert kinds.count(b"done") == len(blocks) and kinds.count(b"ok") == len(blocks), kinds

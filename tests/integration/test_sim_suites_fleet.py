@@ -1,6 +1,7 @@
 """The RoboTwin-style and CALVIN-style envs through the real fleet (learner, inference server and
 actor processes on loopback), state-only with the MLP policy, then an evaluation-only run
 (`runner.only_eval`, RLinf's *_eval recipes) of the checkpoint it wrote."""
+
 from __future__ import annotations
 
 import json
@@ -9,12 +10,16 @@ import subprocess
 import sys
 
 import pytest
-
 from role_processes import TINY
 
 SUITES = {
-    "robotwin": ["env.name=robotwin", "env.task=click_bell,place_empty_cup", "env.max_episode_steps=40",
-                 "env.reward_type=dense", "eval.task=click_bell:eval,place_empty_cup:eval"],
+    "robotwin": [
+        "env.name=robotwin",
+        "env.task=click_bell,place_empty_cup",
+        "env.max_episode_steps=40",
+        "env.reward_type=dense",
+        "eval.task=click_bell:eval,place_empty_cup:eval",
+    ],
     "calvin": ["env.name=calvin", "env.task=D", "env.max_episode_steps=40", "env.reward_type=success"],
 }
 NEEDS = {"robotwin": "sapien", "calvin": "pybullet"}
@@ -22,8 +27,9 @@ NEEDS = {"robotwin": "sapien", "calvin": "pybullet"}
 
 def _cli(*args, timeout: int):
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    return subprocess.run([sys.executable, "-m", "rlfleet.cli", *args], capture_output=True, text=True, env=env,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "rlfleet.cli", *args], capture_output=True, text=True, env=env, timeout=timeout
+    )
 
 
 @pytest.mark.parametrize("suite", sorted(SUITES))
@@ -31,8 +37,15 @@ def test_short_fleet_run_then_eval_only(tmp_path, suite):
     pytest.importorskip(NEEDS[suite])
     run = tmp_path / "run"
     common = [*TINY, *SUITES[suite], "eval.episodes_per_task=1"]
-    res = _cli("train", "metaworld_reach_ppo", *common, "runner.total_env_steps=480", f"runner.logger.log_path={run}",
-               "eval.before=true", timeout=300)
+    res = _cli(
+        "train",
+        "metaworld_reach_ppo",
+        *common,
+        "runner.total_env_steps=480",
+        f"runner.logger.log_path={run}",
+        "eval.before=true",
+        timeout=300,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     summary = json.loads((run / "summary.json").read_text())
     # written before the fleet starts, so a failed start keeps it
@@ -48,8 +61,15 @@ def test_short_fleet_run_then_eval_only(tmp_path, suite):
     ckpt = run / "checkpoints" / (run / "checkpoints" / "latest").read_text().strip()
 
     only = tmp_path / "eval_only"
-    res = _cli("train", "metaworld_reach_ppo", *common, "runner.only_eval=true", f"policy.model_path={ckpt}",
-               f"runner.logger.log_path={only}", timeout=300)
+    res = _cli(
+        "train",
+        "metaworld_reach_ppo",
+        *common,
+        "runner.only_eval=true",
+        f"policy.model_path={ckpt}",
+        f"runner.logger.log_path={only}",
+        timeout=300,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     result = json.loads((only / "summary.json").read_text())
     assert set(result["eval_success"]) == set(summary["eval_success"])

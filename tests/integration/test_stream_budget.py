@@ -3,6 +3,7 @@
 Each gRPC call holds a server thread for as long as it lasts; streams get their own budget,
 an idle limit and keepalive (`rlfleet.wire.grpc_limits`), so a server keeps answering.
 """
+
 from __future__ import annotations
 
 import threading
@@ -66,8 +67,11 @@ def test_idle_act_streams_do_not_starve_new_calls(inference):
             health = health_pb2_grpc.HealthStub(fresh).Check(health_pb2.HealthCheckRequest(), timeout=30)
             info = inference_pb2_grpc.InferenceServiceStub(fresh).GetInfo(inference_pb2.InfoRequest(), timeout=30)
             obs = codec.encode_map({"states": np.ones((2, S), np.float32)})
-            (reply,) = list(inference_pb2_grpc.InferenceServiceStub(fresh).Act(
-                iter([inference_pb2.ActRequest(request_id=1, obs=obs)]), timeout=30))
+            (reply,) = list(
+                inference_pb2_grpc.InferenceServiceStub(fresh).Act(
+                    iter([inference_pb2.ActRequest(request_id=1, obs=obs)]), timeout=30
+                )
+            )
         assert health.status == health_pb2.HealthCheckResponse.SERVING and info.policy_version == 2
         assert reply.error == "" and reply.policy_version == 2
     finally:
@@ -83,10 +87,17 @@ def learner_server():
     publisher.publish(0, b"weights")
     servicer = LearnerServicer("x: 1\n", "run", ingest, publisher)
     server, port = start_grpc_server(
-        "127.0.0.1", 0, [lambda s: add_servicer(learner_pb2_grpc.add_LearnerServiceServicer_to_server, servicer, s,
-                                                servicer.other_rejections.count)],
-        ["rlfleet.v1.LearnerService"], limits=StreamLimits(max_streams=80, idle_s=600),
-        on_refused=servicer.other_rejections.count)
+        "127.0.0.1",
+        0,
+        [
+            lambda s: add_servicer(
+                learner_pb2_grpc.add_LearnerServiceServicer_to_server, servicer, s, servicer.other_rejections.count
+            )
+        ],
+        ["rlfleet.v1.LearnerService"],
+        limits=StreamLimits(max_streams=80, idle_s=600),
+        on_refused=servicer.other_rejections.count,
+    )
     yield servicer, server, f"127.0.0.1:{port}"
     publisher.finish()
     server.stop(grace=0)
@@ -105,8 +116,10 @@ def test_idle_push_and_watch_streams_do_not_starve_the_learner(learner_server):
             fstub = learner_pb2_grpc.LearnerServiceStub(fresh)
             reg = fstub.Register(learner_pb2.RegisterRequest(client_id="a", role="actor"), timeout=30)
             beat = fstub.Heartbeat(learner_pb2.HeartbeatRequest(client_id="a"), timeout=30)
-            ack = fstub.PushTrajectory(iter([learner_pb2.TrajectoryChunk(client_id="a", segment_id=1, num_chunks=1,
-                                                                         payload=b"\xff")]), timeout=30)
+            ack = fstub.PushTrajectory(
+                iter([learner_pb2.TrajectoryChunk(client_id="a", segment_id=1, num_chunks=1, payload=b"\xff")]),
+                timeout=30,
+            )
         assert reg.run_id == "run" and beat.policy_version == 0
         assert not ack.accepted and ack.error  # answered (a garbage segment, refused as such)
         # a stream over the budget is refused at once, and counted
@@ -132,9 +145,13 @@ def test_a_silent_request_stream_is_closed_after_the_idle_limit():
     ingest, publisher = IngestQueue(maxsize=4), WeightPublisher()
     servicer = LearnerServicer("x: 1\n", "run", ingest, publisher)
     server, port = start_grpc_server(
-        "127.0.0.1", 0, [lambda s: learner_pb2_grpc.add_LearnerServiceServicer_to_server(servicer, s)],
-        ["rlfleet.v1.LearnerService"], limits=StreamLimits(max_streams=8, idle_s=0.5),
-        on_refused=servicer.other_rejections.count)
+        "127.0.0.1",
+        0,
+        [lambda s: learner_pb2_grpc.add_LearnerServiceServicer_to_server(servicer, s)],
+        ["rlfleet.v1.LearnerService"],
+        limits=StreamLimits(max_streams=8, idle_s=0.5),
+        on_refused=servicer.other_rejections.count,
+    )
     stop = threading.Event()
     try:
         with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:

@@ -1,5 +1,6 @@
 """Unit tests run torch on one thread: their tensors are tiny, and extra intra-op threads only
 add contention on a busy 2-core machine."""
+
 import pytest
 import torch
 

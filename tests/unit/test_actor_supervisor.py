@@ -1,4 +1,5 @@
 """The actor restart budget refills over time, and the console says why an actor died."""
+
 from __future__ import annotations
 
 import logging
@@ -57,8 +58,9 @@ def test_budget_is_a_token_bucket():
 def test_restarts_refill_over_a_long_run(tmp_path):
     """Four crashes far apart no longer end the run (they did with 3 restarts per run)."""
     clock = Clock()
-    sup = ActorSupervisor(lambda i: FakeProc(), 1, RestartPolicy(max_restarts=3, backoff_s=1.0, refill_s=600.0),
-                          clock=clock)
+    sup = ActorSupervisor(
+        lambda i: FakeProc(), 1, RestartPolicy(max_restarts=3, backoff_s=1.0, refill_s=600.0), clock=clock
+    )
     for _ in range(6):
         assert _crash_and_restart(sup, clock)
         clock.t += 3600.0  # an hour of good running between crashes
@@ -70,16 +72,26 @@ def test_restarts_refill_over_a_long_run(tmp_path):
 
 def test_the_console_says_why_an_actor_died(tmp_path, caplog):
     log_file = tmp_path / "actor0.log"
-    log_file.write_text("INFO starting\nTraceback (most recent call last):\n  File x\n"
-                        "rlfleet.envs.remote.RemoteEnvError: env server 127.0.0.1:5 sent a bad observation\n\n")
+    log_file.write_text(
+        "INFO starting\nTraceback (most recent call last):\n  File x\n"
+        "rlfleet.envs.remote.RemoteEnvError: env server 127.0.0.1:5 sent a bad observation\n\n"
+    )
     clock = Clock()
-    sup = ActorSupervisor(lambda i: FakeProc(), 1, RestartPolicy(max_restarts=1, refill_s=0.0),
-                          log_file=lambda i: tmp_path / f"actor{i}.log", clock=clock)
+    sup = ActorSupervisor(
+        lambda i: FakeProc(),
+        1,
+        RestartPolicy(max_restarts=1, refill_s=0.0),
+        log_file=lambda i: tmp_path / f"actor{i}.log",
+        clock=clock,
+    )
     with caplog.at_level(logging.WARNING, logger="rlfleet.actor_supervisor"):
         assert _crash_and_restart(sup, clock)
         assert not _crash_and_restart(sup, clock)
     died = [r.getMessage() for r in caplog.records if "died with exit code 1" in r.getMessage()]
-    assert len(died) == 2 and all(m.endswith("sent a bad observation; restarting actor 0 in 2.0s")
-                                  or "sent a bad observation; not restarting it" in m for m in died)
+    assert len(died) == 2 and all(
+        m.endswith("sent a bad observation; restarting actor 0 in 2.0s")
+        or "sent a bad observation; not restarting it" in m
+        for m in died
+    )
     assert sup.causes[0].startswith("rlfleet.envs.remote.RemoteEnvError")
     assert last_error_line(Path(tmp_path / "missing.log")) == "" and last_error_line(None) == ""

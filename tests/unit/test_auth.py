@@ -1,4 +1,5 @@
 """Token, TLS, the bind rule and size limits on real gRPC / ZeroMQ servers on loopback."""
+
 from __future__ import annotations
 
 import shutil
@@ -32,10 +33,17 @@ S, D, K = 5, 2, 1
 
 
 def _echo(server: grpc.Server) -> None:
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, {
-        "Echo": grpc.unary_unary_rpc_method_handler(lambda req, ctx: req),
-        "Chat": grpc.stream_stream_rpc_method_handler(lambda reqs, ctx: (r for r in reqs)),
-    }),))
+    server.add_generic_rpc_handlers(
+        (
+            grpc.method_handlers_generic_handler(
+                SERVICE,
+                {
+                    "Echo": grpc.unary_unary_rpc_method_handler(lambda req, ctx: req),
+                    "Chat": grpc.stream_stream_rpc_method_handler(lambda reqs, ctx: (r for r in reqs)),
+                },
+            ),
+        )
+    )
 
 
 @pytest.fixture
@@ -49,8 +57,14 @@ def echo_server(request):
 @pytest.fixture(autouse=True)
 def process_auth(monkeypatch):
     """Tests start from no settings at all; `process_auth(cfg)` installs some (the CLI's job)."""
-    for var in ("RLFLEET_TOKEN", "RLFLEET_TLS_CERT", "RLFLEET_TLS_KEY", "RLFLEET_TLS_CA", "RLFLEET_TLS_SERVER_NAME",
-                "RLFLEET_MAX_MESSAGE_BYTES"):
+    for var in (
+        "RLFLEET_TOKEN",
+        "RLFLEET_TLS_CERT",
+        "RLFLEET_TLS_KEY",
+        "RLFLEET_TLS_CA",
+        "RLFLEET_TLS_SERVER_NAME",
+        "RLFLEET_MAX_MESSAGE_BYTES",
+    ):
         monkeypatch.delenv(var, raising=False)
     yield auth.configure
     auth.configure(None)
@@ -68,6 +82,7 @@ def _code(fn) -> grpc.StatusCode:
 
 
 # ---- gRPC token --------------------------------------------------------------------------------
+
 
 def test_right_token_passes_unary_and_streaming_calls(echo_server):
     cfg = AuthConfig(token=TOKEN)
@@ -116,6 +131,7 @@ def test_interceptor_counts_refusals_and_compares_the_whole_header():
 
 # ---- TLS ---------------------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def self_signed(tmp_path_factory):
     """A throwaway certificate for 127.0.0.1 / localhost (the openssl CLI; `cryptography` is not a dependency)."""
@@ -123,9 +139,30 @@ def self_signed(tmp_path_factory):
         pytest.skip("openssl not installed")
     d = tmp_path_factory.mktemp("tls")
     cert, key = d / "cert.pem", d / "key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-                    "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=localhost",
-                    "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:learner.internal"], check=True, capture_output=True)
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+            "-days",
+            "1",
+            "-subj",
+            "/CN=localhost",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:learner.internal",
+        ],
+        check=True,
+        capture_output=True,
+    )
     return str(cert), str(key)
 
 
@@ -142,7 +179,10 @@ def test_tls_with_token(self_signed):
         misnamed = AuthConfig(token=TOKEN, tls_ca=cert, tls_server_name="someone.else")
         assert _code(lambda: _echo_call(address, misnamed)) == grpc.StatusCode.UNAVAILABLE
         # token as call credentials over TLS: a wrong one is still refused
-        assert _code(lambda: _echo_call(address, AuthConfig(token="wrong", tls_ca=cert))) == grpc.StatusCode.UNAUTHENTICATED
+        assert (
+            _code(lambda: _echo_call(address, AuthConfig(token="wrong", tls_ca=cert)))
+            == grpc.StatusCode.UNAUTHENTICATED
+        )
         # a plain-text client cannot talk to a TLS server
         assert _code(lambda: _echo_call(address, AuthConfig(token=TOKEN))) == grpc.StatusCode.UNAVAILABLE
     finally:
@@ -153,10 +193,13 @@ def test_tls_settings_are_checked():
     with pytest.raises(AuthError, match="both a certificate and its key"):
         AuthConfig(tls_cert="cert.pem")
     with pytest.raises(AuthError, match="cannot read the TLS key /nope.key"):
-        start_grpc_server("127.0.0.1", 0, [_echo], [SERVICE], auth=AuthConfig(tls_cert="/nope.pem", tls_key="/nope.key"))
+        start_grpc_server(
+            "127.0.0.1", 0, [_echo], [SERVICE], auth=AuthConfig(tls_cert="/nope.pem", tls_key="/nope.key")
+        )
 
 
 # ---- bind rule ---------------------------------------------------------------------------------
+
 
 def test_non_loopback_bind_needs_a_token():
     with pytest.raises(ValueError, match="without a token.*loopback.*RLFLEET_TOKEN"):
@@ -175,6 +218,7 @@ def test_non_loopback_bind_needs_a_token():
 
 # ---- message size ------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("echo_server", [AuthConfig(token=TOKEN, max_message_bytes=64 * 1024)], indirect=True)
 def test_oversized_message_is_resource_exhausted_and_serving_goes_on(echo_server):
     big = AuthConfig(token=TOKEN)  # the client allows more than the server does
@@ -185,6 +229,7 @@ def test_oversized_message_is_resource_exhausted_and_serving_goes_on(echo_server
 
 
 # ---- ZeroMQ ------------------------------------------------------------------------------------
+
 
 def _inference_server(host: str, cfg: AuthConfig) -> tuple[InferenceServer, threading.Thread]:
     torch.manual_seed(0)
@@ -295,6 +340,7 @@ def test_wildcard_bind_with_token_reached_through_loopback(slots, process_auth):
 
 # ---- settings from flags and environment -------------------------------------------------------
 
+
 def test_token_file_wins_over_environment_and_child_env_round_trips(tmp_path):
     token_file = tmp_path / "token"
     token_file.write_text(" from-file\n")
@@ -302,7 +348,12 @@ def test_token_file_wins_over_environment_and_child_env_round_trips(tmp_path):
     env = {"RLFLEET_TOKEN": "from-env", "RLFLEET_TLS_CA": "/ca.pem", "RLFLEET_MAX_MESSAGE_BYTES": "1000"}
     assert load_auth(env=env).token == "from-env"
     cfg = load_auth(str(token_file), env=env, tls_ca=None, tls_server_name="learner.internal")
-    assert (cfg.token, cfg.tls_ca, cfg.tls_server_name, cfg.max_message_bytes) == ("from-file", "/ca.pem", "learner.internal", 1000)
+    assert (cfg.token, cfg.tls_ca, cfg.tls_server_name, cfg.max_message_bytes) == (
+        "from-file",
+        "/ca.pem",
+        "learner.internal",
+        1000,
+    )
     assert AuthConfig.from_env(cfg.child_env()) == cfg
     (tmp_path / "empty").write_text("\n")
     with pytest.raises(AuthError, match="empty"):
@@ -326,8 +377,14 @@ def test_launcher_passes_the_token_by_environment_not_command_line(monkeypatch, 
 
 
 def test_cli_addresses_come_from_flags_or_environment(monkeypatch, capsys):
-    for var in ("RLFLEET_LEARNER", "RLFLEET_INFERENCE", "RLFLEET_HOST", "RLFLEET_GRPC_PORT", "RLFLEET_ZMQ_PORT",
-                "RLFLEET_LEARNER_PORT"):
+    for var in (
+        "RLFLEET_LEARNER",
+        "RLFLEET_INFERENCE",
+        "RLFLEET_HOST",
+        "RLFLEET_GRPC_PORT",
+        "RLFLEET_ZMQ_PORT",
+        "RLFLEET_LEARNER_PORT",
+    ):
         monkeypatch.delenv(var, raising=False)
     parser = cli.build_parser()
     with pytest.raises(SystemExit):

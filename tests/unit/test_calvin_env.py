@@ -1,5 +1,6 @@
 """CalvinEnv: the ChunkedEnv contract (shapes, auto-reset, seeds, rendering), instruction switching and
 subtask rewards along a chain, expert labels, scene variants, and full chains solved by the experts."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -154,7 +155,7 @@ def test_truncated_episode_returns_completed_subtasks():
         env = CalvinEnv(_cfg(task="C", chunk_size=2, max_episode_steps=160, reward_type=reward_type), 1)
         try:
             env.reset(np.array([11]))
-            for _, res in _run_expert(env):
+            for _, res in _run_expert(env):  # noqa: B007 (the last reply is read after the loop)
                 pass
             done = int(env.last_chain_progress[0])
             assert res.truncated[0] and not res.episode_success_once[0] and res.episode_length[0] == 160
@@ -185,7 +186,7 @@ def test_variants_place_fixtures_differently():
     fixtures = {name: (v.drawer_xy, v.cabinet_y, v.button_xy, v.switch_xy, v.desk_rgba) for name, v in VARIANTS.items()}
     names = sorted(fixtures)
     for i, a in enumerate(names):
-        for b in names[i + 1:]:
+        for b in names[i + 1 :]:
             assert fixtures[a][:4] != fixtures[b][:4] and fixtures[a][4] != fixtures[b][4], (a, b)
     state = sample_initial_state(0)
     positions = {}
@@ -193,12 +194,16 @@ def test_variants_place_fixtures_differently():
         scene = Scene(variant)
         try:
             scene.reset(state, np.random.default_rng(0))
-            positions[name] = np.concatenate([p.getBasePositionAndOrientation(body, physicsClientId=scene.client)[0]
-                                              for body in (scene.drawer, scene.slider, scene.button, scene.switch)])
+            positions[name] = np.concatenate(
+                [
+                    p.getBasePositionAndOrientation(body, physicsClientId=scene.client)[0]
+                    for body in (scene.drawer, scene.slider, scene.button, scene.switch)
+                ]
+            )
         finally:
             scene.close()
     for i, a in enumerate(names):
-        for b in names[i + 1:]:
+        for b in names[i + 1 :]:
             assert np.abs(positions[a] - positions[b]).max() > 0.05, (a, b)
 
 
@@ -207,7 +212,7 @@ def test_expert_solves_eval_chains(seed):
     env = CalvinEnv(_cfg(task="ABCD"[seed], chunk_size=5, pool="eval"), 1)
     try:
         env.reset(np.array([seed]))
-        for _, res in _run_expert(env):
+        for _, res in _run_expert(env):  # noqa: B007 (the last reply is read after the loop)
             pass
         assert env.last_chain_progress[0] == CHAIN_LENGTH, env.current_chains()
     finally:

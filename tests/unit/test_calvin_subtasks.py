@@ -1,5 +1,6 @@
 """CALVIN-style playtable: subtask detectors against the scripted experts and a no-op policy, chain
 sampling feasibility and determinism, and disjoint train / eval pools."""
+
 from __future__ import annotations
 
 from dataclasses import replace
@@ -40,10 +41,13 @@ def _setup(name: str) -> tuple[SymState, list[str]]:
     task = SUBTASKS[name]
     for seed in range(200):
         s = sample_initial_state(seed)
-        s = replace(s, drawer_open=(task.kind == "drawer" and task.direction < 0) or task.kind == "place_drawer",
-                    slider_left=task.kind == "slider" and task.direction < 0,
-                    led_on=task.kind == "led" and task.direction < 0,
-                    bulb_on=task.kind == "bulb" and task.direction < 0)
+        s = replace(
+            s,
+            drawer_open=(task.kind == "drawer" and task.direction < 0) or task.kind == "place_drawer",
+            slider_left=task.kind == "slider" and task.direction < 0,
+            led_on=task.kind == "led" and task.direction < 0,
+            bulb_on=task.kind == "bulb" and task.direction < 0,
+        )
         if task.kind in ("stack", "place_drawer"):
             prefix = ["lift_red_block_table"]
         elif task.kind == "unstack":
@@ -72,7 +76,7 @@ def _run(scene: Scene, start: SymState, chain: list[str], policy: str) -> tuple[
         use_expert = policy == "expert" or j < len(chain) - 1
         budget = MAX_STEPS if use_expert else policy_steps[name]
         ok = False
-        for t in range(budget):
+        for t in range(budget):  # noqa: B007 (the step count is read after the loop)
             action = expert_action(ctx, now) if use_expert else np.zeros(7, np.float32)
             scene.step(action)
             now = scene.snapshot()
@@ -122,8 +126,12 @@ def test_sampled_chains_satisfy_preconditions_in_sequence():
     assert not is_feasible(replace(sample_initial_state(0), drawer_open=False), bad)
     assert not is_feasible(sample_initial_state(0), ("stack_block",))  # nothing held
     # lifting needs a follow-up that puts the block down unless it is the last subtask
-    assert all(c.subtasks[i + 1] in ("stack_block", "place_in_drawer")
-               for c in build_pool("train", 300) for i, n in enumerate(c.subtasks[:-1]) if n.startswith("lift_"))
+    assert all(
+        c.subtasks[i + 1] in ("stack_block", "place_in_drawer")
+        for c in build_pool("train", 300)
+        for i, n in enumerate(c.subtasks[:-1])
+        if n.startswith("lift_")
+    )
 
 
 def test_chain_sampling_and_pools_are_deterministic():

@@ -1,5 +1,6 @@
 """CALVIN's long-horizon metrics (rlfleet.chain_metrics) on hand-made chains, in the learner's
 episode window and in the registry."""
+
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -39,8 +40,12 @@ def test_report_and_markdown():
 def _episodes(returns):
     """What EpisodeWindow.add reads from a segment: the finished episodes' fields."""
     n = len(returns)
-    return SimpleNamespace(ep_returns=np.asarray(returns, np.float32), ep_lengths=np.ones(n, np.int32),
-                           ep_success=np.asarray(returns) == 5, ep_task_ids=np.zeros(n, np.int64))
+    return SimpleNamespace(
+        ep_returns=np.asarray(returns, np.float32),
+        ep_lengths=np.ones(n, np.int32),
+        ep_success=np.asarray(returns) == 5,
+        ep_task_ids=np.zeros(n, np.int64),
+    )
 
 
 def test_episode_window_logs_chain_metrics():

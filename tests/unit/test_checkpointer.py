@@ -55,8 +55,13 @@ def test_save_then_restore_gives_back_everything(tmp_path):
     random.seed(789)
     folder = ck.save(policy, opt, counters, mcfg())
     assert folder == tmp_path / "checkpoints" / "update_000007"
-    assert sorted(p.name for p in folder.iterdir()) == ["config.json", "model.safetensors", "trainer_state.json",
-                                                        "trainer_state.safetensors", "training.json"]
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "config.json",
+        "model.safetensors",
+        "trainer_state.json",
+        "trainer_state.safetensors",
+        "training.json",
+    ]
     expect_torch, expect_np, expect_py = torch.rand(5), np.random.rand(3), random.random()
 
     # a different policy / optimiser / RNG state, as a fresh process would have
@@ -161,9 +166,16 @@ def test_old_trainer_state_pt_still_restores_weights_only(tmp_path):
     for name in ("trainer_state.json", "trainer_state.safetensors"):
         (folder / name).unlink()
     np.random.seed(5)
-    torch.save({"optimizer": opt.state_dict(), "counters": vars(TrainerCounters(update=2, env_steps=5)),
-                "torch_rng": torch.get_rng_state(), "numpy_rng": np.random.get_state(),
-                "python_rng": random.getstate()}, folder / "trainer_state.pt")
+    torch.save(
+        {
+            "optimizer": opt.state_dict(),
+            "counters": vars(TrainerCounters(update=2, env_steps=5)),
+            "torch_rng": torch.get_rng_state(),
+            "numpy_rng": np.random.get_state(),
+            "python_rng": random.getstate(),
+        },
+        folder / "trainer_state.pt",
+    )
     expect = np.random.rand(2)
     assert ck.latest() == folder
     other, other_opt = trained(1)

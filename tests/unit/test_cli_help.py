@@ -1,6 +1,7 @@
 """The CLI explains itself: every argument has help, the top-level help shows examples, the
 security and metrics flags sit in their own sections, and other libraries' INFO logs stay off the
 console at the default level."""
+
 from __future__ import annotations
 
 import argparse
@@ -40,8 +41,13 @@ def test_every_argument_of_every_subcommand_has_help():
 def test_top_level_help_shows_examples():
     text = build_parser().format_help()
     assert "examples:" in text
-    for example in ("rlfleet train metaworld_reach_ppo", "rlfleet eval hf://ORG/NAME", "rlfleet export ",
-                    "rlfleet learner ", "rlfleet actor --learner"):
+    for example in (
+        "rlfleet train metaworld_reach_ppo",
+        "rlfleet eval hf://ORG/NAME",
+        "rlfleet export ",
+        "rlfleet learner ",
+        "rlfleet actor --learner",
+    ):
         assert example in text, example
 
 

@@ -58,14 +58,17 @@ def test_no_recipe_gives_schema_defaults():
 
 
 def test_overrides_apply_with_their_types():
-    cfg = load_config("metaworld_reach_ppo", [
-        "actor.num_envs=8",
-        "algorithm.lr=1e-3",
-        "policy.hidden_sizes=[64,32]",
-        "runner.resume=true",
-        "algorithm.dual_clip=3.0",
-        "runner.experiment_name=other",
-    ])
+    cfg = load_config(
+        "metaworld_reach_ppo",
+        [
+            "actor.num_envs=8",
+            "algorithm.lr=1e-3",
+            "policy.hidden_sizes=[64,32]",
+            "runner.resume=true",
+            "algorithm.dual_clip=3.0",
+            "runner.experiment_name=other",
+        ],
+    )
     assert cfg.actor.num_envs == 8 and isinstance(cfg.actor.num_envs, int)
     assert cfg.algorithm.lr == pytest.approx(1e-3) and isinstance(cfg.algorithm.lr, float)
     assert list(cfg.policy.hidden_sizes) == [64, 32]
@@ -82,7 +85,9 @@ def test_overrides_apply_with_their_types():
     ["actor.num_envs=abc", "algorithm.lr=fast", "runner.resume=maybe", "policy.hidden_sizes=[a]"],
 )
 def test_override_of_the_wrong_type_raises(override):
-    with pytest.raises(ConfigError, match="bad value for (actor.num_envs|algorithm.lr|runner.resume|policy.hidden_sizes)"):
+    with pytest.raises(
+        ConfigError, match="bad value for (actor.num_envs|algorithm.lr|runner.resume|policy.hidden_sizes)"
+    ):
         load_config("metaworld_reach_ppo", [override])
 
 
@@ -110,7 +115,9 @@ def test_recipe_from_a_yaml_file(tmp_path):
     assert cfg.actor.num_envs == 6 and cfg.algorithm.gamma == 0.9
     bad = tmp_path / "bad.yaml"
     bad.write_text("actor:\n  num_envz: 6\n")
-    with pytest.raises(ConfigError, match=r"unknown config key actor.num_envz \(in .*bad.yaml\); did you mean actor.num_envs"):
+    with pytest.raises(
+        ConfigError, match=r"unknown config key actor.num_envz \(in .*bad.yaml\); did you mean actor.num_envs"
+    ):
         load_config(str(bad))
 
 
@@ -183,8 +190,13 @@ def test_defaults_errors_are_one_line(tmp_path):
 def test_every_block_is_valid_config():
     from rlfleet.config import RECIPE_DIR
 
-    blocks = [p for d in RECIPE_DIR.iterdir() if d.is_dir() and not d.name.startswith("_")
-              for p in d.iterdir() if p.name.endswith(".yaml")]
+    blocks = [
+        p
+        for d in RECIPE_DIR.iterdir()
+        if d.is_dir() and not d.name.startswith("_")
+        for p in d.iterdir()
+        if p.name.endswith(".yaml")
+    ]
     assert len(blocks) >= 12
     for block in blocks:
         raw = yaml.safe_load(block.read_text())

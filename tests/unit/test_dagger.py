@@ -1,5 +1,6 @@
 """DAgger / HG-DAgger: beta schedule, policy mixing, intervention gate, aggregation window, expert
 labels from MetaWorld's scripted experts, and the rollout / train steps of the loop."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -111,8 +112,10 @@ def test_expert_control_per_variant():
 
 def _rows(start: int, n: int, K: int = 2) -> tuple[dict[str, np.ndarray], np.ndarray]:
     ids = np.arange(start, start + n)
-    obs = {"states": np.repeat(ids[:, None], 3, 1).astype(np.float32),
-           "main_images": np.broadcast_to(ids[:, None, None, None] % 256, (n, 4, 4, 3)).astype(np.uint8)}
+    obs = {
+        "states": np.repeat(ids[:, None], 3, 1).astype(np.float32),
+        "main_images": np.broadcast_to(ids[:, None, None, None] % 256, (n, 4, 4, 3)).astype(np.uint8),
+    }
     return obs, np.broadcast_to(ids[:, None, None], (n, K, D)).astype(np.float32)
 
 
@@ -180,8 +183,9 @@ def test_labels_equal_the_scripted_expert_at_the_visited_states():
         obs = env.reset(seeds)
         ref_obs = ref.reset(seeds)
         np.testing.assert_array_equal(obs["states"], ref_obs["states"])
-        np.testing.assert_array_equal(env.expert_actions(),
-                                      np.stack([_expert_direct(t, s) for t, s in zip(tasks, obs["states"])]))
+        np.testing.assert_array_equal(
+            env.expert_actions(), np.stack([_expert_direct(t, s) for t, s in zip(tasks, obs["states"])])
+        )
         rng = np.random.default_rng(0)
         use_expert = np.array([True, False])
         for chunk in range(2):  # the second chunk is cut after T - K = 2 substeps
@@ -192,7 +196,7 @@ def test_labels_equal_the_scripted_expert_at_the_visited_states():
             for k in range(steps):
                 want = np.stack([_expert_direct(t, s) for t, s in zip(tasks, ref_obs["states"])])
                 np.testing.assert_array_equal(labels[:, k], want)
-                ref_obs = ref.chunk_step(executed[:, k:k + 1]).obs
+                ref_obs = ref.chunk_step(executed[:, k : k + 1]).obs
             np.testing.assert_array_equal(executed[0], labels[0])  # env 0: the expert ran its own chunk
             np.testing.assert_array_equal(executed[1, :steps], np.clip(student[1, :steps], -1, 1))  # env 1: student
             for k in range(steps, K):  # skipped substeps: padded with the last real one
@@ -237,8 +241,14 @@ class _FakeExpertEnv:
     has_expert = True  # the declared capability collect_rollouts checks
 
     def __init__(self, num_envs: int, K: int = 2, T: int = 4):
-        self.spec = EnvSpec(state_dim=1, action_dim=D, chunk_size=K, num_envs=num_envs, max_episode_steps=T,
-                            task_names=["a", "b"] * (num_envs // 2) + ["a"] * (num_envs % 2))
+        self.spec = EnvSpec(
+            state_dim=1,
+            action_dim=D,
+            chunk_size=K,
+            num_envs=num_envs,
+            max_episode_steps=T,
+            task_names=["a", "b"] * (num_envs // 2) + ["a"] * (num_envs % 2),
+        )
         self.x = np.zeros(num_envs, np.float32)
         self.t = 0
         self.calls: list[np.ndarray] = []
@@ -266,10 +276,18 @@ class _FakeExpertEnv:
         done = np.full(B, self.t >= self.spec.max_episode_steps)
         if done.all():
             self.t = 0
-        res = StepResult(obs=self._obs(), rewards=np.zeros((B, K), np.float32), terminated=np.zeros(B, bool),
-                         truncated=done, success=np.zeros(B, bool), episode_done=done,
-                         episode_return=np.zeros(B, np.float32), episode_length=np.zeros(B, np.int32),
-                         episode_success_once=done & (np.arange(B) % 2 == 0), final_obs={})
+        res = StepResult(
+            obs=self._obs(),
+            rewards=np.zeros((B, K), np.float32),
+            terminated=np.zeros(B, bool),
+            truncated=done,
+            success=np.zeros(B, bool),
+            episode_done=done,
+            episode_return=np.zeros(B, np.float32),
+            episode_length=np.zeros(B, np.int32),
+            episode_success_once=done & (np.arange(B) % 2 == 0),
+            final_obs={},
+        )
         return res, labels, labels
 
 
@@ -295,15 +313,17 @@ class _ConstPolicy(torch.nn.Module):
 def test_rollout_fraction_of_expert_chunks_matches_beta():
     env = _FakeExpertEnv(num_envs=10, K=2, T=400)
     cfg = DAggerConfig(episodes_per_env=1)
-    batch = collect_rollouts(env, _ConstPolicy([0.0] * 10), cfg, beta=0.3, rng=np.random.default_rng(7),
-                             seeds=np.arange(10))
+    batch = collect_rollouts(
+        env, _ConstPolicy([0.0] * 10), cfg, beta=0.3, rng=np.random.default_rng(7), seeds=np.arange(10)
+    )
     assert batch.chunks == 10 * 200 and batch.env_steps == 10 * 400
     assert abs(batch.expert_chunks / batch.chunks - 0.3) < 0.03  # binomial std 0.01 at n = 2000
     assert len(batch.labels) == batch.chunks  # DAgger keeps every visited state
     assert batch.labels.shape == (2000, 2, D) and batch.obs["states"].shape == (2000, 39)
     assert len(batch.episode_success) == 10 and batch.episode_success == [True, False] * 5
-    same = collect_rollouts(_FakeExpertEnv(10, 2, 400), _ConstPolicy([0.0] * 10), cfg, 0.3,
-                            np.random.default_rng(7), np.arange(10))
+    same = collect_rollouts(
+        _FakeExpertEnv(10, 2, 400), _ConstPolicy([0.0] * 10), cfg, 0.3, np.random.default_rng(7), np.arange(10)
+    )
     assert same.expert_chunks == batch.expert_chunks  # seeded
 
 
@@ -335,7 +355,9 @@ def test_train_on_dataset_minimises_the_sft_loss():
     data.add({"states": obs["states"]}, np.full_like(actions, 0.5), iteration=0)
     opt = torch.optim.SGD(policy.parameters(), lr=0.2)
     cfg = DAggerConfig(train_steps=50, batch_size=8)
-    first = train_on_dataset(policy, opt, data, DAggerConfig(train_steps=1, batch_size=8), torch.Generator().manual_seed(0))
+    first = train_on_dataset(
+        policy, opt, data, DAggerConfig(train_steps=1, batch_size=8), torch.Generator().manual_seed(0)
+    )
     last = train_on_dataset(policy, opt, data, cfg, torch.Generator().manual_seed(0))
     assert first == pytest.approx(0.25) and last < 0.05
     assert policy.w.item() == pytest.approx(0.5, abs=1e-3)

@@ -5,6 +5,7 @@ LOCAL_RANK / MASTER_ADDR / MASTER_PORT in the environment; this file is their sc
 compares their weights, Adam moments and metrics after three updates with one process doing the
 same updates, for PPO with critic warm-up, PPO with V-trace and GRPO.
 """
+
 from __future__ import annotations
 
 import os
@@ -67,12 +68,23 @@ def make_segment(behaviour: GaussianMLPPolicy, B: int, versions, seed: int, grpo
         truncated &= ~terminated
     final = np.where((terminated | truncated)[..., None], rng.normal(size=(T, B, S)), 0.0).astype(np.float32)
     return Segment(
-        obs={"states": states}, actions=actions.numpy().reshape(T, B, K, D), logprobs=logp.numpy().reshape(T, B),
-        values=values.numpy().reshape(T, B), rewards=rng.normal(size=(T, B)).astype(np.float32),
-        terminated=terminated, truncated=truncated, final_obs={"states": final},
-        next_obs={"states": rng.normal(size=(B, S)).astype(np.float32)}, versions=np.asarray(versions, np.int64),
-        task_ids=np.zeros(B, np.int64), env_steps=np.array(T * B * K, np.int64), ep_returns=np.zeros(1, np.float32),
-        ep_lengths=np.ones(1, np.int32), ep_success=np.zeros(1, bool), ep_task_ids=np.zeros(1, np.int64), extras={},
+        obs={"states": states},
+        actions=actions.numpy().reshape(T, B, K, D),
+        logprobs=logp.numpy().reshape(T, B),
+        values=values.numpy().reshape(T, B),
+        rewards=rng.normal(size=(T, B)).astype(np.float32),
+        terminated=terminated,
+        truncated=truncated,
+        final_obs={"states": final},
+        next_obs={"states": rng.normal(size=(B, S)).astype(np.float32)},
+        versions=np.asarray(versions, np.int64),
+        task_ids=np.zeros(B, np.int64),
+        env_steps=np.array(T * B * K, np.int64),
+        ep_returns=np.zeros(1, np.float32),
+        ep_lengths=np.ones(1, np.int32),
+        ep_success=np.zeros(1, bool),
+        ep_task_ids=np.zeros(1, np.int64),
+        extras={},
         group_ids=np.arange(B, dtype=np.int64) // 2 if grpo else np.zeros(0, np.int64),
     )
 
@@ -81,8 +93,9 @@ def update_segments(version: int, scenario: str = "gae_warmup") -> list[Segment]
     """Steps of lags 3 (dropped at max_policy_lag 2), 1 and 0."""
     behaviour = make_policy(100 + version)
     versions = [max(version - 3, 0)] * 2 + [max(version - 1, 0)] * 2 + [version] * 2
-    return [make_segment(behaviour, B, versions, seed=10 * version + i, grpo=scenario == "grpo")
-            for i, B in enumerate(ENVS)]
+    return [
+        make_segment(behaviour, B, versions, seed=10 * version + i, grpo=scenario == "grpo") for i, B in enumerate(ENVS)
+    ]
 
 
 def starting_state(path: Path, scenario: str) -> None:
@@ -136,8 +149,10 @@ def rank_main(out: str) -> None:
         if ranks.is_main:
             load_start(Path(out) / f"{scenario}_start.pt", trainer)
         metrics = train(trainer, scenario, ranks)
-        torch.save({"policy": policy.state_dict(), "optimizer": trainer.optimizer.state_dict(), "metrics": metrics},
-                   Path(out) / f"{scenario}_rank{ranks.rank}.pt")
+        torch.save(
+            {"policy": policy.state_dict(), "optimizer": trainer.optimizer.state_dict(), "metrics": metrics},
+            Path(out) / f"{scenario}_rank{ranks.rank}.pt",
+        )
     ranks.close()
 
 
@@ -157,11 +172,22 @@ def test_two_gloo_ranks_match_one_process(tmp_path):
     port = _free_port()
     procs = []
     for rank in range(2):
-        env = dict(os.environ, WORLD_SIZE="2", RANK=str(rank), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(port), OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+        env = dict(
+            os.environ,
+            WORLD_SIZE="2",
+            RANK=str(rank),
+            LOCAL_RANK=str(rank),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            OMP_NUM_THREADS="1",
+            CUDA_VISIBLE_DEVICES="",
+        )
         with open(tmp_path / f"rank{rank}.log", "wb") as log:
-            procs.append(subprocess.Popen([sys.executable, __file__, str(tmp_path)], env=env, stdout=log,
-                                          stderr=subprocess.STDOUT))
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, __file__, str(tmp_path)], env=env, stdout=log, stderr=subprocess.STDOUT
+                )
+            )
     try:
         for rank, proc in enumerate(procs):
             assert proc.wait(timeout=300) == 0, (tmp_path / f"rank{rank}.log").read_text()[-3000:]
@@ -189,8 +215,9 @@ def test_two_gloo_ranks_match_one_process(tmp_path):
         assert got_opt.keys() == want_opt.keys()
         for i in want_opt:
             for key in ("exp_avg", "exp_avg_sq", "step"):
-                torch.testing.assert_close(got_opt[i][key], want_opt[i][key], rtol=1e-4, atol=1e-6,
-                                           msg=f"{scenario} param {i} {key}")
+                torch.testing.assert_close(
+                    got_opt[i][key], want_opt[i][key], rtol=1e-4, atol=1e-6, msg=f"{scenario} param {i} {key}"
+                )
         for update, (got, expected) in enumerate(zip(ranks[0]["metrics"], want_metrics)):
             assert got.keys() == expected.keys(), scenario
             assert got["train/samples"] == expected["train/samples"] > 0
@@ -277,8 +304,7 @@ def test_a_shard_prepares_the_same_rows_as_one_process():
         part = trainer.prepare([segment_envs(segments[j], cols) for j, cols in shard.parts], 4)
         idx = torch.from_numpy(shard.row_ids)
         for field in ("advantages", "returns", "values_old", "logp_old", "is_weights", "lags"):
-            torch.testing.assert_close(getattr(part, field), getattr(full, field)[idx], rtol=1e-5, atol=1e-6,
-                                       msg=field)
+            torch.testing.assert_close(getattr(part, field), getattr(full, field)[idx], rtol=1e-5, atol=1e-6, msg=field)
         torch.testing.assert_close(part.obs["states"], full.obs["states"][idx])
 
 

@@ -73,7 +73,12 @@ def test_load_round_trip(dataset: Path) -> None:
     for ep, e in zip(episodes, index["episodes"]):
         assert isinstance(ep, DemoEpisode)
         assert (ep.task, ep.seed, ep.success, ep.success_step, ep.length) == (
-            e["task"], e["seed"], e["success"], e["success_step"], e["length"])
+            e["task"],
+            e["seed"],
+            e["success"],
+            e["success_step"],
+            e["length"],
+        )
         assert ep.instruction_text == TASK_DESCRIPTIONS[ep.task]
         assert decode_instructions(ep.instruction[None]) == [ep.instruction_text]
         with np.load(dataset / e["file"], allow_pickle=False) as z:
@@ -105,8 +110,17 @@ def test_existing_output_and_overwrite(tmp_path: Path) -> None:
     with pytest.raises(FileExistsError, match="overwrite"):
         collect_demos(out, ["reach-v3"], 1, image_size=0, max_episode_steps=3, progress=False)
     assert (out / "marker").exists()
-    collect_demos(out, ["reach-v3"], 1, image_size=0, max_episode_steps=3, num_workers=1, keep_failed=True,
-                  overwrite=True, progress=False)
+    collect_demos(
+        out,
+        ["reach-v3"],
+        1,
+        image_size=0,
+        max_episode_steps=3,
+        num_workers=1,
+        keep_failed=True,
+        overwrite=True,
+        progress=False,
+    )
     assert not (out / "marker").exists() and (out / "index.json").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ds"]  # no .tmp / .old left behind
     ep = load_demos(out, only_success=False)[0]
@@ -117,14 +131,23 @@ def test_existing_output_and_overwrite(tmp_path: Path) -> None:
 
 def test_failed_episodes(tmp_path: Path) -> None:
     # 3 steps is far too short for the expert: every attempt fails
-    summary = collect_demos(tmp_path / "drop", TASKS, 2, image_size=0, max_episode_steps=3, num_workers=2,
-                            progress=False)
+    summary = collect_demos(
+        tmp_path / "drop", TASKS, 2, image_size=0, max_episode_steps=3, num_workers=2, progress=False
+    )
     assert summary == {t: {"episodes": 0, "success": 0, "attempts": 6, "failed": 6} for t in TASKS}
     assert read_index(tmp_path / "drop")["episodes"] == []
     assert load_demos(tmp_path / "drop") == []
 
-    summary = collect_demos(tmp_path / "keep", ["reach-v3"], 1, image_size=0, max_episode_steps=3, num_workers=1,
-                            keep_failed=True, progress=False)
+    summary = collect_demos(
+        tmp_path / "keep",
+        ["reach-v3"],
+        1,
+        image_size=0,
+        max_episode_steps=3,
+        num_workers=1,
+        keep_failed=True,
+        progress=False,
+    )
     assert summary == {"reach-v3": {"episodes": 3, "success": 0, "attempts": 3, "failed": 3}}
     index = read_index(tmp_path / "keep")
     assert [(e["success"], e["success_step"], e["length"]) for e in index["episodes"]] == [(False, -1, 3)] * 3

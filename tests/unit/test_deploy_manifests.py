@@ -3,6 +3,7 @@
 Schemas come from installed packages (the dev extra), never from the network:
 Kubernetes' from `kubernetes-validate`, compose-spec's from `check-jsonschema`'s vendored copy.
 """
+
 from __future__ import annotations
 
 import copy
@@ -62,6 +63,7 @@ def _compose_errors(schema: dict, doc: dict) -> list[str]:
 
 # ---- Kubernetes ---------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: p.name)
 def test_every_k8s_manifest_matches_the_kubernetes_schema(path):
     for doc in _docs(path):
@@ -87,8 +89,14 @@ def test_kustomization_lists_exactly_the_manifests():
 
 def test_the_roles_and_their_controllers():
     kinds = {(o["kind"], o["metadata"]["name"]) for o in _k8s_objects()}
-    assert {("StatefulSet", "rlfleet-learner"), ("Deployment", "rlfleet-inference"), ("Deployment", "rlfleet-actor"),
-            ("Service", "rlfleet-learner"), ("Service", "rlfleet-inference"), ("Secret", "rlfleet-token")} <= kinds
+    assert {
+        ("StatefulSet", "rlfleet-learner"),
+        ("Deployment", "rlfleet-inference"),
+        ("Deployment", "rlfleet-actor"),
+        ("Service", "rlfleet-learner"),
+        ("Service", "rlfleet-inference"),
+        ("Secret", "rlfleet-token"),
+    } <= kinds
     learner = next(o for o in _workloads() if o["kind"] == "StatefulSet")
     assert learner["spec"]["serviceName"] == "rlfleet-learner"
     claim = learner["spec"]["volumeClaimTemplates"][0]
@@ -139,7 +147,9 @@ def test_the_recipe_in_the_config_map_loads(tmp_path):
     from rlfleet.config import load_config
 
     recipe = tmp_path / "recipe.yaml"
-    recipe.write_text(next(c for c in _by_kind("ConfigMap") if c["metadata"]["name"] == "rlfleet-recipe")["data"]["recipe.yaml"])
+    recipe.write_text(
+        next(c for c in _by_kind("ConfigMap") if c["metadata"]["name"] == "rlfleet-recipe")["data"]["recipe.yaml"]
+    )
     cfg = load_config(str(recipe), ["runner.logger.log_path=/data/runs/rlfleet"])  # unknown keys would raise
     assert cfg.actor.transport == "zmq"  # actors in other pods cannot share memory with the server
 
@@ -154,6 +164,7 @@ def test_kustomize_builds():
 
 
 # ---- compose ------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("path", COMPOSE_FILES, ids=lambda p: p.name)
 def test_compose_files_match_the_compose_spec(compose_schema, path):
@@ -193,6 +204,7 @@ def test_every_environment_variable_the_deploy_files_set_is_read_by_rlfleet():
 
 
 # ---- image and batch scripts --------------------------------------------------------------------
+
 
 def test_the_dockerfile_parses_and_builds_a_non_root_rlfleet_image():
     parser = DockerfileParser(path=str(DEPLOY / "Dockerfile"))

@@ -1,6 +1,7 @@
 """Dual clip (Ye et al. 2020) is applied for per-token / per-action log-probs, not only per chunk:
 policy_loss against an element-wise reference on tiny_oft-shaped [N, K*D] log-probs, and through
 PPOTrainer.update with a real tiny_oft policy (RLinf ignores dual_clip for OFT and pi0)."""
+
 import math
 
 import numpy as np
@@ -93,13 +94,23 @@ def oft_segment(policy, logp_shift: float) -> Segment:
     assert out["logprobs"].shape == (T * B, K * D)
     zeros = {k: np.zeros_like(v) for k, v in obs.items()}
     return Segment(
-        obs=obs, actions=out["actions"].numpy().reshape(T, B, K, D),
+        obs=obs,
+        actions=out["actions"].numpy().reshape(T, B, K, D),
         logprobs=(out["logprobs"].numpy() - logp_shift).reshape(T, B, K * D).astype(np.float32),
-        values=out["values"].numpy().reshape(T, B), rewards=rng.normal(size=(T, B)).astype(np.float32),
-        terminated=np.zeros((T, B), bool), truncated=np.zeros((T, B), bool), final_obs=zeros,
-        next_obs={k: v[0] for k, v in obs.items()}, versions=np.zeros(T, np.int64), task_ids=np.zeros(B, np.int64),
-        env_steps=np.array(T * B * K, np.int64), ep_returns=np.zeros(0, np.float32), ep_lengths=np.zeros(0, np.int32),
-        ep_success=np.zeros(0, bool), ep_task_ids=np.zeros(0, np.int64), extras={},
+        values=out["values"].numpy().reshape(T, B),
+        rewards=rng.normal(size=(T, B)).astype(np.float32),
+        terminated=np.zeros((T, B), bool),
+        truncated=np.zeros((T, B), bool),
+        final_obs=zeros,
+        next_obs={k: v[0] for k, v in obs.items()},
+        versions=np.zeros(T, np.int64),
+        task_ids=np.zeros(B, np.int64),
+        env_steps=np.array(T * B * K, np.int64),
+        ep_returns=np.zeros(0, np.float32),
+        ep_lengths=np.zeros(0, np.int32),
+        ep_success=np.zeros(0, bool),
+        ep_task_ids=np.zeros(0, np.int64),
+        extras={},
     )
 
 

@@ -1,7 +1,9 @@
 """One contract, every env: the episode semantics of `rlfleet.envs.api` checked the same way for
 MetaWorld, RoboTwin-style, CALVIN-style, a remote env (EnvService on loopback), gymnasium envs,
-the example plugin and the zero-cost benchmark env: shapes, seeds reproduce, truncation vs termination, the final observation,
+the example plugin and the zero-cost benchmark env: shapes, seeds reproduce, truncation vs
+termination, the final observation,
 episode stats, auto-reset, terminate_on_success and bad actions."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -99,8 +101,7 @@ class Case:
 
 CASES = [
     Case("metaworld", dict(name="metaworld", task="reach-v3"), _expert_solver, needs=("metaworld",)),
-    Case("robotwin", dict(name="robotwin", task="click_bell"), _expert_solver, solve_steps=300,
-         needs=("sapien",)),
+    Case("robotwin", dict(name="robotwin", task="click_bell"), _expert_solver, solve_steps=300, needs=("sapien",)),
     # a chain of 5 subtasks takes ~1000 steps to succeed: terminate_on_success is checked on the others
     Case("calvin", dict(name="calvin", task="A"), None, needs=("pybullet",)),
     Case("remote", dict(name=PLUGIN_ENV), _point_solver, remote=True),
@@ -256,8 +257,9 @@ def test_success_once_and_terminate_on_success(build, case) -> None:
     if case.solver is None:
         pytest.skip(f"{case.name}: no success within a short test budget")
     K = 2
-    stop = build(1, max_episode_steps=case.solve_steps, chunk_size=K, reward_type="success_once",
-                 terminate_on_success=True)
+    stop = build(
+        1, max_episode_steps=case.solve_steps, chunk_size=K, reward_type="success_once", terminate_on_success=True
+    )
     go_on = build(1, max_episode_steps=case.solve_steps, chunk_size=K, reward_type="success_once")
     obs_s, obs_g = stop.reset(np.array([1])), go_on.reset(np.array([1]))
     total = 0.0
@@ -292,8 +294,12 @@ def test_bench_env_settings_and_busy_wait() -> None:
     assert parse_task("a,b,state_dim=8,busy_us=20") == (["a", "b"], {"state_dim": 8, "action_dim": 4, "busy_us": 20})
     with pytest.raises(ValueError, match="settings: state_dim, action_dim, busy_us"):
         parse_task("size=3")
-    with make_env(EnvConfig(name="bench", task="state_dim=3,action_dim=5,busy_us=50", chunk_size=4,
-                            image_size=8, max_episode_steps=7), 2) as env:
+    with make_env(
+        EnvConfig(
+            name="bench", task="state_dim=3,action_dim=5,busy_us=50", chunk_size=4, image_size=8, max_episode_steps=7
+        ),
+        2,
+    ) as env:
         assert (env.spec.state_dim, env.spec.action_dim, env.task_list) == (3, 5, ["bench"])
         obs = env.reset()
         assert obs["main_images"].shape == (2, 8, 8, 3)

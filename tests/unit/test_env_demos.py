@@ -1,5 +1,6 @@
 """Demo collection from envs with built-in experts (`rlfleet.data.env_demos`), on the RoboTwin-style
 env (state-only, so no renderer is needed), read back and turned into SFT samples."""
+
 from __future__ import annotations
 
 import numpy as np

@@ -1,4 +1,5 @@
 """EnvService under bad bytes, slow simulators and session churn: clean errors, no global stall, bounded memory."""
+
 from __future__ import annotations
 
 import threading
@@ -22,8 +23,14 @@ class TinyEnv(ChunkedEnv):
         if cfg.seed == 13:
             assert BUILD_GATE.wait(60), "test never opened the gate"
         self.cfg, self.n = cfg, num_envs
-        self._spec = EnvSpec(state_dim=2, action_dim=2, chunk_size=cfg.chunk_size, num_envs=num_envs,
-                             max_episode_steps=5, task_names=["tiny"] * num_envs)
+        self._spec = EnvSpec(
+            state_dim=2,
+            action_dim=2,
+            chunk_size=cfg.chunk_size,
+            num_envs=num_envs,
+            max_episode_steps=5,
+            task_names=["tiny"] * num_envs,
+        )
 
     @property
     def spec(self) -> EnvSpec:
@@ -34,18 +41,30 @@ class TinyEnv(ChunkedEnv):
         return ["tiny"]
 
     def _obs(self) -> dict:
-        return {"states": np.zeros((self.n, 2), np.float32), "instructions": np.zeros((self.n, 128), np.uint8),
-                "task_ids": np.zeros(self.n, np.int64), "task_descriptions": ["tiny"] * self.n}
+        return {
+            "states": np.zeros((self.n, 2), np.float32),
+            "instructions": np.zeros((self.n, 128), np.uint8),
+            "task_ids": np.zeros(self.n, np.int64),
+            "task_descriptions": ["tiny"] * self.n,
+        }
 
     def reset(self, seeds=None):
         return self._obs()
 
     def chunk_step(self, actions):
         z, f = np.zeros(self.n, np.float32), np.zeros(self.n, bool)
-        return StepResult(obs=self._obs(), rewards=np.zeros((self.n, self.cfg.chunk_size), np.float32),
-                          terminated=f, truncated=f, success=f, episode_done=f, episode_return=z,
-                          episode_length=np.zeros(self.n, np.int32), episode_success_once=f,
-                          final_obs=self._obs())
+        return StepResult(
+            obs=self._obs(),
+            rewards=np.zeros((self.n, self.cfg.chunk_size), np.float32),
+            terminated=f,
+            truncated=f,
+            success=f,
+            episode_done=f,
+            episode_return=z,
+            episode_length=np.zeros(self.n, np.int32),
+            episode_success_once=f,
+            final_obs=self._obs(),
+        )
 
     def close(self) -> None:
         pass
@@ -69,8 +88,9 @@ def served():
 def test_undecodable_bytes_get_invalid_argument_and_are_counted(served):
     servicer, channel = served
     for method in ("GetSpec", "Reset", "ChunkStep", "Close"):
-        call = channel.unary_unary(f"/rlfleet.v1.EnvService/{method}", request_serializer=None,
-                                   response_deserializer=None)
+        call = channel.unary_unary(
+            f"/rlfleet.v1.EnvService/{method}", request_serializer=None, response_deserializer=None
+        )
         with pytest.raises(grpc.RpcError) as err:
             call(b"\xff\xff\xff\xff garbage", timeout=30)
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (method, err.value.code())

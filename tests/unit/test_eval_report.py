@@ -113,8 +113,12 @@ def test_compare() -> None:
     assert cmp["tasks"][0]["delta"] == pytest.approx(0.5) and cmp["tasks"][1]["delta"] == pytest.approx(-0.25)
     assert cmp["tasks"][2]["after"] is None and cmp["tasks"][2]["delta"] is None
     # means over the 2 tasks in both: before 0.375, after 0.5
-    assert cmp["mean"] == {"before": pytest.approx(0.375), "after": pytest.approx(0.5),
-                           "delta": pytest.approx(0.125), "tasks": 2}
+    assert cmp["mean"] == {
+        "before": pytest.approx(0.375),
+        "after": pytest.approx(0.5),
+        "delta": pytest.approx(0.125),
+        "tasks": 2,
+    }
     md = compare_markdown(before, after, "before / after", GROUPS)
     assert "| Task | Group | Before (%) | After (%) | Delta (pp) |" in md
     assert "| reach-v3 | Easy | 50.0 | 100.0 | +50.0 |" in md

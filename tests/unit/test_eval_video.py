@@ -24,7 +24,12 @@ def read(path) -> list[np.ndarray]:
 def test_config_defaults() -> None:
     cfg = VideoConfig()
     assert (cfg.save_video, cfg.video_base_dir, cfg.fps, cfg.info_overlay, cfg.max_videos_per_task) == (
-        False, "videos", 20, True, 1)
+        False,
+        "videos",
+        20,
+        True,
+        1,
+    )
 
 
 def test_upscale_and_overlay() -> None:
@@ -77,9 +82,18 @@ def test_quota_and_episode_success_override(tmp_path) -> None:
     names = []
     for t in range(9):
         done = np.array([t % 3 == 2])
-        names += [p.name for p in rec.step(frames(50, b=1), np.array([1.0]), np.array([False]), done,
-                                           final_frames=frames(60, b=1), episode_success=np.array([t == 2]),
-                                           episode_length=np.array([3]))]
+        names += [
+            p.name
+            for p in rec.step(
+                frames(50, b=1),
+                np.array([1.0]),
+                np.array([False]),
+                done,
+                final_frames=frames(60, b=1),
+                episode_success=np.array([t == 2]),
+                episode_length=np.array([3]),
+            )
+        ]
     assert names == ["ep0_success.mp4", "ep1_fail.mp4"]
     assert sorted(p.name for p in (tmp_path / "v" / "push-v3").iterdir()) == names  # no temp files left
     video = read(tmp_path / "v" / "push-v3" / "ep1_fail.mp4")
@@ -117,7 +131,9 @@ def test_a_failed_write_is_retried_once_then_skipped(tmp_path, monkeypatch, fail
     monkeypatch.setattr(ev, "write_mp4", flaky)
     rec = EpisodeRecorder(VideoConfig(save_video=True), ["push-v3"], root=tmp_path)
     rec.start(frames(0, b=1))
-    written = rec.step(frames(50, b=1), np.ones((1, 2)), np.zeros(1, bool), np.ones(1, bool), final_frames=frames(90, b=1))
+    written = rec.step(
+        frames(50, b=1), np.ones((1, 2)), np.zeros(1, bool), np.ones(1, bool), final_frames=frames(90, b=1)
+    )
     path = tmp_path / "videos" / "push-v3" / "ep0_fail.mp4"
     assert len(calls) == min(failures + 1, 2)
     assert written == ([path] if expect_file else []) and path.exists() == expect_file

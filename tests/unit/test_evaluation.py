@@ -1,4 +1,5 @@
 """Evaluation sees the same episodes however many envs run at once."""
+
 from __future__ import annotations
 
 import torch

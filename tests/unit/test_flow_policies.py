@@ -2,6 +2,7 @@
 independently: piRL/RLinf's transition in their own time convention (t = 1 noise), densities
 integrated numerically, torch.distributions.Normal, the exact velocity of a Gaussian toy (to
 check that the SDE keeps the ODE's marginals), and the server == learner log-prob identity."""
+
 from __future__ import annotations
 
 import math
@@ -23,14 +24,16 @@ from rlfleet.algorithms.flow import (
 )
 from rlfleet.envs.api import EnvConfig, encode_instructions, observation_spec
 from rlfleet.policies.registry import make_policy
-from rlfleet.policies.vla import TinyPi05Policy, TinyPi0Policy, VLAConfig, set_norm_stats
+from rlfleet.policies.vla import TinyPi0Policy, TinyPi05Policy, VLAConfig, set_norm_stats
 from rlfleet.wire.slots import output_slot, slot_layout
 
 STATE_DIM, K, D, B, SIZE, STEPS = 39, 4, 3, 6, 16, 4
 N_TOK = K * D
 CLASSES = {"tiny_pi0": TinyPi0Policy, "tiny_pi05": TinyPi05Policy}
-NORM_STATS = {"action": {"q01": [-2.0, -0.5, 0.0], "q99": [2.0, 0.5, 3.0]},
-              "state": {"q01": [-1.5, -1.0, 0.0, -0.2], "q99": [1.5, 2.0, 0.5, 0.2]}}
+NORM_STATS = {
+    "action": {"q01": [-2.0, -0.5, 0.0], "q99": [2.0, 0.5, 3.0]},
+    "state": {"q01": [-1.5, -1.0, 0.0, -0.2], "q99": [1.5, 2.0, 0.5, 0.2]},
+}
 
 
 @pytest.fixture(autouse=True)
@@ -41,9 +44,11 @@ def _seed():
 def make_obs(batch: int = B, seed: int = 0) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     texts = ["push the block", "open the drawer", "press the button"]
-    return {"main_images": torch.randint(0, 256, (batch, SIZE, SIZE, 3), dtype=torch.uint8, generator=g),
-            "states": torch.randn(batch, STATE_DIM, generator=g),
-            "instructions": torch.from_numpy(encode_instructions([texts[i % 3] for i in range(batch)]))}
+    return {
+        "main_images": torch.randint(0, 256, (batch, SIZE, SIZE, 3), dtype=torch.uint8, generator=g),
+        "states": torch.randn(batch, STATE_DIM, generator=g),
+        "instructions": torch.from_numpy(encode_instructions([texts[i % 3] for i in range(batch)])),
+    }
 
 
 def build(name: str = "tiny_pi0", flow_rl: str = "sde", **cfg) -> TinyPi0Policy:
@@ -71,9 +76,9 @@ def rlinf_sde_step(x, v, t, delta, a, num_steps):
     grid = [1 - j / num_steps for j in range(num_steps)]  # 1, 1 - 1/N, ...
     denom = 1 - (grid[1] if t == 1 else t) if num_steps > 1 else 1.0
     sigma = a * math.sqrt(t / denom)
-    x_data = x - v * t            # the data estimate
-    x_noise = x + v * (1 - t)     # the noise estimate
-    mean = x_data * (1 - (t - delta)) + x_noise * (t - delta - sigma ** 2 * delta / (2 * t))
+    x_data = x - v * t  # the data estimate
+    x_noise = x + v * (1 - t)  # the noise estimate
+    mean = x_data * (1 - (t - delta)) + x_noise * (t - delta - sigma**2 * delta / (2 * t))
     return mean, math.sqrt(delta) * sigma
 
 
@@ -99,6 +104,7 @@ def reference_sde_logp(policy, obs, extras) -> tuple[torch.Tensor, torch.Tensor]
 
 
 # ---- (a) Flow-SDE math ----------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("num_steps", [1, 4, 10])
 @pytest.mark.parametrize("a", [0.3, 0.7])
@@ -129,9 +135,9 @@ def test_score_from_velocity_is_the_gaussian_score():
     """Data x1 ~ N(m, c^2): x_s ~ N(s m, (1-s)^2 + s^2 c^2), whose exact velocity E[x1 - eps | x_s]
     is linear in x; the score written from it must be the Gaussian's -(x - s m) / V."""
     m, c, s = 0.7, 0.4, 0.35
-    var = (1 - s) ** 2 + s ** 2 * c ** 2
+    var = (1 - s) ** 2 + s**2 * c**2
     x = torch.linspace(-2, 2, 9, dtype=torch.float64)
-    u = m + (s * c ** 2 - (1 - s)) / var * (x - s * m)
+    u = m + (s * c**2 - (1 - s)) / var * (x - s * m)
     torch.testing.assert_close(rectified_flow_score(x, u, s), -(x - s * m) / var)
 
 
@@ -142,8 +148,8 @@ def test_sde_keeps_the_odes_marginals():
     dt = 1.0 / steps
 
     def velocity(x, s):
-        var = (1 - s) ** 2 + s ** 2 * c ** 2
-        return m + (s * c ** 2 - (1 - s)) / var * (x - s * m)
+        var = (1 - s) ** 2 + s**2 * c**2
+        return m + (s * c**2 - (1 - s)) / var * (x - s * m)
 
     g = torch.Generator().manual_seed(0)
     x = torch.randn(n, generator=g, dtype=torch.float64)
@@ -154,7 +160,8 @@ def test_sde_keeps_the_odes_marginals():
         x = mean + std * torch.randn(n, generator=g, dtype=torch.float64)
         sigma = flow_sde_sigma(s, a, dt).item()  # the same noise, no score correction
         x_plain = euler_step(x_plain, velocity(x_plain, s), dt) + sigma * math.sqrt(dt) * torch.randn(
-            n, generator=g, dtype=torch.float64)
+            n, generator=g, dtype=torch.float64
+        )
     assert x.mean().item() == pytest.approx(m, abs=0.01)
     assert x.std().item() == pytest.approx(c, rel=0.03)
     assert x_plain.std().item() > 1.5 * c
@@ -173,7 +180,7 @@ def test_sde_step_density_integrates_numerically():
     lo, hi = mu - 12 * sd, mu + 12 * sd
     assert integrate.quad(density, lo, hi)[0] == pytest.approx(1.0, abs=1e-8)
     assert integrate.quad(lambda y: y * density(y), lo, hi)[0] == pytest.approx(mu, abs=1e-8)
-    assert integrate.quad(lambda y: (y - mu) ** 2 * density(y), lo, hi)[0] == pytest.approx(sd ** 2, rel=1e-7)
+    assert integrate.quad(lambda y: (y - mu) ** 2 * density(y), lo, hi)[0] == pytest.approx(sd**2, rel=1e-7)
     y0, h = mu + 0.3 * sd, 1e-3 * sd
     box = integrate.quad(density, y0 - h, y0 + h)[0]
     assert math.log(box / (2 * h)) == pytest.approx(math.log(density(y0)), abs=1e-6)
@@ -197,8 +204,9 @@ def test_sde_samples_are_distributed_around_mu_k():
     out = policy.act(obs)
     _, mu = reference_sde_logp(policy, obs, extras_of(policy, out))
     k = out["flow_step"][:, 0].long()
-    std = torch.tensor([flow_sde_sigma(i / STEPS, policy.cfg.sde_a, 1 / STEPS).item() * math.sqrt(1 / STEPS)
-                        for i in range(STEPS)])[k].unsqueeze(-1)
+    std = torch.tensor(
+        [flow_sde_sigma(i / STEPS, policy.cfg.sde_a, 1 / STEPS).item() * math.sqrt(1 / STEPS) for i in range(STEPS)]
+    )[k].unsqueeze(-1)
     z = (out["flow_xnext"] - mu) / std
     assert abs(z.mean().item()) < 4 / math.sqrt(z.numel())
     assert z.std().item() == pytest.approx(1.0, abs=0.05)
@@ -221,6 +229,7 @@ def test_sde_env_action_continues_the_ode_from_x_next():
 
 
 # ---- (b) server == learner ------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("flow_rl", ["sde", "noise"])
 @pytest.mark.parametrize("name", list(CLASSES))
@@ -252,6 +261,7 @@ def test_logprob_types_are_reductions_of_one_another():
 
 
 # ---- (c) Flow-Noise --------------------------------------------------------------------------
+
 
 def test_flow_noise_joint_logprob_is_the_sum_of_step_normals():
     policy = build("tiny_pi0", "noise", logprob_type="chunk").eval()
@@ -302,6 +312,7 @@ def test_gaussian_entropy_and_logprob_formulas():
 
 # ---- (d) deterministic acting is the plain ODE -------------------------------------------------
 
+
 @pytest.mark.parametrize("flow_rl", ["sde", "noise"])
 @pytest.mark.parametrize("name", list(CLASSES))
 def test_deterministic_act_is_the_plain_ode_from_zero(flow_rl, name):
@@ -327,6 +338,7 @@ def test_deterministic_act_is_the_plain_ode_from_zero(flow_rl, name):
 
 
 # ---- (e) gradients -------------------------------------------------------------------------
+
 
 def _grad_modules(policy) -> set[str]:
     return {n.split(".")[0] for n, p in policy.named_parameters() if p.grad is not None and p.grad.abs().sum() > 0}
@@ -412,11 +424,18 @@ def test_policy_gradient_on_the_flow_logprob_improves_the_action(flow_rl):
 
 # ---- (f) the fleet carries the extras -------------------------------------------------------
 
-@pytest.mark.parametrize("flow_rl,want", [
-    ("gaussian", {"noise": ((N_TOK,), "float32")}),
-    ("sde", {"flow_x0": ((N_TOK,), "float32"), "flow_step": ((1,), "float32"), "flow_xnext": ((N_TOK,), "float32")}),
-    ("noise", {"flow_chain": ((STEPS + 1, N_TOK), "float32")}),
-])
+
+@pytest.mark.parametrize(
+    "flow_rl,want",
+    [
+        ("gaussian", {"noise": ((N_TOK,), "float32")}),
+        (
+            "sde",
+            {"flow_x0": ((N_TOK,), "float32"), "flow_step": ((1,), "float32"), "flow_xnext": ((N_TOK,), "float32")},
+        ),
+        ("noise", {"flow_chain": ((STEPS + 1, N_TOK), "float32")}),
+    ],
+)
 def test_extras_match_extra_outputs_and_fit_the_slots(flow_rl, want):
     policy = build("tiny_pi05", flow_rl)
     assert policy.extra_outputs == want
@@ -424,8 +443,9 @@ def test_extras_match_extra_outputs_and_fit_the_slots(flow_rl, want):
     assert set(out) == {"actions", "logprobs", "values", *want}
     for key, (shape, dtype) in want.items():
         assert out[key].shape == (B, *shape) and out[key].dtype == getattr(torch, dtype)
-    layout = slot_layout(5, observation_spec(EnvConfig(image_size=SIZE), STATE_DIM), D, K,
-                         policy.logprob_shape, policy.extra_outputs)
+    layout = slot_layout(
+        5, observation_spec(EnvConfig(image_size=SIZE), STATE_DIM), D, K, policy.logprob_shape, policy.extra_outputs
+    )
     for key, (shape, dtype) in want.items():
         spec = layout[output_slot(key)]
         assert tuple(spec.shape) == (5, *shape) and np.dtype(spec.dtype) == np.dtype(dtype)
@@ -445,13 +465,21 @@ def test_evaluate_rejects_missing_or_bad_extras():
 
 
 def test_config_and_registry():
-    policy = make_policy({"name": "tiny_pi05", "flow_rl": "noise", "dim": 32, "heads": 2,
-                          "noise_min_std": 0.1, "noise_max_std": 0.2}, STATE_DIM, D, K, image_size=SIZE)
+    policy = make_policy(
+        {"name": "tiny_pi05", "flow_rl": "noise", "dim": 32, "heads": 2, "noise_min_std": 0.1, "noise_max_std": 0.2},
+        STATE_DIM,
+        D,
+        K,
+        image_size=SIZE,
+    )
     assert type(policy) is TinyPi05Policy and policy.flow_rl == "noise"
     assert (policy.noise_net.min_std, policy.noise_net.max_std) == (0.1, 0.2)
     assert VLAConfig().flow_rl == "gaussian"
-    for bad, match in [({"flow_rl": "ddpm"}, "flow_rl must be one of"), ({"sde_a": 0.0}, "sde_a"),
-                       ({"noise_min_std": 0.3, "noise_max_std": 0.2}, "noise_min_std"),
-                       ({"noise_min_std": 0.0}, "noise_min_std")]:
+    for bad, match in [
+        ({"flow_rl": "ddpm"}, "flow_rl must be one of"),
+        ({"sde_a": 0.0}, "sde_a"),
+        ({"noise_min_std": 0.3, "noise_max_std": 0.2}, "noise_min_std"),
+        ({"noise_min_std": 0.0}, "noise_min_std"),
+    ]:
         with pytest.raises(ValueError, match=match):
             VLAConfig(name="tiny_pi0", **bad)

@@ -11,7 +11,9 @@ from rlfleet.algorithms import bootstrap_next_values, compute_gae
 
 def reference_gae(rewards, values, next_values, dones, gamma, lam):
     """Forward-sum definition of GAE, one env column at a time."""
-    rewards, values, next_values, dones = (np.asarray(x, dtype=np.float64) for x in (rewards, values, next_values, dones))
+    rewards, values, next_values, dones = (
+        np.asarray(x, dtype=np.float64) for x in (rewards, values, next_values, dones)
+    )
     T, B = rewards.shape
     adv = np.zeros((T, B))
     for b in range(B):
@@ -109,7 +111,9 @@ def test_random_against_reference(seed):
     gamma, lam = 0.97, 0.9
 
     nv_ref = reference_next_values(values, last_value, terminated, truncated, final_values)
-    nv = bootstrap_next_values(_t(values), _t(last_value), torch.tensor(terminated), torch.tensor(truncated), _t(final_values))
+    nv = bootstrap_next_values(
+        _t(values), _t(last_value), torch.tensor(terminated), torch.tensor(truncated), _t(final_values)
+    )
     np.testing.assert_allclose(nv.numpy(), nv_ref, rtol=0, atol=0)
 
     dones = terminated | truncated

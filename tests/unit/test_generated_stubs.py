@@ -20,8 +20,11 @@ def test_check_ignores_generator_version_but_not_proto_changes(tmp_path):
     pb2 = gen / "tensor_pb2.py"
     text = pb2.read_text()
     # another protoc: another banner and gencode version in the runtime check
-    changed = re.sub(r"(ValidateProtobufRuntimeVersion\(\n\s+_runtime_version\.Domain\.PUBLIC,\n\s+)\d+",
-                     r"\g<1>5", text.replace("# Protobuf Python Version:", "# Protobuf Python Version: 99.0.0 was"))
+    changed = re.sub(
+        r"(ValidateProtobufRuntimeVersion\(\n\s+_runtime_version\.Domain\.PUBLIC,\n\s+)\d+",
+        r"\g<1>5",
+        text.replace("# Protobuf Python Version:", "# Protobuf Python Version: 99.0.0 was"),
+    )
     assert changed != text and "Domain.PUBLIC,\n    5," in changed
     pb2.write_text(changed)
     assert codegen.stale_files(gen) == []

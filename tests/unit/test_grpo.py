@@ -1,6 +1,7 @@
 """GRPO through the fleet: group advantages against hand-computed numbers, the filter, the valid
 mask, the learner's GRPO path (one process and sharded), the segment's group_ids on the wire,
 and the actor's grouped seeded resets (with real MetaWorld env workers)."""
+
 import math
 
 import numpy as np
@@ -77,10 +78,12 @@ def test_valid_mask_and_returns_by_hand():
 
 def test_group_advantages_by_hand_spread_over_valid_steps_only():
     r, term, trunc = hand_rewards_and_ends()
-    out = grpo_segment(torch.from_numpy(r), torch.from_numpy(term), torch.from_numpy(trunc),
-                       torch.from_numpy(GROUP_IDS))
-    np.testing.assert_allclose(out.traj_advantages.numpy(), [1 / SQ2, -SQ2, 1 / SQ2, 0, 0, 0, 0, 0, 0],
-                               rtol=1e-5, atol=1e-6)
+    out = grpo_segment(
+        torch.from_numpy(r), torch.from_numpy(term), torch.from_numpy(trunc), torch.from_numpy(GROUP_IDS)
+    )
+    np.testing.assert_allclose(
+        out.traj_advantages.numpy(), [1 / SQ2, -SQ2, 1 / SQ2, 0, 0, 0, 0, 0, 0], rtol=1e-5, atol=1e-6
+    )
     np.testing.assert_allclose(out.advantages.numpy(), expected_advantages(), rtol=1e-5, atol=1e-6)
     # no filter: every valid step is trained on
     assert out.keep.sum().item() == T * B - 2 and not out.keep[2:, 0].any()
@@ -88,16 +91,26 @@ def test_group_advantages_by_hand_spread_over_valid_steps_only():
 
 def test_filter_drops_all_success_and_all_fail_groups():
     r, term, trunc = hand_rewards_and_ends()
-    out = grpo_segment(torch.from_numpy(r), torch.from_numpy(term), torch.from_numpy(trunc),
-                       torch.from_numpy(GROUP_IDS), group_filter=(0.1, 0.9))
+    out = grpo_segment(
+        torch.from_numpy(r),
+        torch.from_numpy(term),
+        torch.from_numpy(trunc),
+        torch.from_numpy(GROUP_IDS),
+        group_filter=(0.1, 0.9),
+    )
     np.testing.assert_array_equal(out.group_kept.numpy(), [True] * 3 + [False] * 6)
     keep = np.zeros((T, B), bool)
     keep[:2, 0] = True
     keep[:, 1:3] = True
     np.testing.assert_array_equal(out.keep.numpy(), keep)
     # inclusive bounds: [0, 1] keeps everything
-    wide = grpo_segment(torch.from_numpy(r), torch.from_numpy(term), torch.from_numpy(trunc),
-                        torch.from_numpy(GROUP_IDS), group_filter=(0.0, 1.0))
+    wide = grpo_segment(
+        torch.from_numpy(r),
+        torch.from_numpy(term),
+        torch.from_numpy(trunc),
+        torch.from_numpy(GROUP_IDS),
+        group_filter=(0.0, 1.0),
+    )
     assert bool(wide.group_kept.all())
 
 
@@ -105,8 +118,7 @@ def test_segment_must_hold_whole_episodes():
     r, term, trunc = hand_rewards_and_ends()
     trunc[3, 4] = False  # env 4 never ends its episode
     with pytest.raises(ValueError, match=r"env columns \[4\] did not end"):
-        grpo_segment(torch.from_numpy(r), torch.from_numpy(term), torch.from_numpy(trunc),
-                     torch.from_numpy(GROUP_IDS))
+        grpo_segment(torch.from_numpy(r), torch.from_numpy(term), torch.from_numpy(trunc), torch.from_numpy(GROUP_IDS))
 
 
 # --- the learner's GRPO path ---------------------------------------------------------------------
@@ -124,20 +136,37 @@ def hand_segment(policy, versions, seed: int = 0) -> Segment:
     with torch.no_grad():
         out = policy.act({"states": torch.from_numpy(states.reshape(T * B, S))})
     return Segment(
-        obs={"states": states}, actions=out["actions"].numpy().reshape(T, B, K, D),
-        logprobs=out["logprobs"].numpy().reshape(T, B), values=out["values"].numpy().reshape(T, B),
-        rewards=r, terminated=term, truncated=trunc,
+        obs={"states": states},
+        actions=out["actions"].numpy().reshape(T, B, K, D),
+        logprobs=out["logprobs"].numpy().reshape(T, B),
+        values=out["values"].numpy().reshape(T, B),
+        rewards=r,
+        terminated=term,
+        truncated=trunc,
         final_obs={"states": np.where((term | trunc)[..., None], states, 0).astype(np.float32)},
         next_obs={"states": rng.normal(size=(B, S)).astype(np.float32)},
-        versions=np.asarray(versions, np.int64), task_ids=np.zeros(B, np.int64),
-        env_steps=np.array(T * B * K, np.int64), ep_returns=np.zeros(0, np.float32), ep_lengths=np.zeros(0, np.int32),
-        ep_success=np.zeros(0, bool), ep_task_ids=np.zeros(0, np.int64), extras={}, group_ids=GROUP_IDS.copy(),
+        versions=np.asarray(versions, np.int64),
+        task_ids=np.zeros(B, np.int64),
+        env_steps=np.array(T * B * K, np.int64),
+        ep_returns=np.zeros(0, np.float32),
+        ep_lengths=np.zeros(0, np.int32),
+        ep_success=np.zeros(0, bool),
+        ep_task_ids=np.zeros(0, np.int64),
+        extras={},
+        group_ids=GROUP_IDS.copy(),
     )
 
 
 def grpo_cfg(**kw) -> PPOConfig:
-    base = dict(adv_type="grpo", group_size=3, group_filter=[0.1, 0.9], update_epochs=2, num_minibatches=2,
-                lr=1e-2, max_policy_lag=1)
+    base = dict(
+        adv_type="grpo",
+        group_size=3,
+        group_filter=[0.1, 0.9],
+        update_epochs=2,
+        num_minibatches=2,
+        lr=1e-2,
+        max_policy_lag=1,
+    )
     base.update(kw)
     return PPOConfig(**base)
 
@@ -289,8 +318,12 @@ def test_group_seeds_distinct_and_reproducible():
     a = group_seeds(0, 0, 0, 0, 4)
     assert len(set(a.tolist())) == 4 and (a >= 0).all()
     np.testing.assert_array_equal(a, group_seeds(0, 0, 0, 0, 4))
-    others = [group_seeds(1, 0, 0, 0, 4), group_seeds(0, 1, 0, 0, 4), group_seeds(0, 0, 1, 0, 4),
-              group_seeds(0, 0, 0, 1, 4)]
+    others = [
+        group_seeds(1, 0, 0, 0, 4),
+        group_seeds(0, 1, 0, 0, 4),
+        group_seeds(0, 0, 1, 0, 4),
+        group_seeds(0, 0, 0, 1, 4),
+    ]
     every = np.concatenate([a, *others])
     assert len(set(every.tolist())) == len(every)
 
@@ -333,7 +366,7 @@ def test_env_workers_reset_groups_to_identical_states():
     """Real MetaWorld workers: a group's envs start identically; another group does not; the stage's
     last step (step_reset) resets them again to new, grouped states."""
     from rlfleet.actors.env_worker import EnvWorkerPool
-    from rlfleet.envs.api import observation_spec, EnvConfig
+    from rlfleet.envs.api import EnvConfig, observation_spec
 
     env_cfg = EnvConfig(task="reach-v3", max_episode_steps=4, chunk_size=2)
     layout = slot_layout(4, observation_spec(env_cfg, 39), 4, 2)
@@ -370,8 +403,9 @@ def test_grpo_learns_a_contextual_bandit():
     rng = np.random.default_rng(0)
     W = (rng.normal(size=(D, S)) * 0.5).astype(np.float32)
     policy = make_policy()
-    trainer = PPOTrainer(policy, PPOConfig(adv_type="grpo", group_size=8, lr=3e-3, update_epochs=4,
-                                           num_minibatches=4, max_policy_lag=0))
+    trainer = PPOTrainer(
+        policy, PPOConfig(adv_type="grpo", group_size=8, lr=3e-3, update_epochs=4, num_minibatches=4, max_policy_lag=0)
+    )
     eval_states = rng.normal(size=(256, S)).astype(np.float32)
 
     def error() -> float:
@@ -389,12 +423,23 @@ def test_grpo_learns_a_contextual_bandit():
         r = -((a[:, 0] - np.tanh(s @ W.T)) ** 2).sum(-1)
         N = len(s)
         seg = Segment(
-            obs={"states": s[None]}, actions=a[None], logprobs=out["logprobs"].numpy()[None],
-            values=out["values"].numpy()[None], rewards=r[None].astype(np.float32),
-            terminated=np.ones((1, N), bool), truncated=np.zeros((1, N), bool), final_obs={"states": s[None].copy()},
-            next_obs={"states": s.copy()}, versions=np.array([version], np.int64), task_ids=np.zeros(N, np.int64),
-            env_steps=np.array(N, np.int64), ep_returns=r.astype(np.float32), ep_lengths=np.ones(N, np.int32),
-            ep_success=np.zeros(N, bool), ep_task_ids=np.zeros(N, np.int64), extras={},
+            obs={"states": s[None]},
+            actions=a[None],
+            logprobs=out["logprobs"].numpy()[None],
+            values=out["values"].numpy()[None],
+            rewards=r[None].astype(np.float32),
+            terminated=np.ones((1, N), bool),
+            truncated=np.zeros((1, N), bool),
+            final_obs={"states": s[None].copy()},
+            next_obs={"states": s.copy()},
+            versions=np.array([version], np.int64),
+            task_ids=np.zeros(N, np.int64),
+            env_steps=np.array(N, np.int64),
+            ep_returns=r.astype(np.float32),
+            ep_lengths=np.ones(N, np.int32),
+            ep_success=np.zeros(N, bool),
+            ep_task_ids=np.zeros(N, np.int64),
+            extras={},
             group_ids=np.repeat(np.arange(n_groups), G),
         )
         trainer.update([seg], version)
@@ -411,8 +456,9 @@ def test_grpo_update_with_vla_policies(name, logprob_type):
     cls = {"tiny_oft": TinyOFTPolicy, "tiny_pi0": TinyPi0Policy}[name]
     torch.manual_seed(0)
     img, state_dim, chunk, act_dim = 16, 39, 2, 4
-    policy = cls(state_dim, act_dim, chunk, VLAConfig(name=name, dim=32, depth=1, flow_hidden=32,
-                                                     logprob_type=logprob_type), img)
+    policy = cls(
+        state_dim, act_dim, chunk, VLAConfig(name=name, dim=32, depth=1, flow_hidden=32, logprob_type=logprob_type), img
+    )
     rng = np.random.default_rng(0)
     obs = {
         "main_images": rng.integers(0, 256, size=(T, B, img, img, 3), dtype=np.uint8),
@@ -423,12 +469,22 @@ def test_grpo_update_with_vla_policies(name, logprob_type):
         out = policy.act({k: torch.from_numpy(v.reshape(T * B, *v.shape[2:])) for k, v in obs.items()})
     r, term, trunc = hand_rewards_and_ends()
     seg = Segment(
-        obs=obs, actions=out["actions"].numpy().reshape(T, B, chunk, act_dim),
-        logprobs=out["logprobs"].numpy().reshape(T, B, *policy.logprob_shape), values=out["values"].numpy().reshape(T, B),
-        rewards=r, terminated=term, truncated=trunc, final_obs={k: np.zeros_like(v) for k, v in obs.items()},
-        next_obs={k: v[0] for k, v in obs.items()}, versions=np.zeros(T, np.int64), task_ids=np.zeros(B, np.int64),
-        env_steps=np.array(T * B * chunk, np.int64), ep_returns=np.zeros(0, np.float32),
-        ep_lengths=np.zeros(0, np.int32), ep_success=np.zeros(0, bool), ep_task_ids=np.zeros(0, np.int64),
+        obs=obs,
+        actions=out["actions"].numpy().reshape(T, B, chunk, act_dim),
+        logprobs=out["logprobs"].numpy().reshape(T, B, *policy.logprob_shape),
+        values=out["values"].numpy().reshape(T, B),
+        rewards=r,
+        terminated=term,
+        truncated=trunc,
+        final_obs={k: np.zeros_like(v) for k, v in obs.items()},
+        next_obs={k: v[0] for k, v in obs.items()},
+        versions=np.zeros(T, np.int64),
+        task_ids=np.zeros(B, np.int64),
+        env_steps=np.array(T * B * chunk, np.int64),
+        ep_returns=np.zeros(0, np.float32),
+        ep_lengths=np.zeros(0, np.int32),
+        ep_success=np.zeros(0, bool),
+        ep_task_ids=np.zeros(0, np.int64),
         extras={k: out[k].numpy().reshape(T, B, *out[k].shape[1:]) for k in policy.extra_outputs},
         group_ids=GROUP_IDS.copy(),
     )

@@ -1,5 +1,6 @@
 """The gymnasium door (`env.name=gym:<id>`): action rescaling, Dict observations, TimeLimit as
 truncation, the env's own termination, success keys and the clear errors."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -21,8 +22,9 @@ class Line(gym.Env):
     def __init__(self, render_mode=None, dict_obs: bool = False):
         self.dict_obs = dict_obs
         box = spaces.Box(-5, 5, (1,))
-        self.observation_space = (spaces.Dict({"pos": box, "camera": spaces.Box(0, 255, (8, 8, 3), np.uint8)})
-                                  if dict_obs else box)
+        self.observation_space = (
+            spaces.Dict({"pos": box, "camera": spaces.Box(0, 255, (8, 8, 3), np.uint8)}) if dict_obs else box
+        )
         self.action_space = spaces.Box(-2.0, 2.0, (1,), np.float32)
         self.seen: list[float] = []
 
@@ -69,7 +71,7 @@ def test_time_limit_is_truncation_and_the_env_end_is_termination() -> None:
             assert not env.chunk_step(np.zeros((1, 1, 1), np.float32)).episode_done[0]
         res = env.chunk_step(np.zeros((1, 1, 1), np.float32))  # the 6th step: gymnasium's TimeLimit
         assert res.truncated[0] and not res.terminated[0] and res.episode_length[0] == 6
-        for step in range(6):  # +0.2 a step: beyond 1.0 at the 6th step, which is also the time limit
+        for _ in range(6):  # +0.2 a step: beyond 1.0 at the 6th step, which is also the time limit
             res = env.chunk_step(np.ones((1, 1, 1), np.float32))
             if res.episode_done[0]:
                 break

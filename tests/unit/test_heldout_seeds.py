@@ -1,4 +1,5 @@
 """Evaluation episodes are held out: no training env stream or demo seed replays them."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -20,8 +21,9 @@ def test_training_streams_never_replay_an_eval_episode():
         eval_states = ev.reset(eval_seeds)["states"]
     for row in train_states:  # reach-v3's goal and hand start are in the state: a replay would match
         assert not any(np.allclose(row, e) for e in eval_states)
-    assert np.array_equal(np.random.default_rng(10_000).random(3),
-                          np.random.default_rng(np.random.SeedSequence([10_000, 0])).random(3))
+    assert np.array_equal(
+        np.random.default_rng(10_000).random(3), np.random.default_rng(np.random.SeedSequence([10_000, 0])).random(3)
+    )
 
 
 def test_eval_seed_range_stays_below_the_demo_seeds():

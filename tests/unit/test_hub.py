@@ -1,6 +1,7 @@
 """Hugging Face Hub checkpoints without a network: `rlfleet export` writes a Hub-ready folder, a
 Hugging Face cache laid out in a temp dir serves it as hf://ORG/NAME[@REV] under HF_HUB_OFFLINE=1,
 and the policy loaded from there acts exactly as the original."""
+
 from __future__ import annotations
 
 import json
@@ -31,20 +32,39 @@ def make_run(tmp_path: Path) -> Path:
     policy = policy_from_config(policy_cfg, 39, 4, 1)
     policy.update_normalization({"states": torch.randn(64, 39) * 3 + 1})
     opt = torch.optim.Adam(policy.parameters())
-    info = {"command": "rlfleet train metaworld_reach_ppo runner.seed=3", "commit": "0123abc",
-            "rlfleet_version": "0.1.0"}
-    folder = Checkpointer(run, info=info).save(policy, opt, TrainerCounters(update=5, env_steps=20480),
-                                              model_config(policy_cfg, 39, 4, 1, ENV))
+    info = {
+        "command": "rlfleet train metaworld_reach_ppo runner.seed=3",
+        "commit": "0123abc",
+        "rlfleet_version": "0.1.0",
+    }
+    folder = Checkpointer(run, info=info).save(
+        policy, opt, TrainerCounters(update=5, env_steps=20480), model_config(policy_cfg, 39, 4, 1, ENV)
+    )
     (run / "config.yaml").write_text("runner:\n  experiment_name: reach\n")
-    (run / "summary.json").write_text(json.dumps({
-        "env_steps": 20480, "updates": 5, "train_seconds": 61.5, "eval_success_mean": 0.9,
-        "eval_success": {"reach-v3": 0.9}, "eval_before": {"reach-v3": 0.2}, "eval_before_mean": 0.2}))
+    (run / "summary.json").write_text(
+        json.dumps(
+            {
+                "env_steps": 20480,
+                "updates": 5,
+                "train_seconds": 61.5,
+                "eval_success_mean": 0.9,
+                "eval_success": {"reach-v3": 0.9},
+                "eval_before": {"reach-v3": 0.2},
+                "eval_before_mean": 0.2,
+            }
+        )
+    )
     return folder
 
 
 def cli(*args: str, env: dict | None = None, timeout: float = 180) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rlfleet.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "rlfleet.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def lay_hf_cache(cache: Path, repo_id: str, folder: Path, commit: str, refs: tuple[str, ...]) -> Path:
@@ -76,8 +96,13 @@ def test_export_writes_a_hub_ready_folder(tmp_path):
     out = tmp_path / "export"
     res = cli("export", str(ckpt.parent.parent), str(out), "--repo-id", "acme/reach-mlp")  # the run folder
     assert res.returncode == 0, res.stderr[-2000:]
-    assert sorted(p.name for p in out.iterdir()) == ["README.md", "config.json", "model.safetensors",
-                                                     "norm_stats.json", "training.json"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "README.md",
+        "config.json",
+        "model.safetensors",
+        "norm_stats.json",
+        "training.json",
+    ]
     assert (out / "model.safetensors").read_bytes() == (ckpt / "model.safetensors").read_bytes()
     norm = json.loads((out / "norm_stats.json").read_text())
     assert len(norm["observation"]["obs_norm"]["mean"]) == 39 and len(norm["observation"]["obs_norm"]["std"]) == 39
@@ -124,8 +149,21 @@ def test_hf_path_round_trip_from_an_offline_cache(tmp_path):
     (cache / "models--acme--reach-mlp" / "refs" / "v1").write_text(COMMIT_MAIN)
     env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
     env.pop("HF_TOKEN", None)
-    res = subprocess.run([sys.executable, "-c", _ACT_SCRIPT, str(ckpt), "hf://acme/reach-mlp", "hf://acme/reach-mlp@v1",
-                          f"hf://acme/reach-mlp@{COMMIT_MAIN}"], capture_output=True, text=True, env=env, timeout=180)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _ACT_SCRIPT,
+            str(ckpt),
+            "hf://acme/reach-mlp",
+            "hf://acme/reach-mlp@v1",
+            f"hf://acme/reach-mlp@{COMMIT_MAIN}",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=180,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     result = json.loads(res.stdout.strip().splitlines()[-1])
     for path in ("hf://acme/reach-mlp", "hf://acme/reach-mlp@v1", f"hf://acme/reach-mlp@{COMMIT_MAIN}"):
@@ -150,8 +188,17 @@ def test_rlfleet_eval_of_hf_path_matches_the_local_folder(tmp_path):
     env = {"HF_HOME": str(tmp_path / "hf"), "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
     reports = []
     for path in (str(ckpt), "hf://acme/reach-mlp@v1"):
-        res = cli("eval", path, "--episodes", "2", "--json", "--out", str(tmp_path / path.replace("/", "_")), env=env,
-                  timeout=240)
+        res = cli(
+            "eval",
+            path,
+            "--episodes",
+            "2",
+            "--json",
+            "--out",
+            str(tmp_path / path.replace("/", "_")),
+            env=env,
+            timeout=240,
+        )
         assert res.returncode == 0, res.stderr[-3000:]
         reports.append(json.loads(res.stdout.strip().splitlines()[-1]))
     assert reports[0]["tasks"] == reports[1]["tasks"] and reports[0]["tasks"][0]["task"] == "reach-v3"

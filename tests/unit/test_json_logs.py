@@ -1,4 +1,5 @@
 """`--log-format json`: one JSON object per line with the fixed fields and any extras."""
+
 from __future__ import annotations
 
 import json
@@ -12,8 +13,9 @@ from rlfleet.telemetry.json_logs import JsonFormatter, make_formatter
 
 
 def _record(msg: str, *args, exc_info=None, **extra) -> logging.LogRecord:
-    record = logging.getLogger("rlfleet.test").makeRecord("rlfleet.test", logging.WARNING, __file__, 1, msg, args,
-                                                         exc_info, extra=extra)
+    record = logging.getLogger("rlfleet.test").makeRecord(
+        "rlfleet.test", logging.WARNING, __file__, 1, msg, args, exc_info, extra=extra
+    )
     return record
 
 
@@ -47,8 +49,14 @@ def test_unknown_format_is_refused():
 def test_the_rlfleet_command_logs_json_when_asked(tmp_path):
     """A real `rlfleet` run: a bad recipe name makes it log one error, in JSON, with role = the subcommand."""
     env = {"PATH": "/usr/bin:/bin", "RLFLEET_LOG_FORMAT": "json"}
-    proc = subprocess.run([sys.executable, "-m", "rlfleet.cli", "learner", str(tmp_path / "missing.yaml")],
-                          capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path)
+    proc = subprocess.run(
+        [sys.executable, "-m", "rlfleet.cli", "learner", str(tmp_path / "missing.yaml")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 2
     lines = [json.loads(line) for line in proc.stderr.splitlines() if line.startswith("{")]
     assert lines, proc.stderr

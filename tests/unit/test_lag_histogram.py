@@ -1,4 +1,5 @@
 """Policy-lag counts per value and their TensorBoard histogram (read back from the event file)."""
+
 import numpy as np
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -8,12 +9,17 @@ from rlfleet.learner.metrics import MetricsWriter, policy_lag_counts
 def test_lag_counts_cover_zero_to_max_lag_and_larger_seen_lags():
     counts = policy_lag_counts(np.array([0, 0, 1, 3, 3, 3, 7]), max_policy_lag=4)
     assert counts == {
-        "throughput/policy_lag_count/0": 2.0, "throughput/policy_lag_count/1": 1.0,
-        "throughput/policy_lag_count/2": 0.0, "throughput/policy_lag_count/3": 3.0,
-        "throughput/policy_lag_count/4": 0.0, "throughput/policy_lag_count/7": 1.0,
+        "throughput/policy_lag_count/0": 2.0,
+        "throughput/policy_lag_count/1": 1.0,
+        "throughput/policy_lag_count/2": 0.0,
+        "throughput/policy_lag_count/3": 3.0,
+        "throughput/policy_lag_count/4": 0.0,
+        "throughput/policy_lag_count/7": 1.0,
     }
     assert policy_lag_counts(np.zeros(0, np.int64), 1) == {
-        "throughput/policy_lag_count/0": 0.0, "throughput/policy_lag_count/1": 0.0}
+        "throughput/policy_lag_count/0": 0.0,
+        "throughput/policy_lag_count/1": 0.0,
+    }
 
 
 def test_histogram_and_count_scalars_reach_tensorboard(tmp_path):

@@ -1,5 +1,6 @@
 """A killed launcher takes its fleet with it: children spawned by `rlfleet.launcher._spawn` get
 SIGTERM when the launcher dies, even by SIGKILL (an orphaned actor would keep a sim and a port busy)."""
+
 from __future__ import annotations
 
 import os

@@ -57,8 +57,9 @@ def segment_bytes(tensors: dict) -> bytes:
 def chunks_of(payload: bytes, client_id: str, segment_id: int, chunk_size: int = 64):
     pieces = codec.split_chunks(payload, chunk_size)
     return [
-        learner_pb2.TrajectoryChunk(client_id=client_id, segment_id=segment_id, chunk_index=i,
-                                    num_chunks=len(pieces), payload=bytes(p))
+        learner_pb2.TrajectoryChunk(
+            client_id=client_id, segment_id=segment_id, chunk_index=i, num_chunks=len(pieces), payload=bytes(p)
+        )
         for i, p in enumerate(pieces)
     ]
 
@@ -67,12 +68,15 @@ class Fleet:
     def __init__(self):
         self.ingest = IngestQueue(maxsize=8)
         self.publisher = WeightPublisher()
-        self.servicer = LearnerServicer(CONFIG_YAML, "run123", self.ingest, self.publisher,
-                                        chunk_bytes=4096, heartbeat_ms=250)
+        self.servicer = LearnerServicer(
+            CONFIG_YAML, "run123", self.ingest, self.publisher, chunk_bytes=4096, heartbeat_ms=250
+        )
         self.server, self.port = start_grpc_server(
-            "127.0.0.1", 0,
+            "127.0.0.1",
+            0,
             [lambda s: learner_pb2_grpc.add_LearnerServiceServicer_to_server(self.servicer, s)],
-            [SERVICE], max_workers=8,
+            [SERVICE],
+            max_workers=8,
         )
         self.channel = make_channel(f"127.0.0.1:{self.port}")
         self.stub = learner_pb2_grpc.LearnerServiceStub(self.channel)
@@ -108,6 +112,7 @@ def assert_same_segment(a: Segment, b: Segment) -> None:
 
 
 # ---- membership ------------------------------------------------------------------------------
+
 
 def test_server_binds_loopback_and_refuses_other_hosts():
     with pytest.raises(ValueError, match="loopback"):
@@ -154,6 +159,7 @@ def test_heartbeat_says_stop_after_stop_event(fleet):
 
 
 # ---- trajectories ----------------------------------------------------------------------------
+
 
 def test_chunked_segment_is_accepted_and_queued_once(fleet):
     seg = make_segment(0)
@@ -276,6 +282,7 @@ def test_empty_push_is_rejected(fleet):
 
 # ---- weights ---------------------------------------------------------------------------------
 
+
 def test_pull_weights_reassembles_with_checksum(fleet):
     data = os.urandom(10_000)
     fleet.publisher.publish(3, data)
@@ -306,8 +313,9 @@ def test_pull_weights_refuses_tiny_chunks():
 def test_pull_weights_chunk_size_is_capped_by_the_server(fleet):
     data = os.urandom(10_000)
     fleet.publisher.publish(1, data)
-    chunks = list(fleet.stub.PullWeights(learner_pb2.PullRequest(version=-1, max_chunk_bytes=1 << 30),
-                                         timeout=RPC_TIMEOUT))
+    chunks = list(
+        fleet.stub.PullWeights(learner_pb2.PullRequest(version=-1, max_chunk_bytes=1 << 30), timeout=RPC_TIMEOUT)
+    )
     assert len(chunks) == math.ceil(10_000 / 4096)  # the servicer's chunk_bytes
     assert b"".join(c.data for c in chunks) == data
 
@@ -326,8 +334,7 @@ def test_pull_weights_errors(fleet):
 def test_watch_weights_announces_current_new_and_final(fleet):
     v1, v2 = b"first weights", b"second weights, longer"
     fleet.publisher.publish(1, v1)
-    stream = fleet.stub.WatchWeights(learner_pb2.WatchRequest(subscriber_id="t", known_version=-1),
-                                     timeout=RPC_TIMEOUT)
+    stream = fleet.stub.WatchWeights(learner_pb2.WatchRequest(subscriber_id="t", known_version=-1), timeout=RPC_TIMEOUT)
     try:
         first = next(stream)
         assert (first.version, first.final) == (1, False)
@@ -349,8 +356,7 @@ def test_watch_weights_announces_current_new_and_final(fleet):
 
 def test_watch_weights_skips_versions_already_known(fleet):
     fleet.publisher.publish(4, b"x")
-    stream = fleet.stub.WatchWeights(learner_pb2.WatchRequest(subscriber_id="t", known_version=4),
-                                     timeout=RPC_TIMEOUT)
+    stream = fleet.stub.WatchWeights(learner_pb2.WatchRequest(subscriber_id="t", known_version=4), timeout=RPC_TIMEOUT)
     try:
         publish = threading.Timer(0.2, fleet.publisher.publish, args=(5, b"y"))
         publish.start()
@@ -369,8 +375,9 @@ def test_retried_push_waiting_on_a_full_queue_is_queued_once():
     q = IngestQueue(maxsize=1)
     assert q.put(IngestedSegment("other", 0, None), 1)
     results = []
-    threads = [threading.Thread(target=lambda: results.append(q.put(IngestedSegment("a", 7, None), 5)))
-               for _ in range(2)]
+    threads = [
+        threading.Thread(target=lambda: results.append(q.put(IngestedSegment("a", 7, None), 5))) for _ in range(2)
+    ]
     for t in threads:
         t.start()
     assert q.get(1).client_id == "other"  # room for exactly one of the two racing pushes
@@ -410,8 +417,9 @@ def test_a_push_is_refused_as_soon_as_it_passes_the_size_limit():
     def chunks():
         for i in range(1_000_000):  # a 1 GB push, declared up front
             read.append(i)
-            yield learner_pb2.TrajectoryChunk(client_id="big", segment_id=1, chunk_index=i, num_chunks=1_000_000,
-                                              payload=b"\0" * 1000)
+            yield learner_pb2.TrajectoryChunk(
+                client_id="big", segment_id=1, chunk_index=i, num_chunks=1_000_000, payload=b"\0" * 1000
+            )
 
     ack = servicer.PushTrajectory(chunks(), _Ctx())
     assert not ack.accepted and "larger than 10000" in ack.error

@@ -1,4 +1,5 @@
 """Env steps lost by cause: the learner's ledger across resumes, and an actor life's ledger file."""
+
 from __future__ import annotations
 
 import json
@@ -21,8 +22,12 @@ def test_every_taken_step_is_counted_or_lost_by_cause_across_resumes(tmp_path):
 
     again = LossLedger(tmp_path)  # the learner crashed; --resume from the checkpoint at 400
     again.resume(checkpoint_env_steps=400)
-    assert again.by_cause() == {"actor_crashed": 200, "learner_queue": 300, "rejected_segments": 50,
-                                "resume_rollback": 300}
+    assert again.by_cause() == {
+        "actor_crashed": 200,
+        "learner_queue": 300,
+        "rejected_segments": 50,
+        "resume_rollback": 300,
+    }
     assert again.seen_before("actor0", base + 10) and not again.seen_before("actor0", base + 11)
     assert not again.seen_before("actor1", (0xB << 32) + 1)  # a re-send after the crash is a duplicate
     again.accepted_segment("actor1", (0xB << 32) + 1, 100)
@@ -46,8 +51,13 @@ def test_an_actor_life_ledger_outlives_the_process_and_is_found_by_the_next(tmp_
     found = orphaned_lives(str(tmp_path), "actor0", second.path)
     assert len(found) == 1
     _, report = found[0]
-    assert (report.life, report.env_steps, report.accepted_env_steps, report.rejected_env_steps, report.crashed) == \
-        (0x1234, 640, 512, 64, True)
+    assert (report.life, report.env_steps, report.accepted_env_steps, report.rejected_env_steps, report.crashed) == (
+        0x1234,
+        640,
+        512,
+        64,
+        True,
+    )
     assert orphaned_lives(str(tmp_path), "actor1", None) == []  # other client ids are not ours
     second.close(reported=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["actor0.00001234.ledger", "actor0.00009999.reported"]

@@ -286,8 +286,9 @@ def test_terminate_on_success_ends_the_episode_at_the_first_solved_step() -> Non
     """terminate_on_success: the chunk stops at the solved substep, terminated (not truncated), auto-reset."""
     _, successes, _ = _expert_rewards("success_once")
     first = successes.index(True)  # the same expert and seed, without termination
-    cfg = EnvConfig(task="reach-v3", max_episode_steps=60, chunk_size=8, reward_type="success_once",
-                    terminate_on_success=True)
+    cfg = EnvConfig(
+        task="reach-v3", max_episode_steps=60, chunk_size=8, reward_type="success_once", terminate_on_success=True
+    )
     expert_cfg = EnvConfig(task="reach-v3", chunk_size=8, max_episode_steps=60)
     with MetaWorldEnv(cfg, 2) as env, MetaWorldEnv(expert_cfg, 2) as expert_env:
         env.reset(np.array([3, 3]))
@@ -303,5 +304,5 @@ def test_terminate_on_success_ends_the_episode_at_the_first_solved_step() -> Non
     assert res.episode_length.tolist() == [first + 1] * 2 and chunks == first // 8 + 1
     assert res.episode_success_once.all() and res.episode_return.tolist() == [1.0, 1.0]
     k = first % 8
-    assert res.rewards[:, k].tolist() == [1.0, 1.0] and not res.rewards[:, k + 1:].any()
+    assert res.rewards[:, k].tolist() == [1.0, 1.0] and not res.rewards[:, k + 1 :].any()
     assert not np.allclose(res.final_obs["states"], res.obs["states"])  # the next episode began

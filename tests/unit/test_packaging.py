@@ -1,12 +1,14 @@
 """The core install carries no simulator: everything but the env adapters imports without them, and
 choosing a simulator whose extra is missing is one line naming the extra."""
+
 from __future__ import annotations
 
 import subprocess
 import sys
 import textwrap
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 REPO = Path(__file__).resolve().parents[2]
 SIMULATORS = ["metaworld", "mujoco", "gymnasium", "pybullet", "pybullet_data", "sapien", "scipy"]
@@ -40,8 +42,11 @@ def test_core_modules_and_cli_work_without_any_simulator():
 
 
 def test_a_simulator_without_its_extra_is_one_line():
-    for recipe, extra in (("metaworld_reach_ppo", "metaworld"), ("robotwin_multitask_ppo_mlp_cpu", "robotwin"),
-                          ("calvin_d_d_ppo_tinypi0_cpu", "calvin")):
+    for recipe, extra in (
+        ("metaworld_reach_ppo", "metaworld"),
+        ("robotwin_multitask_ppo_mlp_cpu", "robotwin"),
+        ("calvin_d_d_ppo_tinypi0_cpu", "calvin"),
+    ):
         res = _run_without_simulators("train", recipe)
         assert res.returncode == 2, res.stderr[-3000:]
         lines = res.stderr.strip().splitlines()

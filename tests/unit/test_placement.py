@@ -1,33 +1,40 @@
 """cluster.component_placement: RLinf's grammar resolved to devices per role."""
+
 import pytest
 
 from rlfleet.config import load_config, resolve_placement
 from rlfleet.placement import PlacementError, parse_devices, plan_placement
 
 
-@pytest.mark.parametrize("spec,want", [
-    ("all", [0, 1, 2, 3, 4, 5, 6, 7]),
-    ("0-3", [0, 1, 2, 3]),
-    ("4-7", [4, 5, 6, 7]),
-    ("0,2,4-5", [0, 2, 4, 5]),
-    (3, [3]),
-    ("5", [5]),
-    ("1-1", [1]),
-    ("2,0,1-2", [0, 1, 2]),
-])
+@pytest.mark.parametrize(
+    "spec,want",
+    [
+        ("all", [0, 1, 2, 3, 4, 5, 6, 7]),
+        ("0-3", [0, 1, 2, 3]),
+        ("4-7", [4, 5, 6, 7]),
+        ("0,2,4-5", [0, 2, 4, 5]),
+        (3, [3]),
+        ("5", [5]),
+        ("1-1", [1]),
+        ("2,0,1-2", [0, 1, 2]),
+    ],
+)
 def test_parse_devices(spec, want):
     assert parse_devices(spec, 8) == want
 
 
-@pytest.mark.parametrize("spec,msg", [
-    ("8", "does not exist"),
-    ("0-9", "does not exist"),
-    ("3-1", "bad device range"),
-    ("a-b", "not an index"),
-    ("", "not an index"),
-    ("-1", "bad device"),
-    (True, "bad device list"),
-])
+@pytest.mark.parametrize(
+    "spec,msg",
+    [
+        ("8", "does not exist"),
+        ("0-9", "does not exist"),
+        ("3-1", "bad device range"),
+        ("a-b", "not an index"),
+        ("", "not an index"),
+        ("-1", "bad device"),
+        (True, "bad device list"),
+    ],
+)
 def test_parse_devices_errors(spec, msg):
     with pytest.raises(PlacementError, match=msg):
         parse_devices(spec, 8)
@@ -63,25 +70,32 @@ def test_cpu_maps_to_process_slots_and_says_so():
     assert plan.mode == "disaggregated"
 
 
-@pytest.mark.parametrize("spec,msg", [
-    ({"env,rollout": "all"}, "does not place actor"),
-    ({"env": "all", "rollout": "all", "actor": "all", "learner": 0}, "unknown component 'learner'"),
-    ({"env,rollout,actor": "all", "env": 0}, "placed twice"),
-    ({"env": None, "rollout": None, "actor": "all"}, "quote a comma-joined key"),
-])
+@pytest.mark.parametrize(
+    "spec,msg",
+    [
+        ({"env,rollout": "all"}, "does not place actor"),
+        ({"env": "all", "rollout": "all", "actor": "all", "learner": 0}, "unknown component 'learner'"),
+        ({"env,rollout,actor": "all", "env": 0}, "placed twice"),
+        ({"env": None, "rollout": None, "actor": "all"}, "quote a comma-joined key"),
+    ],
+)
 def test_plan_errors(spec, msg):
     with pytest.raises(PlacementError, match=msg):
         plan_placement(spec, 4, "cuda")
 
 
 def test_config_resolves_and_rejects_early():
-    cfg = load_config("metaworld_reach_ppo", ["cluster.cpu_slots=4",
-                                               "cluster.component_placement={env: 0-1, rollout: 2, actor: 3}"])
+    cfg = load_config(
+        "metaworld_reach_ppo", ["cluster.cpu_slots=4", "cluster.component_placement={env: 0-1, rollout: 2, actor: 3}"]
+    )
     plan = resolve_placement(cfg)
     assert plan.num_actors == 2 and plan.num_inference_servers == 1 and plan.mode == "disaggregated"
     assert resolve_placement(load_config("metaworld_reach_ppo")) is None
     with pytest.raises(PlacementError, match="does not exist"):
-        load_config("metaworld_reach_ppo", ["cluster.cpu_slots=2", "cluster.component_placement={env: 0-5, rollout: 0, actor: 0}"])
+        load_config(
+            "metaworld_reach_ppo",
+            ["cluster.cpu_slots=2", "cluster.component_placement={env: 0-5, rollout: 0, actor: 0}"],
+        )
 
 
 def test_inference_addresses_start_with_the_actors_own_server():
@@ -117,7 +131,9 @@ def test_roles_get_the_config_without_the_placement_to_recheck():
     """A child sees only its own devices: it must not validate the whole plan again."""
     from rlfleet.launcher import _child_config
 
-    cfg = load_config("metaworld_reach_ppo", ["cluster.cpu_slots=4", "cluster.component_placement={env: 0-3, rollout: 0, actor: 1}"])
+    cfg = load_config(
+        "metaworld_reach_ppo", ["cluster.cpu_slots=4", "cluster.component_placement={env: 0-3, rollout: 0, actor: 1}"]
+    )
     child = _child_config(cfg, resolve_placement(cfg))
     assert not child.cluster.component_placement and cfg.cluster.component_placement
     assert child.learner.device == "cpu"  # CPU slots: nothing to move

@@ -1,5 +1,6 @@
 """Name resolution for envs and policies (rlfleet.plugins): built-ins, import paths, entry points,
 and the one-line error for a name nothing provides."""
+
 from __future__ import annotations
 
 from importlib.metadata import EntryPoint
@@ -22,10 +23,12 @@ def test_import_path_names_an_env() -> None:
 
 
 def test_entry_points_name_envs_and_policies(monkeypatch) -> None:
-    _fake_entry_points(monkeypatch,
-                       EntryPoint("cheap", "rlfleet.envs.bench_env:BenchEnv", "rlfleet.envs"),
-                       EntryPoint("chains", "rlfleet.envs.calvin.env:CalvinEnv", "rlfleet.envs"),
-                       EntryPoint("mine", "tests_fake_module:Policy", "rlfleet.policies"))
+    _fake_entry_points(
+        monkeypatch,
+        EntryPoint("cheap", "rlfleet.envs.bench_env:BenchEnv", "rlfleet.envs"),
+        EntryPoint("chains", "rlfleet.envs.calvin.env:CalvinEnv", "rlfleet.envs"),
+        EntryPoint("mine", "tests_fake_module:Policy", "rlfleet.policies"),
+    )
     with make_env(EnvConfig(name="cheap", task="state_dim=4"), 1) as env:
         assert env.spec.state_dim == 4
     if pytest.importorskip("pybullet"):

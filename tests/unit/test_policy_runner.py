@@ -28,9 +28,12 @@ class Caller:
         self.states = states
         self.responses: list[tuple[dict, int]] = []
         self.failures: list[str] = []
-        self.req = InferenceRequest(obs={"states": states}, deterministic=deterministic,
-                                    respond=lambda out, v: self.responses.append((out, v)),
-                                    fail=self.failures.append)
+        self.req = InferenceRequest(
+            obs={"states": states},
+            deterministic=deterministic,
+            respond=lambda out, v: self.responses.append((out, v)),
+            fail=self.failures.append,
+        )
 
 
 def states_of(n: int, seed: int) -> np.ndarray:

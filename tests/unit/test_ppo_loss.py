@@ -34,7 +34,12 @@ def reference_policy_loss(logp, logp_old, adv, low, high, dual, weights):
         n_clip += int(r < 1 - low or r > 1 + high)
         kl += (r - 1) - math.log(r)
         rsum += r
-    return total / n, {"clip_fraction": n_clip / n, "dual_clip_fraction": n_dual / n, "approx_kl": kl / n, "ratio_mean": rsum / n}
+    return total / n, {
+        "clip_fraction": n_clip / n,
+        "dual_clip_fraction": n_dual / n,
+        "approx_kl": kl / n,
+        "ratio_mean": rsum / n,
+    }
 
 
 RATIOS = [0.5, 0.75, 0.9, 1.0, 1.2, 1.25, 1.5]
@@ -114,7 +119,14 @@ def test_dual_clip_bounds_negative_advantages():
 
 def test_dual_clip_scales_with_advantage_magnitude():
     # A = -2, r = 5, c = 3: standard loss 10, dual bound -c*A = 6
-    loss, _ = policy_loss(_logp([5.0]), torch.zeros(1, dtype=torch.float64), torch.tensor([-2.0], dtype=torch.float64), 0.2, 0.2, dual_clip=3.0)
+    loss, _ = policy_loss(
+        _logp([5.0]),
+        torch.zeros(1, dtype=torch.float64),
+        torch.tensor([-2.0], dtype=torch.float64),
+        0.2,
+        0.2,
+        dual_clip=3.0,
+    )
     assert loss.item() == pytest.approx(6.0, abs=1e-12)
 
 
@@ -146,7 +158,15 @@ def test_random_against_reference(seed, dual):
     adv = rng.normal(size=n)
     w = np.minimum(np.exp(rng.normal(scale=0.3, size=n)), 1.0)
     ref_loss, ref_stats = reference_policy_loss(logp, logp_old, adv, 0.15, 0.28, dual, w)
-    loss, stats = policy_loss(torch.tensor(logp), torch.tensor(logp_old), torch.tensor(adv), 0.15, 0.28, dual_clip=dual, weights=torch.tensor(w))
+    loss, stats = policy_loss(
+        torch.tensor(logp),
+        torch.tensor(logp_old),
+        torch.tensor(adv),
+        0.15,
+        0.28,
+        dual_clip=dual,
+        weights=torch.tensor(w),
+    )
     assert loss.item() == pytest.approx(ref_loss, rel=1e-10, abs=1e-12)
     for k, v in ref_stats.items():
         assert stats[k] == pytest.approx(v, rel=1e-10, abs=1e-12), k
@@ -182,12 +202,19 @@ def test_value_loss_hand_picked_clipping():
     assert stats["value_loss"] == pytest.approx(loss.item())
     loss.backward()
     # grad = (v - R)/N where the unclipped term is used; 0 for sample 0 (clipped, clamp saturated)
-    np.testing.assert_allclose(values.grad.numpy(), [0.0, (0.1 - 1.0) / 4, (-0.5) / 4, (0.5 + 1.0) / 4], rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(
+        values.grad.numpy(), [0.0, (0.1 - 1.0) / 4, (-0.5) / 4, (0.5 + 1.0) / 4], rtol=1e-12, atol=1e-15
+    )
 
 
 def test_value_loss_unclipped():
     values = torch.tensor([0.5, 0.1, -0.5, 0.5], dtype=torch.float64)
-    loss, stats = value_loss(values, torch.zeros(4, dtype=torch.float64), torch.tensor([1.0, 1.0, 0.0, -1.0], dtype=torch.float64), value_clip=None)
+    loss, stats = value_loss(
+        values,
+        torch.zeros(4, dtype=torch.float64),
+        torch.tensor([1.0, 1.0, 0.0, -1.0], dtype=torch.float64),
+        value_clip=None,
+    )
     assert loss.item() == pytest.approx(0.5 * (0.25 + 0.81 + 0.25 + 2.25) / 4, abs=1e-12)
     assert stats["value_clip_ratio"] == 0.0
 
@@ -220,7 +247,9 @@ def test_explained_variance():
 
     rng = np.random.default_rng(1)
     r, v = rng.normal(size=50), rng.normal(size=50)
-    assert explained_variance(torch.tensor(v), torch.tensor(r)) == pytest.approx(1 - np.var(r - v) / np.var(r), rel=1e-12)
+    assert explained_variance(torch.tensor(v), torch.tensor(r)) == pytest.approx(
+        1 - np.var(r - v) / np.var(r), rel=1e-12
+    )
 
 
 # ----------------------------------------------------------- total loss / cfg

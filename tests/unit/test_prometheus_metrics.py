@@ -1,4 +1,5 @@
 """Metric names, the learner's TensorBoard mirror, batch-size buckets and local mode's port plan."""
+
 from __future__ import annotations
 
 import math
@@ -10,8 +11,15 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from rlfleet.launcher import metrics_ports
-from rlfleet.telemetry.prometheus import (LearnerCollector, MetricsPortError, batch_observer, batch_size_buckets,
-                                          metric_name, role_registry, start_role_metrics)
+from rlfleet.telemetry.prometheus import (
+    LearnerCollector,
+    MetricsPortError,
+    batch_observer,
+    batch_size_buckets,
+    metric_name,
+    role_registry,
+    start_role_metrics,
+)
 
 
 def _families(registry) -> dict:
@@ -25,18 +33,27 @@ def test_tensorboard_keys_become_valid_prometheus_names():
 
 
 def _fake_learner(last_stats: dict) -> SimpleNamespace:
-    ingest = SimpleNamespace(qsize=lambda: 3, accepted=10, duplicates=1,
-                             rejected_by_reason=lambda: {"protocol": 2, "schema": 1})
-    return SimpleNamespace(counters=SimpleNamespace(version=5, env_steps=640, update=4), ingest=ingest,
-                           cfg=SimpleNamespace(learner=SimpleNamespace(ingest_queue_size=16)),
-                           servicer=SimpleNamespace(alive_clients=lambda role: 2, rejected_calls=lambda: {"unknown_client": 1}),
-                           last_stats=last_stats)
+    ingest = SimpleNamespace(
+        qsize=lambda: 3, accepted=10, duplicates=1, rejected_by_reason=lambda: {"protocol": 2, "schema": 1}
+    )
+    return SimpleNamespace(
+        counters=SimpleNamespace(version=5, env_steps=640, update=4),
+        ingest=ingest,
+        cfg=SimpleNamespace(learner=SimpleNamespace(ingest_queue_size=16)),
+        servicer=SimpleNamespace(alive_clients=lambda role: 2, rejected_calls=lambda: {"unknown_client": 1}),
+        last_stats=last_stats,
+    )
 
 
 def test_learner_collector_mirrors_scalars_and_exports_live_counters():
     registry = role_registry("learner")
-    stats = {"train/actor/approx_kl": 0.01, "train/critic/explained_variance": float("nan"),
-             "env/success_once/reach-v3": 0.5, "env/success_once/push-v3": 0.25, "queue/ingest_depth": 99.0}
+    stats = {
+        "train/actor/approx_kl": 0.01,
+        "train/critic/explained_variance": float("nan"),
+        "env/success_once/reach-v3": 0.5,
+        "env/success_once/push-v3": 0.25,
+        "queue/ingest_depth": 99.0,
+    }
     registry.register(LearnerCollector(_fake_learner(stats)))
     fams = _families(registry)
     assert fams["rlfleet_learner_train_actor_approx_kl"].samples[0].value == pytest.approx(0.01)
@@ -47,8 +64,10 @@ def test_learner_collector_mirrors_scalars_and_exports_live_counters():
     assert per_task == {"reach-v3": 0.5, "push-v3": 0.25}
     rejected = fams["rlfleet_learner_rejected_segments"]
     assert rejected.type == "counter"
-    assert {s.labels["reason"]: s.value for s in rejected.samples if s.name.endswith("_total")} == {"protocol": 2,
-                                                                                                 "schema": 1}
+    assert {s.labels["reason"]: s.value for s in rejected.samples if s.name.endswith("_total")} == {
+        "protocol": 2,
+        "schema": 1,
+    }
     assert fams["rlfleet_learner_policy_version"].samples[0].value == 5
 
 
@@ -60,7 +79,9 @@ def test_batch_sizes_fill_powers_of_two_buckets_up_to_max_batch():
     observe([SimpleNamespace(rows=4), SimpleNamespace(rows=4)])
     observe([SimpleNamespace(rows=1)])
     fams = _families(registry)
-    buckets = {s.labels["le"]: s.value for s in fams["rlfleet_inference_batch_size"].samples if s.name.endswith("_bucket")}
+    buckets = {
+        s.labels["le"]: s.value for s in fams["rlfleet_inference_batch_size"].samples if s.name.endswith("_bucket")
+    }
     assert buckets["1.0"] == 1 and buckets["4.0"] == 1 and buckets["8.0"] == 2
     assert fams["rlfleet_inference_requests"].samples[0].value == 3
 
@@ -77,7 +98,12 @@ def test_port_zero_means_no_endpoint_and_a_taken_port_is_a_clear_error():
 def test_local_mode_gives_each_role_its_own_port():
     assert metrics_ports(9100, 2) == {"learner": 9100, "inference": 9101, "actor0": 9102, "actor1": 9103}
     assert set(metrics_ports(0, 3).values()) == {0}
-    assert metrics_ports(9100, 1, num_inference=3) == {"learner": 9100, "inference": 9101, "actor0": 9102,
-                                                       "inference1": 9103, "inference2": 9104}
+    assert metrics_ports(9100, 1, num_inference=3) == {
+        "learner": 9100,
+        "inference": 9101,
+        "actor0": 9102,
+        "inference1": 9103,
+        "inference2": 9104,
+    }
     with pytest.raises(ValueError):
         metrics_ports(65535, 1)

@@ -1,4 +1,5 @@
 """RemoteEnv against an in-process EnvService serving a tiny deterministic env: a drop-in for the local env."""
+
 from __future__ import annotations
 
 import pickle
@@ -24,8 +25,14 @@ class CounterEnv(ChunkedEnv):
 
     def __init__(self, cfg: EnvConfig, num_envs: int, env_offset: int = 0):
         self.cfg, self.n, self.offset = cfg, num_envs, env_offset
-        self._spec = EnvSpec(state_dim=2, action_dim=2, chunk_size=cfg.chunk_size, num_envs=num_envs,
-                             max_episode_steps=EPISODE, task_names=[f"count-{(env_offset + i) % 2}" for i in range(num_envs)])
+        self._spec = EnvSpec(
+            state_dim=2,
+            action_dim=2,
+            chunk_size=cfg.chunk_size,
+            num_envs=num_envs,
+            max_episode_steps=EPISODE,
+            task_names=[f"count-{(env_offset + i) % 2}" for i in range(num_envs)],
+        )
         self.states = np.zeros((num_envs, 2), np.float32)
         self.returns = np.zeros(num_envs, np.float32)
         self.next_seed = np.array([cfg.seed * 1000 + env_offset + i for i in range(num_envs)], np.int64)
@@ -52,8 +59,12 @@ class CounterEnv(ChunkedEnv):
 
     def _obs(self) -> dict:
         ids = np.array([(self.offset + i) % 2 for i in range(self.n)], np.int64)
-        return {"states": self.states.copy(), "instructions": np.zeros((self.n, 128), np.uint8), "task_ids": ids,
-                "task_descriptions": list(self._spec.task_names)}
+        return {
+            "states": self.states.copy(),
+            "instructions": np.zeros((self.n, 128), np.uint8),
+            "task_ids": ids,
+            "task_descriptions": list(self._spec.task_names),
+        }
 
     def chunk_step(self, actions):
         actions = np.asarray(actions)
@@ -75,9 +86,18 @@ class CounterEnv(ChunkedEnv):
                     final["states"][i] = self.states[i]
                     self._start(i)
                     break
-        return StepResult(obs=self._obs(), rewards=rewards, terminated=np.zeros(self.n, bool), truncated=done.copy(),
-                          success=done.copy(), episode_done=done, episode_return=ep_ret, episode_length=ep_len,
-                          episode_success_once=done.copy(), final_obs=final)
+        return StepResult(
+            obs=self._obs(),
+            rewards=rewards,
+            terminated=np.zeros(self.n, bool),
+            truncated=done.copy(),
+            success=done.copy(),
+            episode_done=done,
+            episode_return=ep_ret,
+            episode_length=ep_len,
+            episode_success_once=done.copy(),
+            final_obs=final,
+        )
 
     def close(self) -> None:
         pass
@@ -104,9 +124,13 @@ def test_parse_remote_name():
     assert (t.address, t.connect_timeout, t.timeout) == ("127.0.0.1:50070", 30.0, 60.0)
     t = parse_remote_name("remote://[::1]:7?timeout=2.5&connect_timeout=1")
     assert (t.address, t.connect_timeout, t.timeout) == ("[::1]:7", 1.0, 2.5)
-    for bad, msg in [("remote://127.0.0.1", "host and a port"), ("remote://h:x", "bad port"),
-                     ("remote://h:1?retries=3", "unknown option"), ("remote://h:1?timeout=-1", "positive"),
-                     ("remote://h:1/path", "look like")]:
+    for bad, msg in [
+        ("remote://127.0.0.1", "host and a port"),
+        ("remote://h:x", "bad port"),
+        ("remote://h:1?retries=3", "unknown option"),
+        ("remote://h:1?timeout=-1", "positive"),
+        ("remote://h:1/path", "look like"),
+    ]:
         with pytest.raises(ValueError, match=msg):
             parse_remote_name(bad)
     assert "remote://..." in registered_envs()
@@ -213,7 +237,9 @@ def test_messages_round_trip_and_reject_incomplete_replies():
     with pytest.raises(codec.WireFormatError, match="missing tensor 'episode_length'"):
         decode_step(codec.encode_map(step), 2, 1)
     with pytest.raises(codec.WireFormatError, match="2 tasks for 3 envs"):
-        spec_from_reply(env_pb2.EnvSpecReply(num_envs=3, state_dim=2, action_dim=2, chunk_size=1, task_names=["a", "b"]))
+        spec_from_reply(
+            env_pb2.EnvSpecReply(num_envs=3, state_dim=2, action_dim=2, chunk_size=1, task_names=["a", "b"])
+        )
 
 
 def test_servicer_rejects_bad_settings():

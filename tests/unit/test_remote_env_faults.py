@@ -3,6 +3,7 @@
 Each test fails on the client without recovery (reconnects, step numbers, per-env NaN handling):
 there the first fault raised out of `chunk_step` and took the env worker, hence the actor, down.
 """
+
 from __future__ import annotations
 
 import threading
@@ -33,16 +34,26 @@ class FaultyEnv(ChunkedEnv):
 
     def __init__(self, cfg: EnvConfig, num_envs: int, env_offset: int = 0):
         self.cfg, self.n = cfg, num_envs
-        self._spec = EnvSpec(state_dim=2, action_dim=1, chunk_size=cfg.chunk_size, num_envs=num_envs,
-                             max_episode_steps=EPISODE, task_names=["faulty"] * num_envs)
+        self._spec = EnvSpec(
+            state_dim=2,
+            action_dim=1,
+            chunk_size=cfg.chunk_size,
+            num_envs=num_envs,
+            max_episode_steps=EPISODE,
+            task_names=["faulty"] * num_envs,
+        )
         self.t = np.zeros(num_envs, np.int64)
 
     def _obs(self, stepped: bool = True) -> dict:
         states = np.stack([self.t.astype(np.float32), np.arange(self.n, dtype=np.float32)], axis=1)
         if stepped and "nan_obs" in self.faults:  # a reset cures it
             states[self.faults["nan_obs"], 0] = np.nan
-        return {"states": states, "instructions": np.zeros((self.n, 128), np.uint8),
-                "task_ids": np.zeros(self.n, np.int64), "task_descriptions": ["faulty"] * self.n}
+        return {
+            "states": states,
+            "instructions": np.zeros((self.n, 128), np.uint8),
+            "task_ids": np.zeros(self.n, np.int64),
+            "task_descriptions": ["faulty"] * self.n,
+        }
 
     def reset(self, seeds=None):
         self.t[:] = 0
@@ -64,9 +75,18 @@ class FaultyEnv(ChunkedEnv):
         self.t[done] = 0
         if "nan_reward" in self.faults:
             rewards[self.faults["nan_reward"]] = np.nan
-        return StepResult(obs=self._obs(), rewards=rewards, terminated=np.zeros(self.n, bool), truncated=done.copy(),
-                          success=np.zeros(self.n, bool), episode_done=done, episode_return=ep_len.astype(np.float32),
-                          episode_length=ep_len, episode_success_once=np.zeros(self.n, bool), final_obs=final)
+        return StepResult(
+            obs=self._obs(),
+            rewards=rewards,
+            terminated=np.zeros(self.n, bool),
+            truncated=done.copy(),
+            success=np.zeros(self.n, bool),
+            episode_done=done,
+            episode_return=ep_len.astype(np.float32),
+            episode_length=ep_len,
+            episode_success_once=np.zeros(self.n, bool),
+            final_obs=final,
+        )
 
     def close(self) -> None:
         pass
@@ -76,8 +96,9 @@ register_env("h_faulty", FaultyEnv)
 
 
 def _serve(port: int = 0):
-    cfg = EnvServerConfig(env=env_config("h_faulty", overrides=["chunk_size=1", "max_episode_steps=4"]),
-                          num_envs=2, max_envs=8, port=port)
+    cfg = EnvServerConfig(
+        env=env_config("h_faulty", overrides=["chunk_size=1", "max_episode_steps=4"]), num_envs=2, max_envs=8, port=port
+    )
     return serve_env(cfg)
 
 
@@ -94,8 +115,9 @@ def server():
 
 def _env(port: int, num_envs: int = 2, **options) -> ChunkedEnv:
     query = "&".join(f"{k}={v}" for k, v in {"connect_timeout": 20, "timeout": 20, **options}.items())
-    return make_env(EnvConfig(name=f"remote://127.0.0.1:{port}?{query}", chunk_size=1, task="faulty",
-                              max_episode_steps=4), num_envs)
+    return make_env(
+        EnvConfig(name=f"remote://127.0.0.1:{port}?{query}", chunk_size=1, task="faulty", max_episode_steps=4), num_envs
+    )
 
 
 def _act(n: int = 2) -> np.ndarray:
@@ -226,10 +248,12 @@ def test_settings_the_server_decides_are_not_ignored_silently(server, caplog):
     port, _, _ = server
     remote._warned.clear()
     with caplog.at_level("WARNING", logger="rlfleet.envs.remote"):
-        make_env(EnvConfig(name=f"remote://127.0.0.1:{port}", chunk_size=1, task="reach-v3",
-                           max_episode_steps=150), 1).close()
-        make_env(EnvConfig(name=f"remote://127.0.0.1:{port}", chunk_size=1, task="reach-v3",
-                           max_episode_steps=150), 1).close()
+        make_env(
+            EnvConfig(name=f"remote://127.0.0.1:{port}", chunk_size=1, task="reach-v3", max_episode_steps=150), 1
+        ).close()
+        make_env(
+            EnvConfig(name=f"remote://127.0.0.1:{port}", chunk_size=1, task="reach-v3", max_episode_steps=150), 1
+        ).close()
     text = [r.getMessage() for r in caplog.records]
     assert sum("env.max_episode_steps=150 is ignored" in t and "episodes of 4 steps" in t for t in text) == 1
     assert sum("env.task='reach-v3' is ignored" in t and "runs faulty" in t for t in text) == 1

@@ -1,4 +1,5 @@
 """bench/reproduce.py's aggregation, curves and plots on synthetic runs."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -9,7 +10,9 @@ import numpy as np
 import pytest
 from torch.utils.tensorboard import SummaryWriter
 
-_spec = importlib.util.spec_from_file_location("reproduce", Path(__file__).resolve().parents[2] / "bench" / "reproduce.py")
+_spec = importlib.util.spec_from_file_location(
+    "reproduce", Path(__file__).resolve().parents[2] / "bench" / "reproduce.py"
+)
 reproduce = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(reproduce)
 
@@ -39,11 +42,22 @@ def test_mean_and_standard_error_over_seeds():
 
 def test_results_page_has_table_commands_commit_and_plots():
     agg = reproduce.aggregate(SUMMARIES)
-    page = reproduce.results_markdown("toy", agg, ["rlfleet train toy runner.seed=0"], "abc123", [60.0, 60.0, 96.0],
-                                      {"success vs env steps": "toy_steps.png"}, "10 episodes per task")
+    page = reproduce.results_markdown(
+        "toy",
+        agg,
+        ["rlfleet train toy runner.seed=0"],
+        "abc123",
+        [60.0, 60.0, 96.0],
+        {"success vs env steps": "toy_steps.png"},
+        "10 episodes per task",
+    )
     assert "| a | 20.0 +- 0.0 | 80.0 +- 11.5 | +60.0 +- 11.5 |" in page
     assert "| **mean** | 30.0 +- 0.0 | 75.0 +- 2.9 | +45.0 +- 2.9 |" in page
-    assert "rlfleet train toy runner.seed=0" in page and "`abc123`" in page and "![success vs env steps](toy_steps.png)" in page
+    assert (
+        "rlfleet train toy runner.seed=0" in page
+        and "`abc123`" in page
+        and "![success vs env steps](toy_steps.png)" in page
+    )
     assert "total 3.6 min" in page
 
 

@@ -1,15 +1,16 @@
 """Keeping RL near its SFT start: the KL penalty to the reference policy (the estimator against
 exact categorical KLs, and its effect in `PPOTrainer`) and the learning-rate warm-up."""
+
 from __future__ import annotations
 
 import copy
 
 import pytest
 import torch
+from test_ddp_trainer import make_policy, update_segments
 
 from rlfleet.algorithms import PPOConfig, kl_to_reference
 from rlfleet.learner.trainer import PPOTrainer
-from test_ddp_trainer import make_policy, update_segments
 
 
 def test_k3_estimator_matches_exact_categorical_kl():
@@ -58,8 +59,9 @@ def test_penalty_keeps_policy_near_reference():
 
 def test_first_update_sees_zero_kl_and_penalty_needs_a_reference():
     policy = make_policy(0)
-    trainer = PPOTrainer(policy, PPOConfig(update_epochs=1, num_minibatches=1, kl_beta=0.1),
-                         reference=copy.deepcopy(policy))
+    trainer = PPOTrainer(
+        policy, PPOConfig(update_epochs=1, num_minibatches=1, kl_beta=0.1), reference=copy.deepcopy(policy)
+    )
     batch = trainer.prepare(update_segments(0), 0)
     with torch.no_grad():
         logp, _, _ = policy.evaluate(batch.obs, batch.actions, batch.extras)
@@ -96,8 +98,7 @@ def test_critic_lr_is_its_own_group_outside_the_actor_warmup():
 
 def test_every_parameter_group_is_gradient_clipped():
     """The critic's own group (critic_lr) is clipped to max_grad_norm like the actor's."""
-    cfg = PPOConfig(update_epochs=1, num_minibatches=1, critic_lr=1e-3, max_grad_norm=1e-3,
-                    critic_warmup_updates=0)
+    cfg = PPOConfig(update_epochs=1, num_minibatches=1, critic_lr=1e-3, max_grad_norm=1e-3, critic_warmup_updates=0)
     trainer = PPOTrainer(make_policy(0), cfg, reward_scale=100.0)
     norms: list[float] = []
     step = trainer.optimizer.step
@@ -129,7 +130,8 @@ def test_frozen_normalization_keeps_the_starting_statistics():
     policy = make_policy(0)
     before = {k: v.clone() for k, v in policy.state_dict().items() if "obs_norm" in k}
     PPOTrainer(policy, PPOConfig(update_epochs=1, num_minibatches=1), freeze_normalization=True).update(
-        update_segments(0), 0)
+        update_segments(0), 0
+    )
     after = {k: v for k, v in policy.state_dict().items() if "obs_norm" in k}
     assert before and all(torch.equal(before[k], after[k]) for k in before)
     moving = make_policy(0)
@@ -158,13 +160,15 @@ def test_nonfinite_loss_leaves_the_weights_alone():
 
 def _sft_checkpoint(folder):
     """A tiny_pi0 SFT checkpoint (Flow-SDE mode: no exploration parameters), as the SFT bootstrap writes."""
+    from test_flow_policies import SIZE, STATE_DIM, D, K, build
+
     from rlfleet.policies.checkpoint_io import model_config, save_checkpoint_folder
-    from test_flow_policies import D, K, SIZE, STATE_DIM, build
 
     settings = dict(name="tiny_pi0", dim=32, heads=2, depth=1, flow_hidden=32, num_denoise_steps=4)
     policy = build("tiny_pi0", "sde")
-    save_checkpoint_folder(folder, policy, model_config({**settings, "flow_rl": "sde"}, STATE_DIM, D, K,
-                                                        image_size=SIZE))
+    save_checkpoint_folder(
+        folder, policy, model_config({**settings, "flow_rl": "sde"}, STATE_DIM, D, K, image_size=SIZE)
+    )
     return policy, settings
 
 
@@ -196,23 +200,29 @@ def test_a_checkpoint_missing_other_weights_is_still_an_error(tmp_path):
 
 def test_flow_noise_reference_shares_the_trained_copys_fresh_noise_net(tmp_path):
     from omegaconf import OmegaConf
+    from test_flow_policies import SIZE, STATE_DIM, D
 
     from rlfleet.policies.checkpoint_io import load_checkpoint, reference_policy
-    from test_flow_policies import D, SIZE, STATE_DIM
 
     _, settings = _sft_checkpoint(tmp_path / "sft")
     policy, _ = load_checkpoint(tmp_path / "sft", overrides={"flow_rl": "noise"})
-    cfg = OmegaConf.create({"policy": {**settings, "flow_rl": "noise", "model_path": str(tmp_path / "sft")},
-                            "algorithm": {"kl_beta": 0.1}, "model_dims": {"state_dim": STATE_DIM, "action_dim": D},
-                            "env": {"chunk_size": policy.chunk_size, "image_size": SIZE}})
+    cfg = OmegaConf.create(
+        {
+            "policy": {**settings, "flow_rl": "noise", "model_path": str(tmp_path / "sft")},
+            "algorithm": {"kl_beta": 0.1},
+            "model_dims": {"state_dim": STATE_DIM, "action_dim": D},
+            "env": {"chunk_size": policy.chunk_size, "image_size": SIZE},
+        }
+    )
     reference = reference_policy(cfg, policy)
     for name, value in policy.state_dict().items():
         assert torch.equal(value, reference.state_dict()[name]), name
 
 
 def test_flow_sde_starts_from_a_flow_noise_checkpoint(tmp_path):
+    from test_flow_policies import SIZE, STATE_DIM, D, K, build
+
     from rlfleet.policies.checkpoint_io import load_checkpoint, model_config, save_checkpoint_folder
-    from test_flow_policies import D, K, SIZE, STATE_DIM, build
 
     noisy = build("tiny_pi0", "noise")
     settings = dict(name="tiny_pi0", dim=32, heads=2, depth=1, flow_hidden=32, num_denoise_steps=4, flow_rl="noise")

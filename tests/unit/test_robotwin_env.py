@@ -75,8 +75,11 @@ def test_seed_files_are_disjoint_and_complete() -> None:
 
 def test_batch_shapes_auto_reset_and_seed_schedule() -> None:
     B, K, T = 3, 4, 10
-    env = make_env(_cfg("place_empty_cup,click_bell:randomized", max_episode_steps=T, chunk_size=K,
-                        reward_type="dense"), B, env_offset=1)
+    env = make_env(
+        _cfg("place_empty_cup,click_bell:randomized", max_episode_steps=T, chunk_size=K, reward_type="dense"),
+        B,
+        env_offset=1,
+    )
     try:
         assert env.task_list == ["place_empty_cup", "click_bell:randomized"]
         assert env.spec.task_names == ["click_bell:randomized", "place_empty_cup", "click_bell:randomized"]
@@ -95,7 +98,7 @@ def test_batch_shapes_auto_reset_and_seed_schedule() -> None:
                 done_at.append(c)
                 assert res.truncated.all() and not res.terminated.any()
                 assert (res.episode_length == T).all()
-                assert (res.rewards[:, T - 2 * K:] == 0).all()  # substeps after the end are skipped
+                assert (res.rewards[:, T - 2 * K :] == 0).all()  # substeps after the end are skipped
                 assert np.abs(res.final_obs["states"]).sum() > 0
         assert done_at == [2]
         assert env.episode_seeds[0] == train[(1 + 4) // 2]  # next episode: index + num_total_envs (offset 1 + 3)
@@ -122,8 +125,9 @@ def test_images_need_a_renderer(monkeypatch: pytest.MonkeyPatch) -> None:
         RoboTwinEnv(_cfg("click_bell", image_size=32), 1)
 
 
-@pytest.mark.skipif(not scene_mod.render_available(),
-                    reason="no Vulkan device (GPU or Mesa >= 25 lavapipe: deploy/install_lavapipe.sh)")
+@pytest.mark.skipif(
+    not scene_mod.render_available(), reason="no Vulkan device (GPU or Mesa >= 25 lavapipe: deploy/install_lavapipe.sh)"
+)
 def test_head_camera_images() -> None:
     env = RoboTwinEnv(_cfg("place_empty_cup:randomized", image_size=48, max_episode_steps=4, chunk_size=2), 2)
     try:

@@ -46,7 +46,11 @@ def test_slot_layout_shapes():
     assert layout["final_main_images"].shape == (E, 4, 4, 3)
     assert layout["task_ids"].dtype == "int64" and layout["episode_length"].dtype == "int32"
     assert {k for k, v in layout.items() if v.dtype == "bool"} == {
-        "terminated", "truncated", "success", "episode_done", "episode_success_once"
+        "terminated",
+        "truncated",
+        "success",
+        "episode_done",
+        "episode_success_once",
     }
 
 
@@ -97,7 +101,9 @@ def run_rollout(slots, builder, base: float):
         slots["episode_done"][:] = done
         expect["rewards"].append(slots["rewards"][LO:HI].sum(axis=1))
         expect["final_states"].append(np.where(done[LO:HI, None], slots["final_states"][LO:HI], 0.0))
-        expect["final_main_images"].append(np.where(done[LO:HI, None, None, None], slots["final_main_images"][LO:HI], 0))
+        expect["final_main_images"].append(
+            np.where(done[LO:HI, None, None, None], slots["final_main_images"][LO:HI], 0)
+        )
         new_obs(rng, slots)  # next observation (auto-reset included)
         builder.record_step(slots)
         assert builder.full == (t == T - 1)

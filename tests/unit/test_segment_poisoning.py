@@ -1,4 +1,5 @@
 """One well-formed segment must not ruin a run: its step count, task ids and states are bounded."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -13,7 +14,7 @@ from rlfleet.wire.codec import WireFormatError
 from rlfleet.wire.segment import Segment
 
 
-@pytest.mark.parametrize("steps", [2 ** 40, -1, -(2 ** 40), T * B * K + 1])
+@pytest.mark.parametrize("steps", [2**40, -1, -(2**40), T * B * K + 1])
 def test_env_steps_beyond_the_segments_own_shape_are_refused(steps):
     t = make_segment().to_tensors()
     t["env_steps"] = np.array(steps, np.int64)
@@ -31,16 +32,22 @@ def test_env_steps_within_the_shape_are_taken(steps):
 
 def _episodes(task_ids) -> Segment:
     n = len(task_ids)
-    return make_segment(ep_returns=np.ones(n, np.float32), ep_lengths=np.ones(n, np.int32),
-                        ep_success=np.ones(n, bool), ep_task_ids=np.asarray(task_ids, np.int64))
+    return make_segment(
+        ep_returns=np.ones(n, np.float32),
+        ep_lengths=np.ones(n, np.int32),
+        ep_success=np.ones(n, bool),
+        ep_task_ids=np.asarray(task_ids, np.int64),
+    )
 
 
 def test_negative_and_unknown_task_ids_do_not_crash_the_metrics():
     window = EpisodeWindow(["reach", "push"])
-    window.add(_episodes([0, 1, -1, -(2 ** 40), 2, 2 ** 62]))
+    window.add(_episodes([0, 1, -1, -(2**40), 2, 2**62]))
     scalars = window.scalars()
-    assert {k for k in scalars if k.startswith("env/success_once/")} == {"env/success_once/reach",
-                                                                           "env/success_once/push"}
+    assert {k for k in scalars if k.startswith("env/success_once/")} == {
+        "env/success_once/reach",
+        "env/success_once/push",
+    }
     assert scalars["env/unknown_task_episodes"] == 4 and len(window.recent) == 6
 
 

@@ -1,4 +1,5 @@
 """SFT data assembly and an end-to-end `run_sft` on a tiny expert dataset."""
+
 from __future__ import annotations
 
 import json
@@ -18,9 +19,16 @@ from rlfleet.policies.vla.normalization import load_norm_stats
 def _episode(i: int, L: int, size: int = 8) -> DemoEpisode:
     rng = np.random.default_rng(i)
     return DemoEpisode(
-        id=i, task="reach-v3", instruction_text="reach the goal position", seed=i, success=True, success_step=L - 1,
-        states=rng.normal(size=(L, 39)).astype(np.float32), actions=rng.uniform(-1, 1, (L, 4)).astype(np.float32),
-        rewards=np.zeros(L, np.float32), step_success=np.zeros(L, bool),
+        id=i,
+        task="reach-v3",
+        instruction_text="reach the goal position",
+        seed=i,
+        success=True,
+        success_step=L - 1,
+        states=rng.normal(size=(L, 39)).astype(np.float32),
+        actions=rng.uniform(-1, 1, (L, 4)).astype(np.float32),
+        rewards=np.zeros(L, np.float32),
+        step_success=np.zeros(L, bool),
         instruction=encode_instructions(["reach the goal position"])[0],
         main_images=rng.integers(0, 255, (L, size, size, 3), dtype=np.uint8),
     )
@@ -93,12 +101,16 @@ def test_sft_cache_is_shared_by_runs_that_differ_only_in_sampling():
     from rlfleet.data.bootstrap import sft_folder
 
     base = sft_folder(load_config("metaworld_quickstart_tinyoft"))
-    assert sft_folder(load_config("metaworld_quickstart_tinyoft", ["policy.temperature=1.0", "policy.logprob_type=token"])) == base
+    assert (
+        sft_folder(load_config("metaworld_quickstart_tinyoft", ["policy.temperature=1.0", "policy.logprob_type=token"]))
+        == base
+    )
     assert sft_folder(load_config("metaworld_quickstart_tinyoft", ["policy.dim=32"])) != base
     assert sft_folder(load_config("metaworld_quickstart_tinyoft", ["sft.steps=10"])) != base
     # Flow-SDE and Flow-Noise start from the same flow-matching SFT (their RL-only parts are not trained by it)
     assert sft_folder(load_config("metaworld_50_ppo_tinypi0_cpu")) == sft_folder(
-        load_config("metaworld_50_ppo_tinypi0_flownoise_cpu"))
+        load_config("metaworld_50_ppo_tinypi0_flownoise_cpu")
+    )
 
 
 def test_mlp_sft_fits_observation_statistics_to_the_demos():

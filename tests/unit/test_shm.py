@@ -17,7 +17,8 @@ def test_child_process_writes_are_seen_by_owner():
     blk = SharedArrays.create(layout)
     try:
         p = mp.get_context("spawn").Process(target=_child, args=(blk.name, layout_to_json(layout)))
-        p.start(); p.join(30)
+        p.start()
+        p.join(30)
         assert p.exitcode == 0
         assert np.all(blk["obs"] == 7.0) and blk["flag"].tolist() == [False, True, False, False]
     finally:

@@ -1,5 +1,6 @@
 """Experiment trackers (rlfleet.telemetry.trackers): the fan-out writer, W&B offline and trackio's
 local database read back, eval logging, and a missing tracker as one line."""
+
 from __future__ import annotations
 
 import glob
@@ -64,8 +65,15 @@ def test_log_eval_success_table_before_after_and_videos(tmp_path):
     videos = tmp_path / "videos" / "reach-v3"
     videos.mkdir(parents=True)
     (videos / "ep0_success.mp4").write_bytes(b"\0")
-    log_eval(logger, {"reach-v3": 0.8, "push-v3": 0.4}, step=1000, before={"reach-v3": 0.5, "push-v3": 0.4},
-             video_dir=tmp_path / "videos", since=0.0, fps=10)
+    log_eval(
+        logger,
+        {"reach-v3": 0.8, "push-v3": 0.4},
+        step=1000,
+        before={"reach-v3": 0.5, "push-v3": 0.4},
+        video_dir=tmp_path / "videos",
+        since=0.0,
+        fps=10,
+    )
     kinds = {c[0] for c in rec.calls}
     assert kinds == {"scalars", "table", "video"}
     (scalars,) = [c[1] for c in rec.calls if c[0] == "scalars"]
@@ -112,8 +120,12 @@ def test_cli_names_the_extra_for_a_missing_tracker(monkeypatch, caplog):
 
 @pytest.mark.skipif(importlib.util.find_spec("swanlab") is not None, reason="swanlab is installed here")
 def test_cli_missing_tracker_without_traceback():
-    proc = subprocess.run([sys.executable, "-m", "rlfleet.cli", "train", "node_reach2d_ppo",
-                           "runner.logger.logger_backends=[swanlab]"], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "rlfleet.cli", "train", "node_reach2d_ppo", "runner.logger.logger_backends=[swanlab]"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "rlfleet[trackers]" in lines[0], proc.stderr
@@ -125,6 +137,7 @@ def test_tensorboard_false_drops_it_from_the_backends():
 
 
 # --- real trackers, no network: W&B offline mode and trackio's local database --------------------
+
 
 def _wandb_history(run_file: str) -> list[dict[str, str]]:
     """History rows of a .wandb file (W&B's LevelDB-style record log: 7-byte header, 32 KiB blocks
@@ -139,11 +152,11 @@ def _wandb_history(run_file: str) -> list[dict[str, str]]:
         if left < 7:
             pos += left
             continue
-        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
         if length == 0 and kind == 0:  # block padding
             pos += left
             continue
-        chunk, pos = data[pos + 7:pos + 7 + length], pos + 7 + length
+        chunk, pos = data[pos + 7 : pos + 7 + length], pos + 7 + length
         buf = chunk if kind in (1, 2) else buf + chunk  # full/first start a record, middle/last extend it
         if kind in (1, 4):
             record = pb.Record()
@@ -179,11 +192,18 @@ def test_wandb_offline_and_trackio_local_read_back(tmp_path):
     pytest.importorskip("wandb", reason="the [trackers] extra is not installed")
     pytest.importorskip("trackio", reason="the [trackers] extra is not installed")
     run_dir = tmp_path / "run"
-    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "TRACKIO_DIR": str(tmp_path / "trackio"),
-           "HF_HUB_OFFLINE": "1", "WANDB_DIR": str(run_dir)}
+    env = {
+        **os.environ,
+        "WANDB_MODE": "offline",
+        "WANDB_SILENT": "true",
+        "TRACKIO_DIR": str(tmp_path / "trackio"),
+        "HF_HUB_OFFLINE": "1",
+        "WANDB_DIR": str(run_dir),
+    }
     env.pop("WANDB_API_KEY", None)
-    proc = subprocess.run([sys.executable, "-c", _LOG_SCRIPT, str(run_dir)], env=env, capture_output=True, text=True,
-                          timeout=240)
+    proc = subprocess.run(
+        [sys.executable, "-c", _LOG_SCRIPT, str(run_dir)], env=env, capture_output=True, text=True, timeout=240
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
 
     # TensorBoard: the same scalars
@@ -196,8 +216,10 @@ def test_wandb_offline_and_trackio_local_read_back(tmp_path):
     (run_file,) = glob.glob(str(run_dir / "wandb" / "offline-run-*" / "run-*.wandb"))
     rows = _wandb_history(run_file)
     scalars = [{k: json.loads(v) for k, v in r.items()} for r in rows if "env/success_once" in r]
-    assert [(r["env_step"], r["env/success_once"], r["train/actor/approx_kl"]) for r in scalars] == \
-        [(100, 0.25, 0.01), (200, 0.5, 0.02)]
+    assert [(r["env_step"], r["env/success_once"], r["train/actor/approx_kl"]) for r in scalars] == [
+        (100, 0.25, 0.01),
+        (200, 0.5, 0.02),
+    ]
     evals = [r for r in rows if "eval/success/reach" in r]
     assert [json.loads(r["eval/success/reach"]) for r in evals] == [0.75]
     assert json.loads(evals[0]["eval/success_before/reach"]) == 0.25
@@ -211,8 +233,10 @@ def test_wandb_offline_and_trackio_local_read_back(tmp_path):
     with sqlite3.connect(db) as con:
         tables = [t for (t,) in con.execute("select name from sqlite_master where type='table'")]
         assert "metrics" in tables, tables
-        logged = [(step, json.loads(m)) for step, m in
-                  con.execute("select step, metrics from metrics where run_name='trk' order by id")]
+        logged = [
+            (step, json.loads(m))
+            for step, m in con.execute("select step, metrics from metrics where run_name='trk' order by id")
+        ]
     by_step: dict[int, dict] = {}
     for step, metrics in logged:
         by_step.setdefault(step, {}).update(metrics)
@@ -242,8 +266,14 @@ def test_swanlab_offline_run_folder(tmp_path):
     pytest.importorskip("swanlab", reason="swanlab is not installed")
     run = tmp_path / "run"
     env = {**os.environ, "SWANLAB_MODE": "offline"}
-    proc = subprocess.run([sys.executable, "-c", _SWANLAB_SCRIPT, str(run)], env=env, capture_output=True, text=True,
-                          timeout=180, cwd=tmp_path)
+    proc = subprocess.run(
+        [sys.executable, "-c", _SWANLAB_SCRIPT, str(run)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     (record,) = (run / "swanlog").glob("run-*/run-*.swanlab")
     data = record.read_bytes()

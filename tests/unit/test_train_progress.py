@@ -1,4 +1,5 @@
 """The training bar runs on time when the wall clock bounds the run, with an ETA."""
+
 from __future__ import annotations
 
 import io

@@ -29,8 +29,9 @@ def make_policy(seed: int = 0, hidden=(32, 32)) -> GaussianMLPPolicy:
     return GaussianMLPPolicy(S, D, K, PolicyConfig(hidden_sizes=list(hidden)))
 
 
-def make_segment(policy, T: int, B: int, versions, seed: int = 0, logp_shift: float = 0.0,
-                 terminated=None, truncated=None) -> Segment:
+def make_segment(
+    policy, T: int, B: int, versions, seed: int = 0, logp_shift: float = 0.0, terminated=None, truncated=None
+) -> Segment:
     """A segment whose actions / log-probs / values come from `policy` (plus an optional shift)."""
     rng = np.random.default_rng(seed)
     states = rng.normal(size=(T, B, S)).astype(np.float32)
@@ -117,11 +118,17 @@ def test_all_samples_too_old_means_no_update():
     before = params_of(policy)
     metrics = trainer.update([seg], version=5)
     assert {k: v for k, v in metrics.items() if not k.startswith("throughput/policy_lag_count/")} == {
-        "train/dropped_samples": 12.0, "throughput/policy_lag": 4.5, "throughput/policy_lag_max": 5.0}
+        "train/dropped_samples": 12.0,
+        "throughput/policy_lag": 4.5,
+        "throughput/policy_lag_max": 5.0,
+    }
     # per-lag sample counts: every lag up to max_policy_lag (zeros too), plus the larger ones seen
     assert {k: v for k, v in metrics.items() if k.startswith("throughput/policy_lag_count/")} == {
-        "throughput/policy_lag_count/0": 0.0, "throughput/policy_lag_count/1": 0.0,
-        "throughput/policy_lag_count/4": 6.0, "throughput/policy_lag_count/5": 6.0}
+        "throughput/policy_lag_count/0": 0.0,
+        "throughput/policy_lag_count/1": 0.0,
+        "throughput/policy_lag_count/4": 6.0,
+        "throughput/policy_lag_count/5": 6.0,
+    }
     for name, value in params_of(policy).items():
         assert torch.equal(before[name], value), name
 
@@ -154,8 +161,9 @@ def test_lag_zero_samples_have_importance_weight_exactly_one():
     lagged_up = (batch.lags > 0) & (torch.arange(len(batch)) < T * B)
     lagged_down = (batch.lags > 0) & (torch.arange(len(batch)) >= T * B)
     torch.testing.assert_close(batch.is_weights[lagged_up], torch.full((2 * B,), 1.2))  # exp(0.3) capped
-    torch.testing.assert_close(batch.is_weights[lagged_down], torch.full((2 * B,), math.exp(-0.3)),
-                               rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        batch.is_weights[lagged_down], torch.full((2 * B,), math.exp(-0.3)), rtol=1e-5, atol=1e-5
+    )
 
 
 def _tiny_truncation_case():
@@ -199,8 +207,7 @@ def test_no_bootstrap_at_time_limit_when_the_limit_is_part_of_the_task():
     worth 0), the following episode still bootstraps from next_obs."""
     policy, seg = _tiny_truncation_case()
     gamma, scale = 0.9, 0.5
-    trainer = PPOTrainer(policy, PPOConfig(gamma=gamma, gae_lambda=1.0, bootstrap_truncated=False),
-                         reward_scale=scale)
+    trainer = PPOTrainer(policy, PPOConfig(gamma=gamma, gae_lambda=1.0, bootstrap_truncated=False), reward_scale=scale)
     batch = trainer.prepare([seg], version=0)
 
     with torch.no_grad():
@@ -260,13 +267,23 @@ def test_ppo_learns_a_contextual_bandit():
         a = out["actions"].numpy()
         r = -((a[:, 0] - target(s)) ** 2).sum(-1)
         seg = Segment(
-            obs={"states": s[None]}, actions=a[None], logprobs=out["logprobs"].numpy()[None],
-            values=out["values"].numpy()[None], rewards=r[None].astype(np.float32),
-            terminated=np.ones((1, N), bool), truncated=np.zeros((1, N), bool),
-            final_obs={"states": s[None].copy()}, next_obs={"states": rng.normal(size=(N, S)).astype(np.float32)},
-            versions=np.array([version], np.int64), task_ids=np.zeros(N, np.int64),
-            env_steps=np.array(N, np.int64), ep_returns=r.astype(np.float32), ep_lengths=np.ones(N, np.int32),
-            ep_success=np.zeros(N, bool), ep_task_ids=np.zeros(N, np.int64), extras={},
+            obs={"states": s[None]},
+            actions=a[None],
+            logprobs=out["logprobs"].numpy()[None],
+            values=out["values"].numpy()[None],
+            rewards=r[None].astype(np.float32),
+            terminated=np.ones((1, N), bool),
+            truncated=np.zeros((1, N), bool),
+            final_obs={"states": s[None].copy()},
+            next_obs={"states": rng.normal(size=(N, S)).astype(np.float32)},
+            versions=np.array([version], np.int64),
+            task_ids=np.zeros(N, np.int64),
+            env_steps=np.array(N, np.int64),
+            ep_returns=r.astype(np.float32),
+            ep_lengths=np.ones(N, np.int32),
+            ep_success=np.zeros(N, bool),
+            ep_task_ids=np.zeros(N, np.int64),
+            extras={},
         )
         metrics = trainer.update([seg], version)
         assert metrics["train/dropped_samples"] == 0.0

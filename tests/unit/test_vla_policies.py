@@ -1,6 +1,7 @@
 """The tiny VLA family (OFT, pi0, pi0.5): the policy contract's shapes, act/evaluate log-prob
 identity (what makes PPO's first ratio exactly 1), learning from demos, freezing, the tokenizer,
 normalisation statistics and the registry. Small images and dims keep the file fast on 2 cores."""
+
 from __future__ import annotations
 
 import json
@@ -14,8 +15,8 @@ from rlfleet.envs.api import encode_instructions
 from rlfleet.policies.registry import make_policy
 from rlfleet.policies.vla import (
     TinyOFTPolicy,
-    TinyPi05Policy,
     TinyPi0Policy,
+    TinyPi05Policy,
     VLAConfig,
     WordTokenizer,
     compute_norm_stats,
@@ -53,8 +54,14 @@ def extras_of(policy, out):
     return {k: out[k] for k in policy.extra_outputs}
 
 
-SHAPE_CASES = [("tiny_oft", 32), ("tiny_oft", 64), ("tiny_oft", 128), ("tiny_pi0", 32), ("tiny_pi0", 64),
-               ("tiny_pi05", 32)]
+SHAPE_CASES = [
+    ("tiny_oft", 32),
+    ("tiny_oft", 64),
+    ("tiny_oft", 128),
+    ("tiny_pi0", 32),
+    ("tiny_pi0", 64),
+    ("tiny_pi05", 32),
+]
 
 
 @pytest.mark.parametrize("name,size", SHAPE_CASES)
@@ -113,8 +120,10 @@ def test_detached_critic_trains_only_the_value_head(name):
     assert with_grad == {"critic"}
 
 
-NORM_STATS = {"action": {"q01": [-2.0, -0.5, 0.0, -1.0], "q99": [2.0, 0.5, 3.0, 1.0]},
-              "state": {"q01": [-1.5, -1.0, 0.0, -0.2], "q99": [1.5, 2.0, 0.5, 0.2]}}
+NORM_STATS = {
+    "action": {"q01": [-2.0, -0.5, 0.0, -1.0], "q99": [2.0, 0.5, 3.0, 1.0]},
+    "state": {"q01": [-1.5, -1.0, 0.0, -0.2], "q99": [1.5, 2.0, 0.5, 0.2]},
+}
 
 
 @pytest.mark.parametrize("name,logprob_type", [(n, t) for n in CLASSES for t in ("token", "action", "chunk")])
@@ -342,15 +351,18 @@ def test_make_policy_builds_each_by_name():
     assert type(make_policy({"name": "gaussian_mlp"}, STATE_DIM, D, K, image_size=32)).__name__ == "GaussianMLPPolicy"
 
 
-@pytest.mark.parametrize("bad,match", [
-    ({"name": "tiny_pi1"}, "name must be one of"),
-    ({"dim": 30, "heads": 4}, "divisible"),
-    ({"logprob_type": "step"}, "logprob_type"),
-    ({"temperature": 0.0}, "temperature"),
-    ({"num_bins": 1}, "num_bins"),
-    ({"init_log_std": 3.0}, "init_log_std"),
-    ({"image_encoder": "resnet"}, "image_encoder"),
-])
+@pytest.mark.parametrize(
+    "bad,match",
+    [
+        ({"name": "tiny_pi1"}, "name must be one of"),
+        ({"dim": 30, "heads": 4}, "divisible"),
+        ({"logprob_type": "step"}, "logprob_type"),
+        ({"temperature": 0.0}, "temperature"),
+        ({"num_bins": 1}, "num_bins"),
+        ({"init_log_std": 3.0}, "init_log_std"),
+        ({"image_encoder": "resnet"}, "image_encoder"),
+    ],
+)
 def test_config_validation(bad, match):
     with pytest.raises(ValueError, match=match):
         VLAConfig(**bad)

@@ -1,5 +1,6 @@
 """V-trace (IMPALA eq. 1) against a naive double loop written from the paper, with episode
 boundaries; exact unit importance weights at zero policy lag; the trainer's vtrace mode."""
+
 import math
 
 import numpy as np
@@ -24,14 +25,15 @@ def naive_vtrace(log_rho, r, V, V_last, term, trunc, V_final, gamma, rho_bar, c_
     vs = np.zeros((T, B))
     adv = np.zeros((T, B))
     for b in range(B):
-        def v_next(t):  # V(x_{t+1}) as seen from step t
+
+        def v_next(t, b=b):  # V(x_{t+1}) as seen from step t
             if term[t, b]:
                 return 0.0
             if trunc[t, b]:
                 return V_final[t, b]
             return V_last[b] if t == T - 1 else V[t + 1, b]
 
-        def ended(t):
+        def ended(t, b=b):
             return term[t, b] or trunc[t, b] or t == T - 1
 
         rho = [min(rho_bar, math.exp(log_rho[t, b])) for t in range(T)]
@@ -61,14 +63,18 @@ def random_case(seed, T=7, B=4):
     term[1, 2] = trunc[5, 2] = True
     trunc[T - 1, 3] = True  # truncated on the rollout's last step
     return dict(
-        log_rho=rng.normal(scale=0.5, size=(T, B)), r=rng.normal(size=(T, B)), V=rng.normal(size=(T, B)),
-        V_last=rng.normal(size=B), term=term, trunc=trunc, V_final=rng.normal(size=(T, B)),
+        log_rho=rng.normal(scale=0.5, size=(T, B)),
+        r=rng.normal(size=(T, B)),
+        V=rng.normal(size=(T, B)),
+        V_last=rng.normal(size=B),
+        term=term,
+        trunc=trunc,
+        V_final=rng.normal(size=(T, B)),
     )
 
 
 def run_module(case, gamma, rho_bar, c_bar, lam):
-    t = {k: torch.as_tensor(v, dtype=torch.float64) if v.dtype != bool else torch.as_tensor(v)
-         for k, v in case.items()}
+    t = {k: torch.as_tensor(v, dtype=torch.float64) if v.dtype != bool else torch.as_tensor(v) for k, v in case.items()}
     next_values = bootstrap_next_values(t["V"], t["V_last"], t["term"], t["trunc"], t["V_final"])
     return vtrace(t["log_rho"], t["r"], t["V"], next_values, t["term"] | t["trunc"], gamma, rho_bar, c_bar, lam)
 
@@ -122,15 +128,23 @@ def make_segment(policy, T, B, versions, logp_shift, seed=0, term=None, trunc=No
     term = np.zeros((T, B), bool) if term is None else term
     trunc = np.zeros((T, B), bool) if trunc is None else trunc
     return Segment(
-        obs={"states": states}, actions=out["actions"].numpy().reshape(T, B, K, D),
+        obs={"states": states},
+        actions=out["actions"].numpy().reshape(T, B, K, D),
         logprobs=(out["logprobs"].numpy() + logp_shift).reshape(T, B).astype(np.float32),
-        values=out["values"].numpy().reshape(T, B), rewards=rng.normal(size=(T, B)).astype(np.float32),
-        terminated=term, truncated=trunc,
+        values=out["values"].numpy().reshape(T, B),
+        rewards=rng.normal(size=(T, B)).astype(np.float32),
+        terminated=term,
+        truncated=trunc,
         final_obs={"states": np.where((term | trunc)[..., None], rng.normal(size=(T, B, S)), 0).astype(np.float32)},
-        next_obs={"states": rng.normal(size=(B, S)).astype(np.float32)}, versions=np.asarray(versions, np.int64),
-        task_ids=np.zeros(B, np.int64), env_steps=np.array(T * B * K, np.int64),
-        ep_returns=np.zeros(0, np.float32), ep_lengths=np.zeros(0, np.int32), ep_success=np.zeros(0, bool),
-        ep_task_ids=np.zeros(0, np.int64), extras={},
+        next_obs={"states": rng.normal(size=(B, S)).astype(np.float32)},
+        versions=np.asarray(versions, np.int64),
+        task_ids=np.zeros(B, np.int64),
+        env_steps=np.array(T * B * K, np.int64),
+        ep_returns=np.zeros(0, np.float32),
+        ep_lengths=np.zeros(0, np.int32),
+        ep_success=np.zeros(0, bool),
+        ep_task_ids=np.zeros(0, np.int64),
+        extras={},
     )
 
 
@@ -159,8 +173,9 @@ def test_trainer_vtrace_with_lag_matches_the_formula():
     learner's log-prob, here exp(+0.3) and exp(-0.3) for two behaviour shifts."""
     policy = make_policy()
     gamma, lam, rho_bar, c_bar = 0.9, 0.95, 1.1, 1.0
-    trainer = PPOTrainer(policy, PPOConfig(off_policy="vtrace", gamma=gamma, gae_lambda=lam, rho_bar=rho_bar,
-                                           vtrace_c_bar=c_bar))
+    trainer = PPOTrainer(
+        policy, PPOConfig(off_policy="vtrace", gamma=gamma, gae_lambda=lam, rho_bar=rho_bar, vtrace_c_bar=c_bar)
+    )
     for shift in (-0.3, 0.3):
         seg = make_segment(policy, 5, 2, [3] * 5, logp_shift=shift, seed=1)
         batch = trainer.prepare([seg], version=4)
@@ -169,12 +184,15 @@ def test_trainer_vtrace_with_lag_matches_the_formula():
             states = torch.from_numpy(seg.obs["states"])
             V = policy.value({"states": states.reshape(-1, S)}).double().reshape(5, 2).numpy()
             V_last = policy.value({"states": torch.from_numpy(seg.next_obs["states"])}).double().numpy()
-            logp, _, _ = policy.evaluate({"states": states.reshape(-1, S)}, torch.from_numpy(seg.actions).reshape(10, K, D))
+            logp, _, _ = policy.evaluate(
+                {"states": states.reshape(-1, S)}, torch.from_numpy(seg.actions).reshape(10, K, D)
+            )
         log_rho = (logp.double().numpy() - seg.logprobs.reshape(-1).astype(np.float64)).reshape(5, 2)
         np.testing.assert_allclose(log_rho, -shift, atol=1e-5)
         z = np.zeros((5, 2), bool)
-        ref_vs, ref_adv = naive_vtrace(log_rho, seg.rewards.astype(np.float64), V, V_last, z, z, np.zeros((5, 2)),
-                                       gamma, rho_bar, c_bar, lam)
+        ref_vs, ref_adv = naive_vtrace(
+            log_rho, seg.rewards.astype(np.float64), V, V_last, z, z, np.zeros((5, 2)), gamma, rho_bar, c_bar, lam
+        )
         np.testing.assert_allclose(batch.returns.numpy(), ref_vs.reshape(-1), rtol=1e-4, atol=1e-4)
         np.testing.assert_allclose(batch.advantages.numpy(), ref_adv.reshape(-1), rtol=1e-4, atol=1e-4)
 

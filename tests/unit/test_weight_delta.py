@@ -1,4 +1,5 @@
 """Delta weight sync: only tensors changed since the puller's version travel; frozen ones never."""
+
 import time
 
 import pytest
@@ -112,8 +113,13 @@ def test_partial_load_checks_names_and_shapes():
 def served():
     pub = WeightPublisher()
     servicer = LearnerServicer("runner: {}\n", "run", IngestQueue(4), pub, chunk_bytes=1024)
-    server, port = start_grpc_server("127.0.0.1", 0, [lambda s: learner_pb2_grpc.add_LearnerServiceServicer_to_server(servicer, s)],
-                                     ["rlfleet.v1.LearnerService"], max_workers=8)
+    server, port = start_grpc_server(
+        "127.0.0.1",
+        0,
+        [lambda s: learner_pb2_grpc.add_LearnerServiceServicer_to_server(servicer, s)],
+        ["rlfleet.v1.LearnerService"],
+        max_workers=8,
+    )
     channel = make_channel(f"127.0.0.1:{port}")
     yield pub, channel
     channel.close()
@@ -147,7 +153,7 @@ def test_subscriber_follows_the_learner_exactly(served, delta):
                 learner.model.obs_mean.fill_(1.5)
             learner.publish()
             want = learner.version - 1
-            assert wait_for(lambda: sub.known == want)
+            assert wait_for(lambda want=want: sub.known == want)
         update = sub.take()  # updates not taken in between were merged, none lost
         assert update.version == learner.version - 1 and update.complete is (not delta)
         load_tensors(replica, update.tensors, partial=not update.complete)

@@ -80,7 +80,7 @@ def sample_chain(state: SymState, rng: np.random.Generator, length: int = CHAIN_
 
 
 def chain_split(chain: tuple[str, ...]) -> str:
-    """"eval" or "train", from the subtask names only."""
+    """ "eval" or "train", from the subtask names only."""
     digest = hashlib.sha256("|".join(chain).encode()).digest()
     return "eval" if int.from_bytes(digest[:8], "little") % EVAL_EVERY == 0 else "train"
 

@@ -31,13 +31,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from rlfleet.envs.api import EnvConfig
-from rlfleet.envs.core import EpisodeEnv, Outcome, episode_rng
 from rlfleet.envs.calvin.chains import CHAIN_LENGTH, POOLS, ChainSpec, pool_entry, pool_size
 from rlfleet.envs.calvin.experts import ExpertContext, expert_action
 from rlfleet.envs.calvin.layout import VARIANTS, resolve_variants
 from rlfleet.envs.calvin.scene import STATE_DIM, Scene, Snapshot
 from rlfleet.envs.calvin.subtasks import SUBTASKS
 from rlfleet.envs.calvin.symbolic import SymState
+from rlfleet.envs.core import EpisodeEnv, Outcome, episode_rng
 
 ACTION_DIM = 7
 SUBTASK_STEPS = 360  # env steps allowed per subtask before the episode is truncated
@@ -126,8 +126,13 @@ class CalvinEnv(EpisodeEnv):
             ep.stage_steps = 0
             ep.start = now
         chain_done = ep.stage == CHAIN_LENGTH
-        return Outcome(float(done_subtask), chain_done, terminated=chain_done,
-                       truncated=ep.stage_steps >= SUBTASK_STEPS, sparse_reward=float(done_subtask))
+        return Outcome(
+            float(done_subtask),
+            chain_done,
+            terminated=chain_done,
+            truncated=ep.stage_steps >= SUBTASK_STEPS,
+            sparse_reward=float(done_subtask),
+        )
 
     def state_one(self, i: int) -> np.ndarray:
         return self._scenes[i].state()

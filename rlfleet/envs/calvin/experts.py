@@ -76,8 +76,16 @@ def _act(now: Snapshot, goal: np.ndarray, yaw: float, grip: float, speed: float 
     return np.clip(a, -1.0, 1.0)
 
 
-def _approach(now: Snapshot, target: np.ndarray, yaw: float, grip: float, ready: bool = True,
-              tol: float = 0.008, leave_open: bool = False, final_speed: float = 1.0) -> np.ndarray:
+def _approach(
+    now: Snapshot,
+    target: np.ndarray,
+    yaw: float,
+    grip: float,
+    ready: bool = True,
+    tol: float = 0.008,
+    leave_open: bool = False,
+    final_speed: float = 1.0,
+) -> np.ndarray:
     """Go up to SAFE_Z, across, then down onto `target`; descend only once within 2 * `tol`, yawed and `ready`.
 
     `leave_open`: lift off with the fingers open, so a block the previous subtask left between
@@ -167,8 +175,11 @@ def _articulated(ctx: ExpertContext, now: Snapshot) -> np.ndarray:
     other = 1 - axis
     pos = now.tcp_pos
     contact = FINGER_GAP - half  # the pushing finger touches the handle when tcp = handle + move * contact
-    engaged = (abs(pos[other] - grasp[other]) < 0.015 and abs(pos[axis] - grasp[axis]) < contact + 0.004
-               and pos[2] < grasp[2] + 0.015)
+    engaged = (
+        abs(pos[other] - grasp[other]) < 0.015
+        and abs(pos[axis] - grasp[axis]) < contact + 0.004
+        and pos[2] < grasp[2] + 0.015
+    )
     if engaged:
         goal = grasp.copy()
         goal[axis] = end[axis] + move * (contact + 0.01)
@@ -182,8 +193,7 @@ def _button(ctx: ExpertContext, now: Snapshot) -> np.ndarray:
     yaw = _symmetric_yaw(HALF_PI, now, top[0], top[1])
     if now.led != ctx.start.led or now.button_latched:
         return _act(now, np.array([now.tcp_pos[0], now.tcp_pos[1], top[2] + 0.04]), yaw, CLOSE)
-    return _approach(now, top - np.array([0, 0, 0.015]), yaw, CLOSE, ready=now.gripper_width < 0.02,
-                     leave_open=True)
+    return _approach(now, top - np.array([0, 0, 0.015]), yaw, CLOSE, ready=now.gripper_width < 0.02, leave_open=True)
 
 
 # --- blocks --------------------------------------------------------------------------------------
@@ -206,8 +216,11 @@ def _grasp(now: Snapshot, color: str, turn: float = 0.0) -> np.ndarray:
     # fingertips (7 mm below the tcp) stay well above the block's bottom: a block under it is not grabbed too
     target = np.array([b[0], b[1], b[2] + 0.006])
     pos = now.tcp_pos
-    at_block = (math.hypot(*(pos[:2] - b[:2])) < 0.012 and abs(pos[2] - target[2]) < 0.008
-                and abs(yaw - now.tcp_euler[2]) < 0.15)
+    at_block = (
+        math.hypot(*(pos[:2] - b[:2])) < 0.012
+        and abs(pos[2] - target[2]) < 0.008
+        and abs(yaw - now.tcp_euler[2]) < 0.15
+    )
     if at_block:
         return _act(now, target, yaw, CLOSE)
     ready = now.gripper_width > BLOCK_SIZE[color][1] + 0.025
@@ -229,8 +242,12 @@ def _lift_or_rotate(ctx: ExpertContext, now: Snapshot) -> np.ndarray:
     rest_z = ctx.start.block_pos[c][2]
     if ctx.task.kind == "lift":
         if _holding(now, c):
-            return _act(now, np.array([now.tcp_pos[0], now.tcp_pos[1], rest_z + 0.1 + (now.tcp_pos[2] - b[2])]),
-                        now.tcp_euler[2], CLOSE)
+            return _act(
+                now,
+                np.array([now.tcp_pos[0], now.tcp_pos[1], rest_z + 0.1 + (now.tcp_pos[2] - b[2])]),
+                now.tcp_euler[2],
+                CLOSE,
+            )
         return _grasp(now, c)
     turned = d * _wrap(now.block_yaw[c] - ctx.start.block_yaw[c])
     # hold the block over where it started: turning the wrist fast drags the tcp sideways otherwise

@@ -93,14 +93,42 @@ class Variant:
 # A and B mirror each other, C swaps button and switch, D (held out in the ABC->D split) puts the
 # drawer left like B with C's button/switch order and a new cabinet position.
 VARIANTS: dict[str, Variant] = {
-    "A": Variant("A", (0.72, 0.55, 0.36, 1.0), (0.55, 0.38, 0.25, 1.0),
-                 drawer_xy=(0.45, -0.46), cabinet_y=0.0, button_xy=(0.40, 0.38), switch_xy=(0.57, 0.38)),
-    "B": Variant("B", (0.45, 0.30, 0.20, 1.0), (0.80, 0.78, 0.72, 1.0),
-                 drawer_xy=(0.45, 0.46), cabinet_y=0.05, button_xy=(0.40, -0.38), switch_xy=(0.57, -0.38)),
-    "C": Variant("C", (0.55, 0.57, 0.60, 1.0), (0.30, 0.40, 0.30, 1.0),
-                 drawer_xy=(0.45, -0.46), cabinet_y=-0.05, button_xy=(0.57, 0.38), switch_xy=(0.40, 0.38)),
-    "D": Variant("D", (0.88, 0.86, 0.80, 1.0), (0.35, 0.30, 0.45, 1.0),
-                 drawer_xy=(0.45, 0.46), cabinet_y=0.03, button_xy=(0.57, -0.38), switch_xy=(0.40, -0.38)),
+    "A": Variant(
+        "A",
+        (0.72, 0.55, 0.36, 1.0),
+        (0.55, 0.38, 0.25, 1.0),
+        drawer_xy=(0.45, -0.46),
+        cabinet_y=0.0,
+        button_xy=(0.40, 0.38),
+        switch_xy=(0.57, 0.38),
+    ),
+    "B": Variant(
+        "B",
+        (0.45, 0.30, 0.20, 1.0),
+        (0.80, 0.78, 0.72, 1.0),
+        drawer_xy=(0.45, 0.46),
+        cabinet_y=0.05,
+        button_xy=(0.40, -0.38),
+        switch_xy=(0.57, -0.38),
+    ),
+    "C": Variant(
+        "C",
+        (0.55, 0.57, 0.60, 1.0),
+        (0.30, 0.40, 0.30, 1.0),
+        drawer_xy=(0.45, -0.46),
+        cabinet_y=-0.05,
+        button_xy=(0.57, 0.38),
+        switch_xy=(0.40, 0.38),
+    ),
+    "D": Variant(
+        "D",
+        (0.88, 0.86, 0.80, 1.0),
+        (0.35, 0.30, 0.45, 1.0),
+        drawer_xy=(0.45, 0.46),
+        cabinet_y=0.03,
+        button_xy=(0.57, -0.38),
+        switch_xy=(0.40, -0.38),
+    ),
 }
 
 
@@ -108,11 +136,12 @@ def resolve_variants(task: str) -> list[str]:
     """`EnvConfig.task` -> variant names: "D", "ABC" (each letter a variant) or "A,B,C"."""
     spec = task.strip()
     if spec.lower().startswith("calvin-"):
-        spec = spec[len("calvin-"):]
+        spec = spec[len("calvin-") :]
     names = [s.strip() for s in spec.split(",")] if "," in spec else list(spec)
     names = [n.upper() for n in names if n]
     unknown = [n for n in names if n not in VARIANTS]
     if not names or unknown:
-        raise ValueError(f"CALVIN task must name scene variants from {sorted(VARIANTS)} (e.g. 'D', 'ABC', 'A,B,C'), "
-                         f"got {task!r}")
+        raise ValueError(
+            f"CALVIN task must name scene variants from {sorted(VARIANTS)} (e.g. 'D', 'ABC', 'A,B,C'), got {task!r}"
+        )
     return list(dict.fromkeys(names))

@@ -76,8 +76,17 @@ class Panda:
             p.changeDynamics(self.body, link, lateralFriction=1.5, spinningFriction=0.1, physicsClientId=client)
         # couple the fingers (the URDF's mimic joint is ignored by pybullet): without it a held block
         # sloshes a centimetre or more between two independently driven fingers
-        gear = p.createConstraint(self.body, FINGER_JOINTS[0], self.body, FINGER_JOINTS[1], p.JOINT_GEAR, (1, 0, 0),
-                                  (0, 0, 0), (0, 0, 0), physicsClientId=client)
+        gear = p.createConstraint(
+            self.body,
+            FINGER_JOINTS[0],
+            self.body,
+            FINGER_JOINTS[1],
+            p.JOINT_GEAR,
+            (1, 0, 0),
+            (0, 0, 0),
+            (0, 0, 0),
+            physicsClientId=client,
+        )
         p.changeConstraint(gear, gearRatio=-1, erp=0.1, maxForce=50, physicsClientId=client)
         self._ranges = (UPPER - LOWER).tolist()
         self.target_pos = np.zeros(3)
@@ -125,9 +134,17 @@ class Panda:
         for j, q in zip(ARM_JOINTS, seed):
             p.resetJointState(self.body, j, q, physicsClientId=self.client)
         joints = p.calculateInverseKinematics(
-            self.body, TCP_LINK, self.target_pos.tolist(), tcp_quat_from_euler(self.target_euler),
-            lowerLimits=LOWER.tolist(), upperLimits=UPPER.tolist(), jointRanges=self._ranges,
-            restPoses=HOME.tolist(), maxNumIterations=20, residualThreshold=1e-5, physicsClientId=self.client,
+            self.body,
+            TCP_LINK,
+            self.target_pos.tolist(),
+            tcp_quat_from_euler(self.target_euler),
+            lowerLimits=LOWER.tolist(),
+            upperLimits=UPPER.tolist(),
+            jointRanges=self._ranges,
+            restPoses=HOME.tolist(),
+            maxNumIterations=20,
+            residualThreshold=1e-5,
+            physicsClientId=self.client,
         )
         for j, st in zip(ARM_JOINTS, states):
             p.resetJointState(self.body, j, st[0], st[1], physicsClientId=self.client)
@@ -136,11 +153,24 @@ class Panda:
         self._command_gripper(action[6] > 0)
 
     def _command(self, joints: np.ndarray) -> None:
-        p.setJointMotorControlArray(self.body, ARM_JOINTS, p.POSITION_CONTROL, targetPositions=joints.tolist(),
-                                    forces=ARM_FORCES, positionGains=[0.3] * 7, physicsClientId=self.client)
+        p.setJointMotorControlArray(
+            self.body,
+            ARM_JOINTS,
+            p.POSITION_CONTROL,
+            targetPositions=joints.tolist(),
+            forces=ARM_FORCES,
+            positionGains=[0.3] * 7,
+            physicsClientId=self.client,
+        )
 
     def _command_gripper(self, open_: bool) -> None:
         target = GRIPPER_OPEN if open_ else 0.0
-        p.setJointMotorControlArray(self.body, FINGER_JOINTS, p.POSITION_CONTROL, targetPositions=[target] * 2,
-                                    forces=[FINGER_FORCE] * 2, positionGains=[0.1] * 2,
-                                    physicsClientId=self.client)
+        p.setJointMotorControlArray(
+            self.body,
+            FINGER_JOINTS,
+            p.POSITION_CONTROL,
+            targetPositions=[target] * 2,
+            forces=[FINGER_FORCE] * 2,
+            positionGains=[0.1] * 2,
+            physicsClientId=self.client,
+        )

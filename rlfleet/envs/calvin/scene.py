@@ -27,9 +27,25 @@ import pybullet as p
 import pybullet_data
 
 from rlfleet.envs.calvin.layout import (
-    BLOCK_COLORS, BLOCK_MASS, BLOCK_RGBA, BLOCK_SIZE, BUTTON_BASE, BUTTON_CAP, BUTTON_TRAVEL, CABINET,
-    CABINET_FRONT_X, DRAWER_HANDLE_Z, DRAWER_TRAVEL, DRAWER_UNIT, SLIDER_HANDLE, SLIDER_HANDLE_Z, SLIDER_TRAVEL,
-    SWITCH_BASE, SWITCH_KNOB, SWITCH_TRAVEL, Variant,
+    BLOCK_COLORS,
+    BLOCK_MASS,
+    BLOCK_RGBA,
+    BLOCK_SIZE,
+    BUTTON_BASE,
+    BUTTON_CAP,
+    BUTTON_TRAVEL,
+    CABINET,
+    CABINET_FRONT_X,
+    DRAWER_HANDLE_Z,
+    DRAWER_TRAVEL,
+    DRAWER_UNIT,
+    SLIDER_HANDLE,
+    SLIDER_HANDLE_Z,
+    SLIDER_TRAVEL,
+    SWITCH_BASE,
+    SWITCH_KNOB,
+    SWITCH_TRAVEL,
+    Variant,
 )
 from rlfleet.envs.calvin.robot import FINGER_LINKS, HAND_LINK, HOME, ControlSettings, Panda
 from rlfleet.envs.calvin.symbolic import SymState
@@ -77,28 +93,35 @@ Box = tuple[Vec3, Vec3, tuple[float, ...]]  # centre, size, rgba
 
 
 def _link_xml(name: str, boxes: list[Box], mass: float) -> str:
-    parts = [f'<link name="{name}"><inertial><mass value="{mass}"/>'
-             '<inertia ixx="0.001" ixy="0" ixz="0" iyy="0.001" iyz="0" izz="0.001"/></inertial>']
+    parts = [
+        f'<link name="{name}"><inertial><mass value="{mass}"/>'
+        '<inertia ixx="0.001" ixy="0" ixz="0" iyy="0.001" iyz="0" izz="0.001"/></inertial>'
+    ]
     for i, (c, s, rgba) in enumerate(boxes):
         xyz = " ".join(f"{v:.5f}" for v in c)
         size = " ".join(f"{v:.5f}" for v in s)
         color = " ".join(f"{v:.3f}" for v in rgba)
-        parts.append(f'<visual><origin xyz="{xyz}"/><geometry><box size="{size}"/></geometry>'
-                     f'<material name="{name}_m{i}"><color rgba="{color}"/></material></visual>'
-                     f'<collision><origin xyz="{xyz}"/><geometry><box size="{size}"/></geometry></collision>')
+        parts.append(
+            f'<visual><origin xyz="{xyz}"/><geometry><box size="{size}"/></geometry>'
+            f'<material name="{name}_m{i}"><color rgba="{color}"/></material></visual>'
+            f'<collision><origin xyz="{xyz}"/><geometry><box size="{size}"/></geometry></collision>'
+        )
     parts.append("</link>")
     return "".join(parts)
 
 
-def _articulated_urdf(name: str, base: list[Box], child: list[Box], axis: tuple[float, float, float],
-                      lower: float, upper: float) -> str:
+def _articulated_urdf(
+    name: str, base: list[Box], child: list[Box], axis: tuple[float, float, float], lower: float, upper: float
+) -> str:
     """A fixed base link and one child link on a prismatic joint."""
     ax = " ".join(str(v) for v in axis)
-    return (f'<?xml version="1.0"?><robot name="{name}">{_link_xml("base", base, 0.0)}'
-            f'{_link_xml("moving", child, 0.2)}'
-            f'<joint name="{name}_joint" type="prismatic"><parent link="base"/><child link="moving"/>'
-            f'<origin xyz="0 0 0"/><axis xyz="{ax}"/>'
-            f'<limit lower="{lower}" upper="{upper}" effort="100" velocity="1"/></joint></robot>')
+    return (
+        f'<?xml version="1.0"?><robot name="{name}">{_link_xml("base", base, 0.0)}'
+        f"{_link_xml('moving', child, 0.2)}"
+        f'<joint name="{name}_joint" type="prismatic"><parent link="base"/><child link="moving"/>'
+        f'<origin xyz="0 0 0"/><axis xyz="{ax}"/>'
+        f'<limit lower="{lower}" upper="{upper}" effort="100" velocity="1"/></joint></robot>'
+    )
 
 
 _URDF_DIR: str | None = None
@@ -139,17 +162,21 @@ def _panda_urdf() -> str:
 def _drawer_urdf(rgba: tuple[float, ...]) -> str:
     """Carcass (walls, top, back) and a tray sliding out along -x; local x=0 is the unit's front."""
     d, w, h = DRAWER_UNIT
-    base = [((d / 2, w / 2 - 0.005, h / 2), (d, 0.01, h), rgba),
-            ((d / 2, -w / 2 + 0.005, h / 2), (d, 0.01, h), rgba),
-            ((0.015 + (d - 0.015) / 2, 0, h - 0.005), (d - 0.015, w, 0.01), rgba),
-            ((d - 0.005, 0, (h - 0.01) / 2), (0.01, w - 0.02, h - 0.01), rgba)]
+    base = [
+        ((d / 2, w / 2 - 0.005, h / 2), (d, 0.01, h), rgba),
+        ((d / 2, -w / 2 + 0.005, h / 2), (d, 0.01, h), rgba),
+        ((0.015 + (d - 0.015) / 2, 0, h - 0.005), (d - 0.015, w, 0.01), rgba),
+        ((d - 0.005, 0, (h - 0.01) / 2), (0.01, w - 0.02, h - 0.01), rgba),
+    ]
     tw = w - 0.04  # tray outer width
-    tray = [((0.0075, 0, (h + 0.005) / 2), (0.015, w - 0.03, h - 0.005), rgba),
-            ((0.115, 0, 0.015), (0.2, tw, 0.01), _GREY),
-            ((0.115, tw / 2 - 0.005, 0.045), (0.2, 0.01, 0.05), _GREY),
-            ((0.115, -tw / 2 + 0.005, 0.045), (0.2, 0.01, 0.05), _GREY),
-            ((0.21, 0, 0.045), (0.01, tw - 0.02, 0.05), _GREY),
-            ((0.0075, 0, DRAWER_HANDLE_Z), (0.015, 0.08, 0.04), _DARK)]
+    tray = [
+        ((0.0075, 0, (h + 0.005) / 2), (0.015, w - 0.03, h - 0.005), rgba),
+        ((0.115, 0, 0.015), (0.2, tw, 0.01), _GREY),
+        ((0.115, tw / 2 - 0.005, 0.045), (0.2, 0.01, 0.05), _GREY),
+        ((0.115, -tw / 2 + 0.005, 0.045), (0.2, 0.01, 0.05), _GREY),
+        ((0.21, 0, 0.045), (0.01, tw - 0.02, 0.05), _GREY),
+        ((0.0075, 0, DRAWER_HANDLE_Z), (0.015, 0.08, 0.04), _DARK),
+    ]
     return _articulated_urdf("drawer", base, tray, (-1, 0, 0), 0.0, DRAWER_TRAVEL)
 
 
@@ -159,8 +186,10 @@ def _cabinet_urdf(rgba: tuple[float, ...]) -> str:
     base = [((0.01 + d / 2, 0, h / 2), (d, w, h), rgba)]
     door_w = w / 2
     hx, hy, hz = SLIDER_HANDLE
-    door = [((0.005, -SLIDER_TRAVEL / 2, h / 2), (0.01, door_w, h - 0.02), (0.85, 0.85, 0.85, 1.0)),
-            ((-hx / 2, -SLIDER_TRAVEL / 2, SLIDER_HANDLE_Z), (hx, hy, hz), _DARK)]
+    door = [
+        ((0.005, -SLIDER_TRAVEL / 2, h / 2), (0.01, door_w, h - 0.02), (0.85, 0.85, 0.85, 1.0)),
+        ((-hx / 2, -SLIDER_TRAVEL / 2, SLIDER_HANDLE_Z), (hx, hy, hz), _DARK),
+    ]
     return _articulated_urdf("slider", base, door, (0, 1, 0), 0.0, SLIDER_TRAVEL)
 
 
@@ -192,8 +221,9 @@ class CameraSettings:
 class Scene:
     """One playtable variant in its own pybullet client."""
 
-    def __init__(self, variant: Variant, control: ControlSettings | None = None,
-                 camera: CameraSettings | None = None) -> None:
+    def __init__(
+        self, variant: Variant, control: ControlSettings | None = None, camera: CameraSettings | None = None
+    ) -> None:
         self.variant = variant
         self.camera = camera or CameraSettings()
         c = self.client = p.connect(p.DIRECT)
@@ -206,32 +236,43 @@ class Scene:
             p.changeVisualShape(self.robot.body, link, rgbaColor=rgba, physicsClientId=c)
 
         desk_col = p.createCollisionShape(p.GEOM_BOX, halfExtents=(0.55, 0.65, 0.02), physicsClientId=c)
-        desk_vis = p.createVisualShape(p.GEOM_BOX, halfExtents=(0.55, 0.65, 0.02), rgbaColor=variant.desk_rgba,
-                                       physicsClientId=c)
+        desk_vis = p.createVisualShape(
+            p.GEOM_BOX, halfExtents=(0.55, 0.65, 0.02), rgbaColor=variant.desk_rgba, physicsClientId=c
+        )
         self.desk = p.createMultiBody(0, desk_col, desk_vis, (0.45, 0.0, -0.02), physicsClientId=c)
         p.changeDynamics(self.desk, -1, lateralFriction=0.6, physicsClientId=c)
 
         dx, dy = variant.drawer_xy
-        self.drawer = p.loadURDF(_urdf_file(_drawer_urdf(variant.cabinet_rgba)), (dx, dy, 0), useFixedBase=True,
-                                 physicsClientId=c)
-        self.slider = p.loadURDF(_urdf_file(_cabinet_urdf(variant.cabinet_rgba)),
-                                 (CABINET_FRONT_X, variant.cabinet_y, 0), useFixedBase=True, physicsClientId=c)
-        self.button = p.loadURDF(_urdf_file(_button_urdf()), (*variant.button_xy, 0), useFixedBase=True,
-                                 physicsClientId=c)
-        self.switch = p.loadURDF(_urdf_file(_switch_urdf()), (*variant.switch_xy, 0), useFixedBase=True,
-                                 physicsClientId=c)
+        self.drawer = p.loadURDF(
+            _urdf_file(_drawer_urdf(variant.cabinet_rgba)), (dx, dy, 0), useFixedBase=True, physicsClientId=c
+        )
+        self.slider = p.loadURDF(
+            _urdf_file(_cabinet_urdf(variant.cabinet_rgba)),
+            (CABINET_FRONT_X, variant.cabinet_y, 0),
+            useFixedBase=True,
+            physicsClientId=c,
+        )
+        self.button = p.loadURDF(
+            _urdf_file(_button_urdf()), (*variant.button_xy, 0), useFixedBase=True, physicsClientId=c
+        )
+        self.switch = p.loadURDF(
+            _urdf_file(_switch_urdf()), (*variant.switch_xy, 0), useFixedBase=True, physicsClientId=c
+        )
         for body in (self.drawer, self.slider, self.switch):  # joint friction: they stay where left
             p.setJointMotorControl2(body, 0, p.VELOCITY_CONTROL, targetVelocity=0, force=2.0, physicsClientId=c)
-        p.setJointMotorControl2(self.button, 0, p.POSITION_CONTROL, targetPosition=0.0, force=3.0,
-                                physicsClientId=c)  # the spring pushing the cap back up
+        p.setJointMotorControl2(
+            self.button, 0, p.POSITION_CONTROL, targetPosition=0.0, force=3.0, physicsClientId=c
+        )  # the spring pushing the cap back up
 
-        led_vis = p.createVisualShape(p.GEOM_BOX, halfExtents=(0.015, 0.015, 0.006), rgbaColor=LED_RGBA[False],
-                                      physicsClientId=c)
+        led_vis = p.createVisualShape(
+            p.GEOM_BOX, halfExtents=(0.015, 0.015, 0.006), rgbaColor=LED_RGBA[False], physicsClientId=c
+        )
         bx, by = variant.button_xy
         self.led_body = p.createMultiBody(0, -1, led_vis, (bx + 0.055, by, 0.006), physicsClientId=c)
         bulb_vis = p.createVisualShape(p.GEOM_SPHERE, radius=0.03, rgbaColor=BULB_RGBA[False], physicsClientId=c)
-        self.bulb_body = p.createMultiBody(0, -1, bulb_vis, (CABINET_FRONT_X + 0.08, variant.cabinet_y + 0.2,
-                                                             CABINET[2] + 0.03), physicsClientId=c)
+        self.bulb_body = p.createMultiBody(
+            0, -1, bulb_vis, (CABINET_FRONT_X + 0.08, variant.cabinet_y + 0.2, CABINET[2] + 0.03), physicsClientId=c
+        )
 
         self.blocks: dict[str, int] = {}
         for color in BLOCK_COLORS:
@@ -239,8 +280,9 @@ class Scene:
             col = p.createCollisionShape(p.GEOM_BOX, halfExtents=half, physicsClientId=c)
             vis = p.createVisualShape(p.GEOM_BOX, halfExtents=half, rgbaColor=BLOCK_RGBA[color], physicsClientId=c)
             body = p.createMultiBody(BLOCK_MASS, col, vis, (0, 0, -1), physicsClientId=c)
-            p.changeDynamics(body, -1, lateralFriction=1.0, spinningFriction=0.1, rollingFriction=0.0,
-                             physicsClientId=c)
+            p.changeDynamics(
+                body, -1, lateralFriction=1.0, spinningFriction=0.1, rollingFriction=0.0, physicsClientId=c
+            )
             self.blocks[color] = body
 
         cam = self.camera
@@ -278,8 +320,9 @@ class Scene:
             if b.where != "table":
                 raise ValueError(f"episodes start with every block on the table, {color} is {b.where!r}")
             z = BLOCK_SIZE[color][2] / 2 + 0.0005
-            p.resetBasePositionAndOrientation(body, (b.x, b.y, z), p.getQuaternionFromEuler((0, 0, b.yaw)),
-                                              physicsClientId=c)
+            p.resetBasePositionAndOrientation(
+                body, (b.x, b.y, z), p.getQuaternionFromEuler((0, 0, b.yaw)), physicsClientId=c
+            )
             p.resetBaseVelocity(body, (0, 0, 0), (0, 0, 0), physicsClientId=c)
         self.robot.reset(HOME + rng.normal(0.0, 0.02, size=7) * np.array([1, 1, 1, 1, 1, 1, 2]))
         for _ in range(4):
@@ -321,12 +364,21 @@ class Scene:
 
     def robot_obs(self) -> np.ndarray:
         pos, euler = self.robot.tcp_pose()
-        return np.concatenate([pos, euler, [self.robot.gripper_width()], self.robot.arm_joints(),
-                               [self.robot.gripper_action]]).astype(np.float32)
+        return np.concatenate(
+            [pos, euler, [self.robot.gripper_width()], self.robot.arm_joints(), [self.robot.gripper_action]]
+        ).astype(np.float32)
 
     def scene_obs(self) -> np.ndarray:
-        parts = [[self.joint(self.slider), self.joint(self.drawer), self.joint(self.button), self.joint(self.switch),
-                  float(self.bulb), float(self.led)]]
+        parts = [
+            [
+                self.joint(self.slider),
+                self.joint(self.drawer),
+                self.joint(self.button),
+                self.joint(self.switch),
+                float(self.bulb),
+                float(self.led),
+            ]
+        ]
         for color in BLOCK_COLORS:
             parts.extend(self.block_pose(color))
         return np.concatenate(parts).astype(np.float32)
@@ -355,15 +407,30 @@ class Scene:
             if on_table[color]:
                 continue
             for other, other_body in self.blocks.items():
-                if other != color and pos[color][2] > pos[other][2] + 0.02 and \
-                        p.getContactPoints(body, other_body, physicsClientId=c):
+                if (
+                    other != color
+                    and pos[color][2] > pos[other][2] + 0.02
+                    and p.getContactPoints(body, other_body, physicsClientId=c)
+                ):
                     on_block[color] = other
         tcp, euler = self.robot.tcp_pose()
         return Snapshot(
-            drawer=self.joint(self.drawer), slider=self.joint(self.slider), button=self.joint(self.button),
-            switch=self.joint(self.switch), led=self.led, bulb=self.bulb, block_pos=pos, block_yaw=yaw,
-            grasped=grasped, touching=touching, on_table=on_table, on_block=on_block, in_drawer=in_drawer,
-            button_latched=self._button_latched, tcp_pos=tcp, tcp_euler=euler,
+            drawer=self.joint(self.drawer),
+            slider=self.joint(self.slider),
+            button=self.joint(self.button),
+            switch=self.joint(self.switch),
+            led=self.led,
+            bulb=self.bulb,
+            block_pos=pos,
+            block_yaw=yaw,
+            grasped=grasped,
+            touching=touching,
+            on_table=on_table,
+            on_block=on_block,
+            in_drawer=in_drawer,
+            button_latched=self._button_latched,
+            tcp_pos=tcp,
+            tcp_euler=euler,
             gripper_width=self.robot.gripper_width(),
         )
 
@@ -381,12 +448,18 @@ class Scene:
         return self._image(size, view, self._gripper_proj)
 
     def _image(self, size: int, view: list[float], proj: list[float]) -> np.ndarray:
-        _, _, rgba, _, _ = p.getCameraImage(size, size, view, proj, renderer=p.ER_TINY_RENDERER,
-                                            flags=p.ER_NO_SEGMENTATION_MASK, physicsClientId=self.client)
+        _, _, rgba, _, _ = p.getCameraImage(
+            size,
+            size,
+            view,
+            proj,
+            renderer=p.ER_TINY_RENDERER,
+            flags=p.ER_NO_SEGMENTATION_MASK,
+            physicsClientId=self.client,
+        )
         return np.asarray(rgba, np.uint8).reshape(size, size, 4)[:, :, :3].copy()
 
     def close(self) -> None:
         if self.client >= 0:
             p.disconnect(physicsClientId=self.client)
             self.client = -1
-

@@ -120,11 +120,11 @@ class Subtask:
         if self.kind == "bulb":
             return start.bulb != (d > 0) and now.bulb == (d > 0)
         if self.kind == "stack":
-            return any(now.on_block[c] is not None and start.on_block[c] is None and not now.touching[c]
-                       for c in BLOCK_COLORS)
+            return any(
+                now.on_block[c] is not None and start.on_block[c] is None and not now.touching[c] for c in BLOCK_COLORS
+            )
         if self.kind == "unstack":
-            return any(start.on_block[c] is not None and now.on_table[c] and not now.touching[c]
-                       for c in BLOCK_COLORS)
+            return any(start.on_block[c] is not None and now.on_table[c] and not now.touching[c] for c in BLOCK_COLORS)
         if self.kind == "place_drawer":
             return any(now.in_drawer[c] and not start.in_drawer[c] and not now.touching[c] for c in BLOCK_COLORS)
         c = self.color
@@ -136,8 +136,13 @@ class Subtask:
             return start.on_table[c] and now.on_table[c] and d * moved[1] > PUSH_MIN
         if self.kind == "rotate":
             turned = math.remainder(now.block_yaw[c] - start.block_yaw[c], 2 * math.pi)
-            return (start.on_table[c] and now.on_table[c] and not now.touching[c]
-                    and math.hypot(moved[0], moved[1]) < 0.06 and d * turned > ROTATE_MIN)
+            return (
+                start.on_table[c]
+                and now.on_table[c]
+                and not now.touching[c]
+                and math.hypot(moved[0], moved[1]) < 0.06
+                and d * turned > ROTATE_MIN
+            )
         raise ValueError(f"unknown subtask kind {self.kind!r}")
 
 

@@ -39,7 +39,7 @@ class SymState:
     def grasped(self) -> str | None:
         return next((c for c, b in self.blocks.items() if b.where == GRASPED), None)
 
-    def with_block(self, color: str, **changes: object) -> "SymState":
+    def with_block(self, color: str, **changes: object) -> SymState:
         blocks = dict(self.blocks)
         blocks[color] = replace(blocks[color], **changes)  # type: ignore[arg-type]
         return replace(self, blocks=blocks)
@@ -53,8 +53,13 @@ class SymState:
 
     def key(self) -> tuple:
         """Discrete part of the state (what CALVIN's sampler tracks), for tests and statistics."""
-        return (self.drawer_open, self.slider_left, self.led_on, self.bulb_on,
-                tuple((c, b.where) for c, b in sorted(self.blocks.items())))
+        return (
+            self.drawer_open,
+            self.slider_left,
+            self.led_on,
+            self.bulb_on,
+            tuple((c, b.where) for c, b in sorted(self.blocks.items())),
+        )
 
 
 def sample_initial_state(seed: int) -> SymState:

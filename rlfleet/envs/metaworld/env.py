@@ -26,14 +26,17 @@ from typing import Any
 
 import numpy as np
 
-from rlfleet.envs.core import EpisodeEnv, Outcome, episode_rng
 from rlfleet.envs.api import EnvConfig
-from rlfleet.envs.metaworld.tasks import (ALL_TASKS, DIFFICULTY, TASK_DESCRIPTIONS, TASK_SETS, _env_dict,  # noqa: F401
-                                          resolve_tasks)
-from rlfleet.envs.metaworld.tasks import task_groups as _task_groups
+from rlfleet.envs.core import EpisodeEnv, Outcome, episode_rng
 from rlfleet.envs.metaworld.render import CameraRenderer
 from rlfleet.envs.metaworld.speed import _quat_from_matrix, install_fast_rotation  # noqa: F401
 from rlfleet.envs.metaworld.speed import touching_object as _touching_object
+from rlfleet.envs.metaworld.tasks import (
+    TASK_DESCRIPTIONS,
+    _env_dict,  # noqa: F401
+    resolve_tasks,
+)
+from rlfleet.envs.metaworld.tasks import task_groups as _task_groups
 
 STATE_DIM = 39
 ACTION_DIM = 4
@@ -83,8 +86,7 @@ class MetaWorldEnv(EpisodeEnv):
         install_fast_rotation()
         with _quiet_gym():
             self._envs = [_make_raw_env(t, cfg.max_episode_steps) for t in self._env_tasks]
-        self._renderers = ([CameraRenderer(e, cfg.image_size, cfg.camera) for e in self._envs]
-                           if cfg.image_size else [])
+        self._renderers = [CameraRenderer(e, cfg.image_size, cfg.camera) for e in self._envs] if cfg.image_size else []
         self._rngs: list[np.random.Generator | None] = [None] * num_envs  # per-env episode-seed generators
         self._experts: list[Any] | None = None  # scripted experts, built on first use (demos, DAgger)
         self._raw = [np.zeros(STATE_DIM)] * num_envs  # each env's last observation

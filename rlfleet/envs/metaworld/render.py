@@ -6,11 +6,13 @@ from typing import Any
 
 import numpy as np
 
+
 class CameraRenderer:
     """`main_images` for one env: mujoco offscreen rendering with the CPU-friendly settings of FACTS.md.
 
     Multisampling, shadows and reflections cost most of a llvmpipe frame and add nothing a small
-    policy can use (the unused 4096^2 shadow map alone is ~65 MB per renderer); MetaWorld's `corner` cameras come out rotated 180 degrees, so frames are flipped.
+    policy can use (the unused 4096^2 shadow map alone is ~65 MB per renderer); MetaWorld's `corner`
+    cameras come out rotated 180 degrees, so frames are flipped.
     """
 
     def __init__(self, env: Any, size: int, camera: str) -> None:

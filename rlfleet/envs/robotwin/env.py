@@ -103,8 +103,8 @@ class _Slot:
         out[:PROPRIO_DIM] = self.scene.proprio()
         for j, obj in enumerate(self.task.key_objects()[:MAX_OBJECTS]):
             k = PROPRIO_DIM + 7 * j
-            out[k: k + 3] = self.task.rel(obj)
-            out[k + 3: k + 7] = obj.pose.q
+            out[k : k + 3] = self.task.rel(obj)
+            out[k + 3 : k + 7] = obj.pose.q
         return out
 
     def dense_reward(self, success: bool) -> float:
@@ -135,7 +135,7 @@ class RoboTwinEnv(EpisodeEnv):
         """The raw scene seed each env's current episode was built from (for logs and replays)."""
         return [s.episode_seed(self._list_index(s)) for s in self._slots]
 
-    def _list_index(self, slot: "_Slot") -> int:
+    def _list_index(self, slot: _Slot) -> int:
         """Seed-list entry of a slot's cursor: cursor // (number of task items), because envs (and
         the evaluator's seeds base + j * n + i) cycle over the n items, so each item walks its own
         list entry by entry instead of every n-th one. Split `any` takes the cursor as the seed."""

@@ -20,8 +20,18 @@ import sapien
 
 from rlfleet.envs.robotwin.scene import ARMS, MAX_DELTA
 from rlfleet.envs.robotwin.tasks import (
-    AdjustBottle, BeatBlockHammer, ClickBell, HandoverBlock, LiftPot, MoveCanPot, PickDualBottles,
-    PlaceContainerPlate, PlaceEmptyCup, PlaceShoe, Task, side_arm,
+    AdjustBottle,
+    BeatBlockHammer,
+    ClickBell,
+    HandoverBlock,
+    LiftPot,
+    MoveCanPot,
+    PickDualBottles,
+    PlaceContainerPlate,
+    PlaceEmptyCup,
+    PlaceShoe,
+    Task,
+    side_arm,
 )
 
 OPEN, CLOSE = -1.0, 1.0
@@ -219,7 +229,7 @@ class ScriptedExpert:
         action = np.zeros(8, np.float32)
         for i, name in enumerate(ARMS):
             if ph is not None and name in ph.targets:
-                action[4 * i: 4 * i + 3] = np.clip((ph.targets[name] - arms[name].target) / MAX_DELTA, -1.0, 1.0)
+                action[4 * i : 4 * i + 3] = np.clip((ph.targets[name] - arms[name].target) / MAX_DELTA, -1.0, 1.0)
             action[4 * i + 3] = self._grip[name]
         if ph is not None:
             self._steps += 1

@@ -143,8 +143,14 @@ class Arm:
         """Joint targets putting the end effector at `pos_world`, pointing down at this arm's yaw."""
         pose = sapien.Pose(pos_world - self.base, down_quat(self.yaw))
         q, ok, _ = self.model.compute_inverse_kinematics(
-            self.ee_index, pose, initial_qpos=q_init, active_qmask=[1] * ARM_DOF + [0, 0],
-            eps=1e-5, max_iterations=40, dt=1.0, damp=1e-6,
+            self.ee_index,
+            pose,
+            initial_qpos=q_init,
+            active_qmask=[1] * ARM_DOF + [0, 0],
+            eps=1e-5,
+            max_iterations=40,
+            dt=1.0,
+            damp=1e-6,
         )
         return np.asarray(q), bool(ok)
 
@@ -222,8 +228,14 @@ class DualArmScene:
             mat[:3, 3] = eye
             self.camera.entity.set_pose(sapien.Pose(mat))
 
-    def add_object(self, name: str, parts: list[Part], color: tuple[float, float, float] = (0.8, 0.8, 0.8),
-                   density: float = 400.0, static: bool = False) -> sapien.Entity:
+    def add_object(
+        self,
+        name: str,
+        parts: list[Part],
+        color: tuple[float, float, float] = (0.8, 0.8, 0.8),
+        density: float = 400.0,
+        static: bool = False,
+    ) -> sapien.Entity:
         """Build a rigid object from boxes and z-axis cylinders (collision always, visuals when rendering)."""
         builder = self.scene.create_actor_builder()
         for part in parts:
@@ -272,7 +284,7 @@ class DualArmScene:
         low = WORKSPACE_LOW + np.array([0.0, 0.0, self.table_z])
         high = WORKSPACE_HIGH + np.array([0.0, 0.0, self.table_z])
         for i, arm in enumerate(self.arms.values()):
-            a = action[4 * i: 4 * i + 4]
+            a = action[4 * i : 4 * i + 4]
             arm.command(np.clip(arm.target + MAX_DELTA * a[:3], low, high), float(a[3]))
         for _ in range(SIM_HZ // CONTROL_HZ):
             self.scene.step()

@@ -27,8 +27,10 @@ EXPERT_STEPS = 300  # expert episodes longer than this count as unsolved
 def _read(task: str, split: str) -> dict[str, list[int]]:
     path = SEED_DIR / f"{task}_{split}.json"
     if not path.exists():
-        raise FileNotFoundError(f"no seed file {path}; generate it with `python -m rlfleet.envs.robotwin.seeds "
-                                f"--tasks {task}` or use split 'any' (e.g. '{task}:any')")
+        raise FileNotFoundError(
+            f"no seed file {path}; generate it with `python -m rlfleet.envs.robotwin.seeds "
+            f"--tasks {task}` or use split 'any' (e.g. '{task}:any')"
+        )
     with path.open() as f:
         return json.load(f)
 
@@ -46,8 +48,9 @@ def expert_solves(task: str, setting: str, seed: int, max_steps: int = EXPERT_ST
     from rlfleet.envs.api import EnvConfig
     from rlfleet.envs.robotwin.env import RoboTwinEnv
 
-    cfg = EnvConfig(name="robotwin", task=f"{task}:{setting}:any", max_episode_steps=max_steps + 1,
-                    reward_type="success")
+    cfg = EnvConfig(
+        name="robotwin", task=f"{task}:{setting}:any", max_episode_steps=max_steps + 1, reward_type="success"
+    )
     env = RoboTwinEnv(cfg, 1)
     try:
         env.reset(np.array([seed]))
@@ -60,8 +63,9 @@ def expert_solves(task: str, setting: str, seed: int, max_steps: int = EXPERT_ST
         env.close()
 
 
-def find_solvable_seeds(task: str, setting: str, candidates: Iterable[int], count: int,
-                        max_steps: int = EXPERT_STEPS) -> tuple[list[int], int]:
+def find_solvable_seeds(
+    task: str, setting: str, candidates: Iterable[int], count: int, max_steps: int = EXPERT_STEPS
+) -> tuple[list[int], int]:
     """The first `count` candidates the expert solves, and how many candidates were tried."""
     found, tried = [], 0
     for seed in candidates:

@@ -46,9 +46,12 @@ class Clutter:
     def __init__(self, scene: DualArmScene, setting: Setting) -> None:
         self.s = scene
         self.setting = setting
-        self.objects = [scene.add_object(f"distractor_{i}", _DISTRACTOR_PARTS[i % len(_DISTRACTOR_PARTS)],
-                                         color=(0.5, 0.5, 0.5), density=300)
-                        for i in range(setting.distractors)]
+        self.objects = [
+            scene.add_object(
+                f"distractor_{i}", _DISTRACTOR_PARTS[i % len(_DISTRACTOR_PARTS)], color=(0.5, 0.5, 0.5), density=300
+            )
+            for i in range(setting.distractors)
+        ]
 
     def table_height(self, rng: np.random.Generator) -> float:
         """Draw this episode's table height (call before the task lays out its objects)."""

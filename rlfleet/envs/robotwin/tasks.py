@@ -64,8 +64,9 @@ class Task:
         self.footprints = []
         self.layout(rng)
 
-    def sample_xy(self, rng: np.random.Generator, lo: tuple[float, float], hi: tuple[float, float],
-                  radius: float) -> np.ndarray:
+    def sample_xy(
+        self, rng: np.random.Generator, lo: tuple[float, float], hi: tuple[float, float], radius: float
+    ) -> np.ndarray:
         """A point in the box [lo, hi] at least `radius` + their radius away from everything placed."""
         lo, hi = np.minimum(lo, hi), np.maximum(lo, hi)  # mirrored ranges may come in either order
         for _ in range(200):
@@ -118,8 +119,12 @@ class PlaceEmptyCup(Task):
 
     def success(self) -> bool:
         cup, coaster = self.rel(self.cup), self.rel(self.coaster)
-        return (np.linalg.norm(cup[:2] - coaster[:2]) < 0.03 and cup[2] < 0.02
-                and tilt_deg(self.cup) < 15 and self.hands_open())
+        return (
+            np.linalg.norm(cup[:2] - coaster[:2]) < 0.03
+            and cup[2] < 0.02
+            and tilt_deg(self.cup) < 15
+            and self.hands_open()
+        )
 
 
 class AdjustBottle(Task):
@@ -195,8 +200,12 @@ class PlaceContainerPlate(Task):
 
     def success(self) -> bool:
         c, p = self.rel(self.container), self.rel(self.plate)
-        return (np.linalg.norm(c[:2] - p[:2]) < 0.05 and c[2] < 0.025
-                and tilt_deg(self.container) < 15 and self.hands_open())
+        return (
+            np.linalg.norm(c[:2] - p[:2]) < 0.05
+            and c[2] < 0.025
+            and tilt_deg(self.container) < 15
+            and self.hands_open()
+        )
 
 
 class PickDualBottles(Task):
@@ -204,8 +213,10 @@ class PickDualBottles(Task):
     instruction = "pick up both bottles with both arms at the same time and lift them"
 
     def build(self) -> None:
-        self.bottles = [self.s.add_object(f"bottle_{i}", _upright(0.025, 0.14), color=c, density=300)
-                        for i, c in enumerate([(0.9, 0.4, 0.1), (0.1, 0.4, 0.9)])]
+        self.bottles = [
+            self.s.add_object(f"bottle_{i}", _upright(0.025, 0.14), color=c, density=300)
+            for i, c in enumerate([(0.9, 0.4, 0.1), (0.1, 0.4, 0.9)])
+        ]
 
     def layout(self, rng: np.random.Generator) -> None:
         self.put(self.bottles[0], self.sample_xy(rng, (0.38, 0.1), (0.58, 0.3), 0.05))
@@ -237,8 +248,9 @@ class MoveCanPot(Task):
 
     def success(self) -> bool:
         can, pot = self.rel(self.can), self.rel(self.pot)
-        return (np.linalg.norm(can[:2] - pot[:2]) < 0.14 and can[2] < 0.01
-                and tilt_deg(self.can) < 15 and self.hands_open())
+        return (
+            np.linalg.norm(can[:2] - pot[:2]) < 0.14 and can[2] < 0.01 and tilt_deg(self.can) < 15 and self.hands_open()
+        )
 
 
 class LiftPot(Task):
@@ -251,8 +263,9 @@ class LiftPot(Task):
         parts = [Part("box", (0.07, 0.07, 0.04), (0.0, 0.0, 0.04))]
         for s in (1.0, -1.0):
             parts.append(Part("box", (0.008, 0.027, 0.008), (0.0, s * 0.095, self.HANDLE_Z), color=(0.1, 0.1, 0.1)))
-            parts.append(Part("box", (0.045, 0.01, 0.01), (0.0, s * self.HANDLE_Y, self.HANDLE_Z),
-                              color=(0.1, 0.1, 0.1)))
+            parts.append(
+                Part("box", (0.045, 0.01, 0.01), (0.0, s * self.HANDLE_Y, self.HANDLE_Z), color=(0.1, 0.1, 0.1))
+            )
         self.pot = self.s.add_object("pot", parts, color=(0.6, 0.35, 0.2), density=150)
 
     def layout(self, rng: np.random.Generator) -> None:
@@ -276,10 +289,12 @@ class HandoverBlock(Task):
     HALF_LEN = 0.1
 
     def build(self) -> None:
-        self.block = self.s.add_object("block", [Part("box", (0.015, self.HALF_LEN, 0.015), (0.0, 0.0, 0.015))],
-                                       color=(0.9, 0.1, 0.1), density=300)
-        self.pad = self.s.add_object("pad", [Part("box", (0.06, 0.12, 0.002), (0.0, 0.0, 0.002))],
-                                     color=(0.1, 0.2, 0.9), static=True)
+        self.block = self.s.add_object(
+            "block", [Part("box", (0.015, self.HALF_LEN, 0.015), (0.0, 0.0, 0.015))], color=(0.9, 0.1, 0.1), density=300
+        )
+        self.pad = self.s.add_object(
+            "pad", [Part("box", (0.06, 0.12, 0.002), (0.0, 0.0, 0.002))], color=(0.1, 0.2, 0.9), static=True
+        )
 
     def layout(self, rng: np.random.Generator) -> None:
         self.put(self.block, self.sample_xy(rng, (0.4, 0.2), (0.55, 0.28), 0.1), yaw=rng.uniform(-0.1, 0.1))
@@ -290,7 +305,7 @@ class HandoverBlock(Task):
 
     def success(self) -> bool:
         b, p = self.rel(self.block), self.rel(self.pad)
-        return (abs(b[0] - p[0]) < 0.05 and abs(b[1] - p[1]) < 0.08 and b[2] < 0.02 and self.hands_open())
+        return abs(b[0] - p[0]) < 0.05 and abs(b[1] - p[1]) < 0.08 and b[2] < 0.02 and self.hands_open()
 
 
 class BeatBlockHammer(Task):
@@ -302,14 +317,18 @@ class BeatBlockHammer(Task):
         handle = Part("box", (0.09, 0.012, 0.012), (-0.02, 0.0, 0.012), color=(0.5, 0.3, 0.1))
         head = Part("box", (0.02, 0.04, 0.025), (self.HEAD_X, 0.0, 0.025), color=(0.4, 0.4, 0.45))
         self.hammer = self.s.add_object("hammer", [handle, head], density=300)
-        self.block = self.s.add_object("block", [Part("box", (0.025, 0.025, 0.025), (0.0, 0.0, 0.025))],
-                                       color=(0.1, 0.7, 0.2), static=True)
+        self.block = self.s.add_object(
+            "block", [Part("box", (0.025, 0.025, 0.025), (0.0, 0.0, 0.025))], color=(0.1, 0.7, 0.2), static=True
+        )
 
     def layout(self, rng: np.random.Generator) -> None:
         self.put(self.block, self.sample_xy(rng, (0.45, -0.06), (0.6, 0.06), 0.06))
         sign = rng.choice([-1.0, 1.0])
-        self.put(self.hammer, self.sample_xy(rng, (0.32, 0.16 * sign), (0.45, 0.3 * sign), 0.11),
-                 yaw=rng.uniform(-0.15, 0.15))
+        self.put(
+            self.hammer,
+            self.sample_xy(rng, (0.32, 0.16 * sign), (0.45, 0.3 * sign), 0.11),
+            yaw=rng.uniform(-0.15, 0.15),
+        )
 
     def key_objects(self) -> list[sapien.Entity]:
         return [self.hammer, self.block]
@@ -334,14 +353,16 @@ class PlaceShoe(Task):
         sole = Part("box", (0.1, 0.04, 0.01), (0.0, 0.0, 0.01))
         upper = Part("box", (0.06, 0.027, 0.025), (-0.03, 0.0, 0.045))
         self.shoe = self.s.add_object("shoe", [sole, upper], color=(0.9, 0.5, 0.6), density=300)
-        self.mat = self.s.add_object("mat", [Part("box", (0.13, 0.07, 0.002), (0.0, 0.0, 0.002))],
-                                     color=(0.2, 0.2, 0.2), static=True)
+        self.mat = self.s.add_object(
+            "mat", [Part("box", (0.13, 0.07, 0.002), (0.0, 0.0, 0.002))], color=(0.2, 0.2, 0.2), static=True
+        )
 
     def layout(self, rng: np.random.Generator) -> None:
         self.put(self.mat, self.sample_xy(rng, (0.45, -0.05), (0.58, 0.05), 0.13))
         sign = rng.choice([-1.0, 1.0])
-        self.put(self.shoe, self.sample_xy(rng, (0.35, 0.2 * sign), (0.55, 0.3 * sign), 0.1),
-                 yaw=rng.uniform(-0.15, 0.15))
+        self.put(
+            self.shoe, self.sample_xy(rng, (0.35, 0.2 * sign), (0.55, 0.3 * sign), 0.1), yaw=rng.uniform(-0.15, 0.15)
+        )
 
     def key_objects(self) -> list[sapien.Entity]:
         return [self.shoe, self.mat]
@@ -351,11 +372,27 @@ class PlaceShoe(Task):
 
     def success(self) -> bool:
         s, m = self.rel(self.shoe), self.rel(self.mat)
-        return (abs(s[0] - m[0]) < 0.06 and abs(s[1] - m[1]) < 0.04 and s[2] < 0.02
-                and abs(yaw_of(self.shoe)) < np.radians(20) and self.hands_open())
+        return (
+            abs(s[0] - m[0]) < 0.06
+            and abs(s[1] - m[1]) < 0.04
+            and s[2] < 0.02
+            and abs(yaw_of(self.shoe)) < np.radians(20)
+            and self.hands_open()
+        )
 
 
 TASKS: dict[str, type[Task]] = {
-    t.name: t for t in (AdjustBottle, PlaceEmptyCup, PlaceContainerPlate, PickDualBottles, MoveCanPot, LiftPot,
-                        HandoverBlock, BeatBlockHammer, ClickBell, PlaceShoe)
+    t.name: t
+    for t in (
+        AdjustBottle,
+        PlaceEmptyCup,
+        PlaceContainerPlate,
+        PickDualBottles,
+        MoveCanPot,
+        LiftPot,
+        HandoverBlock,
+        BeatBlockHammer,
+        ClickBell,
+        PlaceShoe,
+    )
 }

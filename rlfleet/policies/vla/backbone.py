@@ -3,6 +3,7 @@ by a small transformer. Sized (~0.4 M parameters) so that RL fine-tuning and its
 the structure (token prefix + head-specific queries or action expert) is what carries over to
 real VLAs (OpenVLA-OFT, pi0, pi0.5).
 """
+
 from __future__ import annotations
 
 import math
@@ -117,9 +118,12 @@ class CNNImageEncoder(nn.Module):
     def __init__(self, dim: int):
         super().__init__()
         self.net = nn.Sequential(
-            nn.Conv2d(3, 32, 4, stride=4), nn.GELU(),
-            nn.Conv2d(32, 64, 3, stride=2, padding=1), nn.GELU(),
-            nn.Conv2d(64, dim, 3, stride=2, padding=1), nn.GELU(),
+            nn.Conv2d(3, 32, 4, stride=4),
+            nn.GELU(),
+            nn.Conv2d(32, 64, 3, stride=2, padding=1),
+            nn.GELU(),
+            nn.Conv2d(64, dim, 3, stride=2, padding=1),
+            nn.GELU(),
             nn.AdaptiveAvgPool2d(CNN_GRID),
         )
         self.pos = nn.Parameter(torch.randn(CNN_GRID * CNN_GRID, dim) * 0.02)
@@ -259,8 +263,7 @@ class FusionBlock(nn.Module):
         """x [B, T, C]; allowed: bool, broadcastable to [B, heads, T, T], True where query may see key."""
         b, t, c = x.shape
         q, k, v = self.qkv(self.norm1(x)).reshape(b, t, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
-        a = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed,
-                                           dropout_p=self.dropout if self.training else 0.0)
+        a = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=self.dropout if self.training else 0.0)
         x = x + self.drop(self.proj(a.transpose(1, 2).reshape(b, t, c)))
         return x + self.drop(self.ff(self.norm2(x)))
 
@@ -279,16 +282,24 @@ class VLABackbone(nn.Module):
         self.text = BuiltinTextEncoder(cfg) if cfg.text_encoder == "builtin" else MiniLMTextEncoder(cfg)
         self.proprio: nn.Module | None = None
         if cfg.proprio_dims > 0:
-            self.proprio = (DiscreteProprio(cfg.proprio_dims, cfg.num_bins, cfg.dim) if discrete_proprio
-                            else LinearProprio(cfg.proprio_dims, cfg.dim))
+            self.proprio = (
+                DiscreteProprio(cfg.proprio_dims, cfg.num_bins, cfg.dim)
+                if discrete_proprio
+                else LinearProprio(cfg.proprio_dims, cfg.dim)
+            )
         self.fusion = nn.ModuleList(FusionBlock(cfg.dim, cfg.heads, cfg.dropout) for _ in range(cfg.depth))
         self.out_norm = nn.LayerNorm(cfg.dim)
         self.frozen = cfg.freeze_backbone
         if self.frozen:
             self.requires_grad_(False)
 
-    def forward(self, images: torch.Tensor, instructions: torch.Tensor, proprio: torch.Tensor,
-                queries: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self,
+        images: torch.Tensor,
+        instructions: torch.Tensor,
+        proprio: torch.Tensor,
+        queries: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Fused tokens [B, T, dim] and the prefix's valid mask [B, T_prefix] (False at text pads)."""
         grad = torch.is_grad_enabled() and (not self.frozen or queries is not None)
         with torch.set_grad_enabled(grad):
@@ -343,8 +354,9 @@ class VLAPolicyBase(nn.Module):
     def __init__(self, state_dim: int, action_dim: int, chunk_size: int, cfg: VLAConfig, image_size: int):
         super().__init__()
         if image_size <= 0:
-            raise ValueError(f"{type(self).__name__} reads camera images: it needs env.image_size > 0 "
-                             f"(got image_size={image_size})")
+            raise ValueError(
+                f"{type(self).__name__} reads camera images: it needs env.image_size > 0 (got image_size={image_size})"
+            )
         if cfg.proprio_dims > state_dim:
             raise ValueError(f"proprio_dims ({cfg.proprio_dims}) exceeds the state dim ({state_dim})")
         if action_dim < 1 or chunk_size < 1:
@@ -352,14 +364,16 @@ class VLAPolicyBase(nn.Module):
         self.state_dim, self.action_dim, self.chunk_size = state_dim, action_dim, chunk_size
         self.cfg, self.image_size = cfg, image_size
         self.num_tokens = chunk_size * action_dim
-        self.logprob_shape: tuple[int, ...] = {"token": (self.num_tokens,), "action": (chunk_size,),
-                                               "chunk": ()}[cfg.logprob_type]
+        self.logprob_shape: tuple[int, ...] = {"token": (self.num_tokens,), "action": (chunk_size,), "chunk": ()}[
+            cfg.logprob_type
+        ]
         self.extra_outputs: dict[str, tuple[tuple[int, ...], str]] = {}
         self.norm = ActionStateNormalizer(action_dim, cfg.proprio_dims)
         self.backbone = VLABackbone(cfg, image_size, self.discrete_proprio)
 
-    def _fuse(self, obs: dict[str, torch.Tensor], queries: torch.Tensor | None = None
-              ) -> tuple[torch.Tensor, torch.Tensor]:
+    def _fuse(
+        self, obs: dict[str, torch.Tensor], queries: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         proprio = self.norm.normalize_state(obs["states"].to(self.norm.state_q01.dtype))
         return self.backbone(obs["main_images"], obs["instructions"], proprio, queries)
 

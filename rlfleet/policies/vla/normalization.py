@@ -10,6 +10,7 @@ servers and into checkpoints; a checkpoint folder also holds them readable in
 robot, as OpenVLA's `unnorm_key`). The defaults (q01 = -1, q99 = 1) are the identity, right for
 MetaWorld whose actions already live in [-1, 1].
 """
+
 from __future__ import annotations
 
 import json
@@ -108,8 +109,9 @@ def _checked(stats: dict, part: str, name: str, want: tuple[int, ...]) -> torch.
         raise ValueError(f"norm stats lack {part}.{name}") from None
     t = torch.as_tensor(values, dtype=torch.float32).reshape(-1)
     if t.shape[0] not in want:
-        raise ValueError(f"norm stats {part}.{name} has {t.shape[0]} values, the model needs "
-                         f"{' or '.join(map(str, want))}")
+        raise ValueError(
+            f"norm stats {part}.{name} has {t.shape[0]} values, the model needs {' or '.join(map(str, want))}"
+        )
     return t
 
 
@@ -133,8 +135,10 @@ def set_norm_stats(policy: nn.Module, stats: dict) -> None:
 def get_norm_stats(policy: nn.Module) -> dict[str, dict[str, list[float]]]:
     """The policy's q01/q99 as JSON-ready lists (what `save_norm_stats` writes)."""
     norm = _find_normalizer(policy)
-    return {"action": {"q01": norm.action_q01.tolist(), "q99": norm.action_q99.tolist()},
-            "state": {"q01": norm.state_q01.tolist(), "q99": norm.state_q99.tolist()}}
+    return {
+        "action": {"q01": norm.action_q01.tolist(), "q99": norm.action_q99.tolist()},
+        "state": {"q01": norm.state_q01.tolist(), "q99": norm.state_q99.tolist()},
+    }
 
 
 def save_norm_stats(folder: str | os.PathLike, unnorm_key: str, stats: dict) -> Path:
@@ -156,8 +160,9 @@ def load_norm_stats(folder: str | os.PathLike, unnorm_key: str, policy: nn.Modul
         raise FileNotFoundError(f"no {NORM_STATS_FILE} in {folder}")
     table = json.loads(path.read_text())
     if unnorm_key not in table:
-        raise UnknownNormKeyError(f"unnorm_key {unnorm_key!r} not in {path} "
-                                  f"(available: {', '.join(sorted(table)) or 'none'})")
+        raise UnknownNormKeyError(
+            f"unnorm_key {unnorm_key!r} not in {path} (available: {', '.join(sorted(table)) or 'none'})"
+        )
     stats = table[unnorm_key]
     if policy is not None:
         set_norm_stats(policy, stats)

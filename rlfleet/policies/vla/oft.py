@@ -5,6 +5,7 @@ of one action dimension at one chunk step over `num_bins` uniform bins of [-1, 1
 action space). Parallel decoding makes one forward per chunk, and the tokens are independent
 given the observation, so log-probs and entropies simply add over tokens.
 """
+
 from __future__ import annotations
 
 import torch
@@ -68,11 +69,11 @@ class TinyOFTPolicy(VLAPolicyBase):
         else:
             bins = _sample_categorical(logp_all.exp())
         logp = logp_all.gather(-1, bins.unsqueeze(-1)).squeeze(-1)
-        return {"actions": self.bins_to_actions(bins), "logprobs": self._reduce(logp),
-                "values": self._critic(feature)}
+        return {"actions": self.bins_to_actions(bins), "logprobs": self._reduce(logp), "values": self._critic(feature)}
 
-    def evaluate(self, obs: dict[str, torch.Tensor], actions: torch.Tensor,
-                 extras: dict[str, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def evaluate(
+        self, obs: dict[str, torch.Tensor], actions: torch.Tensor, extras: dict[str, torch.Tensor] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """log pi(a|o), entropy (both [N, *logprob_shape]) and V(o) [N] for the PPO update."""
         logits, feature = self._logits_and_feature(obs)
         logp_all = F.log_softmax(logits / self.cfg.temperature, dim=-1)

@@ -26,6 +26,7 @@ In `sde` and `noise` modes the env action is the chain's end, clamped to [-1, 1]
 flow was trained on) before un-normalising; it plays no part in the log-prob. Deterministic
 acting (evaluation) is the plain ODE from x0 = 0 in every mode, clamped.
 """
+
 from __future__ import annotations
 
 import math
@@ -66,7 +67,8 @@ class FlowActionExpert(nn.Module):
         self.time = nn.Sequential(nn.Linear(_TIME_DIM, hidden), nn.SiLU(), nn.Linear(hidden, hidden))
         self.blocks = nn.ModuleList(
             nn.Sequential(nn.LayerNorm(hidden), nn.Linear(hidden, hidden), nn.GELU(), nn.Linear(hidden, hidden))
-            for _ in range(num_blocks))
+            for _ in range(num_blocks)
+        )
         self.out_norm = nn.LayerNorm(hidden)
         self.out = nn.Linear(hidden, num_tokens)
         nn.init.zeros_(self.out.weight)  # v = 0 at init: the untrained ODE leaves x0 unchanged
@@ -118,8 +120,11 @@ class TinyPi0Policy(VLAPolicyBase):
             self.extra_outputs = {"noise": ((n,), "float32")}
             self.log_std = nn.Parameter(torch.full((n,), float(cfg.init_log_std)))
         elif self.flow_rl == "sde":
-            self.extra_outputs = {"flow_x0": ((n,), "float32"), "flow_step": ((1,), "float32"),
-                                  "flow_xnext": ((n,), "float32")}
+            self.extra_outputs = {
+                "flow_x0": ((n,), "float32"),
+                "flow_step": ((1,), "float32"),
+                "flow_xnext": ((n,), "float32"),
+            }
         else:
             self.extra_outputs = {"flow_chain": ((steps + 1, n), "float32")}
             self.noise_net = FlowNoiseNet(cfg.flow_hidden, n, cfg.noise_min_std, cfg.noise_max_std)
@@ -162,8 +167,9 @@ class TinyPi0Policy(VLAPolicyBase):
     def _extras(self, extras: dict[str, torch.Tensor] | None, dtype: torch.dtype) -> dict[str, torch.Tensor]:
         missing = [k for k in self.extra_outputs if extras is None or k not in extras]
         if missing:
-            raise ValueError(f"{type(self).__name__}.evaluate (flow_rl={self.flow_rl}) needs extras {missing} "
-                             f"(what act returned)")
+            raise ValueError(
+                f"{type(self).__name__}.evaluate (flow_rl={self.flow_rl}) needs extras {missing} (what act returned)"
+            )
         return {k: extras[k].to(dtype) for k in self.extra_outputs}
 
     # ---- gaussian: N(ode(x0), sigma) ------------------------------------------------------
@@ -182,15 +188,20 @@ class TinyPi0Policy(VLAPolicyBase):
             a_norm = mean.clamp(-1.0, 1.0)
         else:
             a_norm = mean + self._log_std().exp() * torch.randn_like(mean)
-        return {"actions": self.norm.unnormalize_action(self._unflatten(a_norm)),
-                "logprobs": self._reduce(self._gaussian_logp(a_norm, mean)), "noise": x0}
+        return {
+            "actions": self.norm.unnormalize_action(self._unflatten(a_norm)),
+            "logprobs": self._reduce(self._gaussian_logp(a_norm, mean)),
+            "noise": x0,
+        }
 
-    def _evaluate_gaussian(self, cond: torch.Tensor, actions: torch.Tensor,
-                           extras: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    def _evaluate_gaussian(
+        self, cond: torch.Tensor, actions: torch.Tensor, extras: dict[str, torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Gaussian log-prob around ode(x0) with the x0 the actor used; entropy."""
         mean = self.ode(extras["noise"].reshape(cond.shape[0], -1), cond)
-        a_norm = self.norm.normalize_action(actions.reshape(actions.shape[0], -1, self.action_dim).to(cond.dtype),
-                                            clamp=False).reshape(cond.shape[0], -1)
+        a_norm = self.norm.normalize_action(
+            actions.reshape(actions.shape[0], -1, self.action_dim).to(cond.dtype), clamp=False
+        ).reshape(cond.shape[0], -1)
         entropy = (0.5 + _HALF_LOG_2PI + self._log_std()).expand_as(mean)  # gaussian_entropy in log_std
         return self._gaussian_logp(a_norm, mean), entropy
 
@@ -203,8 +214,11 @@ class TinyPi0Policy(VLAPolicyBase):
         is mu_0 itself, the score term -x0 / 1 being 0), so evaluate stays well defined on it.
         """
         steps, b = self.cfg.num_denoise_steps, x0.shape[0]
-        k = (torch.zeros(b, dtype=torch.long, device=x0.device) if deterministic
-             else torch.randint(steps, (b,), device=x0.device))
+        k = (
+            torch.zeros(b, dtype=torch.long, device=x0.device)
+            if deterministic
+            else torch.randint(steps, (b,), device=x0.device)
+        )
         eps = torch.randn_like(x0)
         x, x_next, logp = x0, x0, torch.zeros_like(x0)
         for i in range(steps):
@@ -219,8 +233,13 @@ class TinyPi0Policy(VLAPolicyBase):
                 logp = torch.where(at_k, gaussian_log_prob(step, mean, std), logp)
                 x_next = torch.where(at_k, step, x_next)
             x = step
-        return {"actions": self._to_env(x), "logprobs": self._reduce(logp), "flow_x0": x0,
-                "flow_step": k.to(x0.dtype).unsqueeze(-1), "flow_xnext": x_next}
+        return {
+            "actions": self._to_env(x),
+            "logprobs": self._reduce(logp),
+            "flow_x0": x0,
+            "flow_step": k.to(x0.dtype).unsqueeze(-1),
+            "flow_xnext": x_next,
+        }
 
     def _evaluate_sde(self, cond: torch.Tensor, extras: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """Recompute x_k from x0 with the current weights (Euler steps 0..k-1), then
@@ -230,8 +249,10 @@ class TinyPi0Policy(VLAPolicyBase):
         x_next = extras["flow_xnext"].reshape(b, -1)
         k = extras["flow_step"].reshape(b).round().long()
         if (k < 0).any() or (k >= steps).any():
-            raise ValueError(f"flow_step must be in [0, {steps - 1}] (num_denoise_steps={steps}), got "
-                             f"{k.min().item()}..{k.max().item()}")
+            raise ValueError(
+                f"flow_step must be in [0, {steps - 1}] (num_denoise_steps={steps}), got "
+                f"{k.min().item()}..{k.max().item()}"
+            )
         logp, entropy = torch.zeros_like(x), torch.zeros_like(x)
         for i in range(int(k.max()) + 1):
             s = self._time(i, x)
@@ -245,8 +266,7 @@ class TinyPi0Policy(VLAPolicyBase):
 
     # ---- Flow-Noise: a learned std on every step -----------------------------------------
 
-    def _noise_step(self, x: torch.Tensor, s: torch.Tensor, cond: torch.Tensor
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def _noise_step(self, x: torch.Tensor, s: torch.Tensor, cond: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x_{i+1} ~ N(x_i + dt v(x_i, s_i), sigma_i^2), sigma_i = noise_net(h_i, s_i): (mean, std)."""
         h = self.expert.hidden(x, s, cond)
         return euler_step(x, self.expert.out(h), self._dt), self.noise_net(h, s)
@@ -260,8 +280,7 @@ class TinyPi0Policy(VLAPolicyBase):
             x = mean if deterministic else mean + std * torch.randn_like(mean)
             logp = logp + gaussian_log_prob(x, mean, std)
             chain.append(x)
-        return {"actions": self._to_env(x), "logprobs": self._reduce(logp),
-                "flow_chain": torch.stack(chain, 1)}
+        return {"actions": self._to_env(x), "logprobs": self._reduce(logp), "flow_chain": torch.stack(chain, 1)}
 
     def _evaluate_noise(self, cond: torch.Tensor, extras: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """Joint log-prob of the stored chain: all N transitions in one batched expert call [B*N]."""
@@ -285,8 +304,9 @@ class TinyPi0Policy(VLAPolicyBase):
         act_mode = {"gaussian": self._act_gaussian, "sde": self._act_sde, "noise": self._act_noise}[self.flow_rl]
         return {**act_mode(cond, x0, deterministic), "values": self._value(cond)}
 
-    def evaluate(self, obs: dict[str, torch.Tensor], actions: torch.Tensor,
-                 extras: dict[str, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def evaluate(
+        self, obs: dict[str, torch.Tensor], actions: torch.Tensor, extras: dict[str, torch.Tensor] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """log-prob and entropy [N, *logprob_shape] recomputed with the current weights; V(o) [N]."""
         cond = self.prefix_feature(obs)
         extras = self._extras(extras, cond.dtype)
@@ -305,8 +325,11 @@ class TinyPi0Policy(VLAPolicyBase):
     def sample(self, obs: dict[str, torch.Tensor], noise: torch.Tensor | None = None) -> torch.Tensor:
         """Plain flow sample (no exploration noise): clamp(ode(x0), -1, 1) in env units [B, K, D]."""
         cond = self.prefix_feature(obs)
-        x0 = noise if noise is not None else torch.randn(cond.shape[0], self.num_tokens, dtype=cond.dtype,
-                                                          device=cond.device)
+        x0 = (
+            noise
+            if noise is not None
+            else torch.randn(cond.shape[0], self.num_tokens, dtype=cond.dtype, device=cond.device)
+        )
         return self._to_env(self.ode(x0, cond))
 
     def sft_loss(self, obs: dict[str, torch.Tensor], actions: torch.Tensor) -> torch.Tensor:

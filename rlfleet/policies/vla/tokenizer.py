@@ -4,6 +4,7 @@ Words are hashed into a fixed vocabulary (the "hashing trick"): collisions are r
 thousand ids for the short, repetitive instructions of robot benchmarks, and the mapping is the
 same on every machine and Python process (FNV-1a, not Python's salted `hash`).
 """
+
 from __future__ import annotations
 
 import re
@@ -62,6 +63,9 @@ class WordTokenizer:
         if instructions.dim() != 2:
             raise ValueError(f"instructions must be uint8 [B, L], got shape {tuple(instructions.shape)}")
         rows = instructions.detach().to("cpu", torch.uint8).numpy()
-        out = np.stack([self._encode_row(row.tobytes()) for row in rows]) if len(rows) else \
-            np.zeros((0, self.max_len), np.int64)
+        out = (
+            np.stack([self._encode_row(row.tobytes()) for row in rows])
+            if len(rows)
+            else np.zeros((0, self.max_len), np.int64)
+        )
         return torch.from_numpy(out).to(device if device is not None else instructions.device)

@@ -3,6 +3,7 @@
 Only the per-env hooks are written here; chunking, auto-reset, final observations, reward types,
 terminate_on_success, time limits, episode stats and seeds come from `rlfleet.envs.core.EpisodeEnv`.
 """
+
 from __future__ import annotations
 
 import numpy as np
