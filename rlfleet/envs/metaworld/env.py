@@ -31,9 +31,12 @@ from rlfleet.envs.core import EpisodeEnv, Outcome, episode_rng
 from rlfleet.envs.metaworld.render import CameraRenderer
 from rlfleet.envs.metaworld.speed import _quat_from_matrix, install_fast_rotation  # noqa: F401
 from rlfleet.envs.metaworld.speed import touching_object as _touching_object
-from rlfleet.envs.metaworld.tasks import (
+from rlfleet.envs.metaworld.tasks import (  # noqa: F401  (re-exported: callers import the tables from here)
+    ALL_TASKS,
+    DIFFICULTY,
     TASK_DESCRIPTIONS,
-    _env_dict,  # noqa: F401
+    TASK_SETS,
+    _env_dict,
     resolve_tasks,
 )
 from rlfleet.envs.metaworld.tasks import task_groups as _task_groups
