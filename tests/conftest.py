@@ -6,6 +6,11 @@ import pytest
 
 import rlfleet  # noqa: F401  (before any test module imports grpc: sets GRPC_ENABLE_FORK_SUPPORT)
 
+# mujoco picks its GL backend when it is first imported. rlfleet's MuJoCo modules set EGL before
+# importing it, but one test process imports mujoco from many tests in varying order (a test that
+# imports it first would otherwise leave a later in-process MetaWorld renderer aborting).
+os.environ.setdefault("MUJOCO_GL", "egl")
+
 _ROLE_VARIABLES = [k for k in os.environ if k.startswith("RLFLEET_") and k != "RLFLEET_LOG_LEVEL"]
 
 

@@ -155,6 +155,10 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
 
     def wait_clients_told(self, timeout: float, within_s: float = 10.0) -> bool:
         """After stop: give live actors a moment to hear it, so none is left waiting on a dead run."""
+        return self._wait_live_actors(lambda c: c.told_to_stop, timeout, within_s)
+
+    def _wait_live_actors(self, done: Callable[[ClientInfo], bool], timeout: float, within_s: float) -> bool:
+        """Wait until `done` holds for every actor heard from within the last `within_s` seconds."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             now = time.monotonic()
@@ -162,7 +166,7 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
                 pending = [
                     c
                     for c in self._clients.values()
-                    if c.role == "actor" and not c.told_to_stop and now - c.last_seen < within_s
+                    if c.role == "actor" and now - c.last_seen < within_s and not done(c)
                 ]
             if not pending:
                 return True
@@ -189,19 +193,7 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
 
     def wait_lives_ended(self, timeout: float, within_s: float = 10.0) -> bool:
         """After stop: wait for live actors' final reports, so the summary's loss account is whole."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            now = time.monotonic()
-            with self._lock:
-                pending = [
-                    c
-                    for c in self._clients.values()
-                    if c.role == "actor" and c.life and not c.life_ended and now - c.last_seen < within_s
-                ]
-            if not pending:
-                return True
-            time.sleep(0.05)
-        return False
+        return self._wait_live_actors(lambda c: not c.life or c.life_ended, timeout, within_s)
 
     def alive_clients(self, role: str, within_s: float = 10.0) -> int:
         now = time.monotonic()
