@@ -333,7 +333,6 @@ def load_config(recipe: str | None, overrides: list[str] | None = None) -> DictC
             OmegaConf.to_object(cfg[section])  # the section's own checks (its dataclass's __post_init__)
         except ValueError as exc:
             raise ConfigError(f"bad value in {section}: {_first_line(exc)}") from None
-    _check_policy(cfg)
     from rlfleet.envs.registry import check_env_name, require_env_extra
     from rlfleet.telemetry.trackers import check_backends, logger_backends
 
@@ -343,6 +342,7 @@ def load_config(recipe: str | None, overrides: list[str] | None = None) -> DictC
         check_env_name(cfg.env.name)  # a name no process could resolve: one line, before anything starts
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+    _check_policy(cfg)
     if cfg.cluster.component_placement:
         resolve_placement(cfg)  # a bad placement fails here, before anything is spawned
     return cfg

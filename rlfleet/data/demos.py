@@ -251,12 +251,11 @@ def expert_policies() -> dict[str, type]:
     """MetaWorld's scripted expert class per task (`ENV_POLICY_MAP`).
 
     Imported through here because `metaworld.policies` imports mujoco, which picks its OpenGL
-    backend once at import: `rlfleet.envs.metaworld.env` must come first to select EGL (headless),
+    backend once at import: `rlfleet.envs.metaworld` must come first to select EGL (headless),
     or later renderers fail with "an OpenGL platform library has not been loaded".
     """
+    import rlfleet.envs.metaworld  # noqa: F401, I001  (sets MUJOCO_GL before mujoco is imported)
     from metaworld.policies import ENV_POLICY_MAP
-
-    import rlfleet.envs.metaworld.env  # noqa: F401  (sets MUJOCO_GL before mujoco is imported)
 
     return ENV_POLICY_MAP
 

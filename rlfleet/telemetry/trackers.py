@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 BACKENDS: dict[str, tuple[str, str]] = {
     "tensorboard": ("tensorboard", "pip install tensorboard"),
     "wandb": ("wandb", 'pip install "rlfleet[trackers]" (or: pip install wandb)'),
-    "swanlab": ("swanlab", 'pip install "rlfleet[trackers]" (or: pip install swanlab)'),
+    "swanlab": ("swanlab", 'pip install "rlfleet[swanlab]" (or: pip install swanlab)'),
     "trackio": ("trackio", 'pip install "rlfleet[trackers]" (or: pip install trackio)'),
 }
 

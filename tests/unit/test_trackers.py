@@ -104,7 +104,7 @@ def test_unknown_and_missing_backends_are_one_line(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "swanlab" else real(name, *a))
     with pytest.raises(ValueError) as exc:
         check_backends(["swanlab"])
-    assert str(exc.value).count("\n") == 0 and 'pip install "rlfleet[trackers]"' in str(exc.value)
+    assert str(exc.value).count("\n") == 0 and 'pip install "rlfleet[swanlab]"' in str(exc.value)
 
 
 def test_cli_names_the_extra_for_a_missing_tracker(monkeypatch, caplog):
@@ -115,7 +115,7 @@ def test_cli_names_the_extra_for_a_missing_tracker(monkeypatch, caplog):
     code = cli.main(["train", "node_reach2d_ppo", "runner.logger.logger_backends=[tensorboard,swanlab]"])
     assert code == 2
     (error,) = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
-    assert "\n" not in error and "swanlab" in error and 'pip install "rlfleet[trackers]"' in error
+    assert "\n" not in error and "swanlab" in error and 'pip install "rlfleet[swanlab]"' in error
 
 
 @pytest.mark.skipif(importlib.util.find_spec("swanlab") is not None, reason="swanlab is installed here")
@@ -128,7 +128,7 @@ def test_cli_missing_tracker_without_traceback():
     )
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and "rlfleet[trackers]" in lines[0], proc.stderr
+    assert len(lines) == 1 and "rlfleet[swanlab]" in lines[0], proc.stderr
 
 
 def test_tensorboard_false_drops_it_from_the_backends():

@@ -122,7 +122,7 @@ class MetaWorldEnv(EpisodeEnv):
         same 39-dim observation as `obs["states"]` (float32, cast to float64), clipped, exactly as
         `rlfleet.data.demos.rollout_expert` records demos."""
         if self._experts is None:
-            from metaworld.policies import ENV_POLICY_MAP  # after MUJOCO_GL is set (tasks module)
+            from metaworld.policies import ENV_POLICY_MAP  # after MUJOCO_GL is set (package __init__)
 
             missing = sorted({t for t in self._env_tasks if t not in ENV_POLICY_MAP})
             if missing:
