@@ -164,9 +164,10 @@ def test_unbounded_window_and_errors():
 
 def _expert_direct(task: str, state: np.ndarray) -> np.ndarray:
     """The scripted expert called directly, as rlfleet.data.demos records demos."""
-    from rlfleet.data.demos import expert_policies
+    import rlfleet.envs.metaworld  # noqa: F401, I001  (sets MUJOCO_GL before mujoco is imported)
+    from metaworld.policies import ENV_POLICY_MAP
 
-    action = expert_policies()[task]().get_action(state.astype(np.float64))
+    action = ENV_POLICY_MAP[task]().get_action(state.astype(np.float64))
     return np.clip(np.asarray(action, np.float32), -1.0, 1.0)
 
 

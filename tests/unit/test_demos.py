@@ -1,4 +1,5 @@
-"""Scripted-expert demo collection: on-disk format, success, reproducibility, atomic writes, failures."""
+"""The demo dataset format (`rlfleet-demos/1`) as the one collector writes it for MetaWorld: on-disk
+layout, success, reproducibility, atomic writes, failures, read errors."""
 
 import json
 from pathlib import Path
@@ -6,18 +7,23 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rlfleet.data.demos import FORMAT, DemoEpisode, collect_demos, demo_seed, load_demos, read_index
-from rlfleet.envs.api import decode_instructions
+from rlfleet.data.demos import DEMO_SEED_BASE, FORMAT, DemoEpisode, load_demos, read_index
+from rlfleet.data.env_demos import collect_env_demos
+from rlfleet.envs.api import EnvConfig, decode_instructions
 from rlfleet.envs.metaworld import TASK_DESCRIPTIONS
 
 TASKS = ["reach-v3", "drawer-close-v3"]
 SIZE = 32
 
 
+def _cfg(task: str = ",".join(TASKS), image_size: int = SIZE, max_episode_steps: int = 150) -> EnvConfig:
+    return EnvConfig(name="metaworld", task=task, image_size=image_size, max_episode_steps=max_episode_steps)
+
+
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("demos") / "ds"
-    summary = collect_demos(out, TASKS, 2, image_size=SIZE, num_workers=2, progress=False)
+    summary = collect_env_demos(out, _cfg(), 2, progress=False)
     assert summary == {t: {"episodes": 2, "success": 2, "attempts": 2, "failed": 0} for t in TASKS}
     return out
 
@@ -28,11 +34,10 @@ def test_index(dataset: Path) -> None:
     assert index["format"] == FORMAT
     assert index["env"]["task"] == ",".join(TASKS)
     assert (index["env"]["image_size"], index["env"]["chunk_size"], index["env"]["max_episode_steps"]) == (SIZE, 1, 150)
-    assert index["env"]["camera"] == "corner"
     assert "T" in index["created"]
     eps = index["episodes"]
     assert [e["id"] for e in eps] == [0, 1, 2, 3]
-    assert [e["task"] for e in eps] == ["reach-v3", "reach-v3", "drawer-close-v3", "drawer-close-v3"]
+    assert [e["task"] for e in eps] == TASKS * 2  # one env per task, stepped in rounds
     assert [e["file"] for e in eps] == [f"episodes/ep_{i:06d}.npz" for i in range(4)]
     assert sorted(p.name for p in (dataset / "episodes").iterdir()) == [f"ep_{i:06d}.npz" for i in range(4)]
     for e in eps:
@@ -40,10 +45,7 @@ def test_index(dataset: Path) -> None:
         assert e["success"] is True and 0 <= e["success_step"] < e["length"] <= 150
         # stops 10 steps after the first success (unless the time limit comes first)
         assert e["length"] == min(e["success_step"] + 11, 150)
-    seeds = [e["seed"] for e in eps]
-    assert len(set(seeds)) == 4
-    assert seeds == [demo_seed(0, e["task"], e["attempt"]) for e in eps]
-    assert min(seeds) >= 1_000_000  # disjoint from `rlfleet eval` seeds (10_000 + i)
+    assert [e["seed"] for e in eps] == [DEMO_SEED_BASE + i for i in range(4)]  # disjoint from eval seeds
     assert not dataset.with_name(dataset.name + ".tmp").exists()
 
 
@@ -52,7 +54,9 @@ def test_npz_files(dataset: Path) -> None:
     for e in index["episodes"]:
         L = e["length"]
         with np.load(dataset / e["file"], allow_pickle=False) as z:
-            assert sorted(z.files) == ["actions", "instruction", "main_images", "rewards", "states", "success"]
+            assert sorted(z.files) == [
+                "actions", "instruction", "main_images", "rewards", "states", "step_instructions", "success"
+            ]  # fmt: skip
             assert z["main_images"].shape == (L, SIZE, SIZE, 3) and z["main_images"].dtype == np.uint8
             assert z["states"].shape == (L, 39) and z["states"].dtype == np.float32
             assert z["actions"].shape == (L, 4) and z["actions"].dtype == np.float32
@@ -90,39 +94,30 @@ def test_load_round_trip(dataset: Path) -> None:
         assert np.abs(np.diff(ep.states[:, :3], axis=0)).sum() > 0.01
 
 
-def test_reproducible_and_independent_of_workers(dataset: Path, tmp_path: Path) -> None:
+def test_reproducible(dataset: Path, tmp_path: Path) -> None:
     again = tmp_path / "again"
-    collect_demos(again, TASKS, 2, image_size=SIZE, num_workers=1, progress=False)
+    collect_env_demos(again, _cfg(), 2, progress=False)
     first, second = load_demos(dataset), load_demos(again)
     assert [e.seed for e in first] == [e.seed for e in second]
     for a, b in zip(first, second):
         np.testing.assert_array_equal(a.states, b.states)
         np.testing.assert_array_equal(a.actions, b.actions)
         np.testing.assert_array_equal(a.main_images, b.main_images)
-    # different episodes get different initial layouts
-    assert not np.array_equal(first[0].states[0], first[1].states[0])
+    # different episodes of one task get different initial layouts
+    assert not np.array_equal(first[0].states[0], first[2].states[0])
 
 
 def test_existing_output_and_overwrite(tmp_path: Path) -> None:
     out = tmp_path / "ds"
     out.mkdir()
     (out / "marker").write_text("old")
+    short = _cfg("reach-v3", image_size=0, max_episode_steps=3)
     with pytest.raises(FileExistsError, match="overwrite"):
-        collect_demos(out, ["reach-v3"], 1, image_size=0, max_episode_steps=3, progress=False)
+        collect_env_demos(out, short, 1, progress=False)
     assert (out / "marker").exists()
-    collect_demos(
-        out,
-        ["reach-v3"],
-        1,
-        image_size=0,
-        max_episode_steps=3,
-        num_workers=1,
-        keep_failed=True,
-        overwrite=True,
-        progress=False,
-    )
+    collect_env_demos(out, short, 1, keep_failed=True, overwrite=True, progress=False)
     assert not (out / "marker").exists() and (out / "index.json").exists()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["ds"]  # no .tmp / .old left behind
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ds"]  # no .tmp left behind
     ep = load_demos(out, only_success=False)[0]
     assert ep.main_images is None  # image_size 0: state-only dataset
     with np.load(out / "episodes" / "ep_000000.npz", allow_pickle=False) as z:
@@ -130,28 +125,19 @@ def test_existing_output_and_overwrite(tmp_path: Path) -> None:
 
 
 def test_failed_episodes(tmp_path: Path) -> None:
-    # 3 steps is far too short for the expert: every attempt fails
-    summary = collect_demos(
-        tmp_path / "drop", TASKS, 2, image_size=0, max_episode_steps=3, num_workers=2, progress=False
-    )
+    # 3 steps is far too short for the expert: every attempt fails (3 attempts per wanted episode)
+    summary = collect_env_demos(tmp_path / "drop", _cfg(image_size=0, max_episode_steps=3), 2, progress=False)
     assert summary == {t: {"episodes": 0, "success": 0, "attempts": 6, "failed": 6} for t in TASKS}
     assert read_index(tmp_path / "drop")["episodes"] == []
     assert load_demos(tmp_path / "drop") == []
 
-    summary = collect_demos(
-        tmp_path / "keep",
-        ["reach-v3"],
-        1,
-        image_size=0,
-        max_episode_steps=3,
-        num_workers=1,
-        keep_failed=True,
-        progress=False,
+    summary = collect_env_demos(
+        tmp_path / "keep", _cfg("reach-v3", image_size=0, max_episode_steps=3), 1, keep_failed=True, progress=False
     )
     assert summary == {"reach-v3": {"episodes": 3, "success": 0, "attempts": 3, "failed": 3}}
     index = read_index(tmp_path / "keep")
     assert [(e["success"], e["success_step"], e["length"]) for e in index["episodes"]] == [(False, -1, 3)] * 3
-    assert [e["seed"] for e in index["episodes"]] == [demo_seed(0, "reach-v3", a) for a in range(3)]
+    assert [e["seed"] for e in index["episodes"]] == [DEMO_SEED_BASE + r for r in range(3)]
     assert load_demos(tmp_path / "keep") == []
     kept = load_demos(tmp_path / "keep", only_success=False)
     assert len(kept) == 3 and not any(ep.success for ep in kept)
@@ -171,47 +157,15 @@ def test_read_errors(tmp_path: Path) -> None:
 
 
 def test_argument_errors(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="unknown MetaWorld task"):
-        collect_demos(tmp_path / "x", ["reach-v9"], 1, progress=False)
-    with pytest.raises(ValueError, match="more than once"):
-        collect_demos(tmp_path / "x", ["reach-v3", "reach-v3"], 1, progress=False)
+    with pytest.raises(ValueError, match="reach-v9"):
+        collect_env_demos(tmp_path / "x", _cfg("reach-v9"), 1, progress=False)
     with pytest.raises(ValueError, match="episodes_per_task"):
-        collect_demos(tmp_path / "x", ["reach-v3"], 0, progress=False)
+        collect_env_demos(tmp_path / "x", _cfg("reach-v3"), 0, progress=False)
     assert not any(tmp_path.iterdir())
 
 
-def test_seed_scheme() -> None:
-    assert demo_seed(0, "reach-v3", 0) != demo_seed(0, "push-v3", 0)
-    assert demo_seed(1, "reach-v3", 0) - demo_seed(0, "reach-v3", 0) == 1_000_000
-    assert demo_seed(0, "assembly-v3", 0) == 1_000_000  # first task alphabetically
-    with pytest.raises(ValueError):
-        demo_seed(0, "reach-v3", 10_000)
-
-
-def test_experts_import_keeps_headless_rendering(tmp_path: Path) -> None:
-    """`expert_policies()` must not let mujoco pick a windowed GL backend before MUJOCO_GL=egl is set."""
-    import os
-    import subprocess
-    import sys
-
-    code = (
-        "import numpy as np\n"
-        "from rlfleet.data.demos import expert_policies\n"
-        "expert_policies()\n"
-        "from rlfleet.envs.api import EnvConfig\n"
-        "from rlfleet.envs.metaworld import MetaWorldEnv\n"
-        "env = MetaWorldEnv(EnvConfig(task='reach-v3', image_size=16), 1)\n"
-        "assert env.reset(np.array([0]))['main_images'].std() > 0\n"
-        "env.close()\n"
-    )
-    env = {k: v for k, v in os.environ.items() if k not in ("MUJOCO_GL", "PYOPENGL_PLATFORM")}
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-
-
-def test_worker_error_leaves_nothing(tmp_path: Path) -> None:
-    # the camera is only checked inside the worker (env construction): the error must surface
-    # in the parent and neither the dataset nor its temporary folder may remain
-    with pytest.raises(ValueError, match="unknown camera"):
-        collect_demos(tmp_path / "ds", ["reach-v3"], 1, image_size=16, camera="nope", num_workers=1, progress=False)
+def test_env_error_leaves_nothing(tmp_path: Path) -> None:
+    # the camera is only checked when the env is built: neither the dataset nor its temporary folder may remain
+    with pytest.raises(ValueError, match="camera"):
+        collect_env_demos(tmp_path / "ds", EnvConfig(task="reach-v3", image_size=16, camera="nope"), 1, progress=False)
     assert not any(tmp_path.iterdir())

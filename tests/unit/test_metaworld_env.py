@@ -306,3 +306,24 @@ def test_terminate_on_success_ends_the_episode_at_the_first_solved_step() -> Non
     k = first % 8
     assert res.rewards[:, k].tolist() == [1.0, 1.0] and not res.rewards[:, k + 1 :].any()
     assert not np.allclose(res.final_obs["states"], res.obs["states"])  # the next episode began
+
+
+def test_experts_import_keeps_headless_rendering() -> None:
+    """Importing MetaWorld's experts after this package must not let mujoco pick a windowed GL backend."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import numpy as np\n"
+        "import rlfleet.envs.metaworld\n"
+        "from metaworld.policies import ENV_POLICY_MAP\n"
+        "from rlfleet.envs.api import EnvConfig\n"
+        "from rlfleet.envs.metaworld import MetaWorldEnv\n"
+        "env = MetaWorldEnv(EnvConfig(task='reach-v3', image_size=16), 1)\n"
+        "assert env.reset(np.array([0]))['main_images'].std() > 0\n"
+        "env.close()\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("MUJOCO_GL", "PYOPENGL_PLATFORM")}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]

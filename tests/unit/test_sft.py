@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from rlfleet.config import SFTConfig
-from rlfleet.data.demos import DemoEpisode, collect_demos
+from rlfleet.data.demos import DemoEpisode
+from rlfleet.data.env_demos import collect_env_demos
 from rlfleet.data.sft import _shift, action_chunks, build_sft_data, run_sft
 from rlfleet.envs.api import EnvConfig, encode_instructions
 from rlfleet.policies.checkpoint_io import load_checkpoint, policy_from_config
@@ -69,7 +70,7 @@ def test_shift_moves_images_by_at_most_pad_pixels():
 
 def test_run_sft_writes_a_checkpoint_the_fleet_can_load(tmp_path):
     demos = tmp_path / "demos"
-    collect_demos(demos, ["reach-v3"], 2, image_size=32, max_episode_steps=60, num_workers=1, progress=False)
+    collect_env_demos(demos, EnvConfig(task="reach-v3", image_size=32, max_episode_steps=60), 2, progress=False)
     env = EnvConfig(task="reach-v3", image_size=32, chunk_size=4, max_episode_steps=60)
     policy_cfg = {"name": "tiny_oft", "depth": 1, "unnorm_key": "metaworld_test"}
     out = tmp_path / "sft"
