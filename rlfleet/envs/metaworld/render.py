@@ -8,7 +8,7 @@ import numpy as np
 
 
 class CameraRenderer:
-    """`main_images` for one env: mujoco offscreen rendering with the CPU-friendly settings of FACTS.md.
+    """`main_images` for one env: mujoco offscreen rendering with CPU-friendly settings.
 
     Multisampling, shadows and reflections cost most of a llvmpipe frame and add nothing a small
     policy can use (the unused 4096^2 shadow map alone is ~65 MB per renderer); MetaWorld's `corner`
