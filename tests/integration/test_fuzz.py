@@ -414,63 +414,14 @@ EXPECTED_CODES = {
 }
 
 
-class _StormEnv:
-    """A tiny env for EnvService under fuzz (the simulator is not what is being tested)."""
-
-    def __init__(self, cfg, num_envs: int, env_offset: int = 0):
-        from rlfleet.envs.api import EnvSpec
-
-        self.cfg, self.n = cfg, num_envs
-        self.spec = EnvSpec(
-            state_dim=2,
-            action_dim=2,
-            chunk_size=cfg.chunk_size,
-            num_envs=num_envs,
-            max_episode_steps=5,
-            task_names=["storm"] * num_envs,
-        )
-        self.task_list = ["storm"]
-
-    def _obs(self) -> dict:
-        return {
-            "states": np.zeros((self.n, 2), np.float32),
-            "instructions": np.zeros((self.n, 128), np.uint8),
-            "task_ids": np.zeros(self.n, np.int64),
-            "task_descriptions": ["storm"] * self.n,
-        }
-
-    def reset(self, seeds=None):
-        return self._obs()
-
-    def chunk_step(self, actions):
-        from rlfleet.envs.api import StepResult
-
-        z, f = np.zeros(self.n, np.float32), np.zeros(self.n, bool)
-        return StepResult(
-            obs=self._obs(),
-            rewards=np.zeros((self.n, self.cfg.chunk_size), np.float32),
-            terminated=f,
-            truncated=f,
-            success=f,
-            episode_done=f,
-            episode_return=z,
-            episode_length=np.zeros(self.n, np.int32),
-            episode_success_once=f,
-            final_obs=self._obs(),
-        )
-
-    def close(self) -> None:
-        pass
-
-
 @pytest.fixture
 def env_service():
     from rlfleet.envs.api import EnvConfig
     from rlfleet.envs.env_server import EnvServerConfig, serve_env
-    from rlfleet.envs.registry import register_env
 
-    register_env("fuzz-storm", _StormEnv)
-    server, port, servicer = serve_env(EnvServerConfig(env=EnvConfig(name="fuzz-storm", chunk_size=2), max_envs=32))
+    # the zero-cost bench env: 2 states, 2 actions, 5-step episodes (the storm tests the server, not a simulator)
+    env = EnvConfig(name="bench", task="storm,state_dim=2,action_dim=2", chunk_size=2, max_episode_steps=5)
+    server, port, servicer = serve_env(EnvServerConfig(env=env, max_envs=32))
     yield f"127.0.0.1:{port}", servicer
     server.stop(grace=0)
     servicer.close()

@@ -9,7 +9,8 @@ import grpc
 import numpy as np
 import pytest
 
-from rlfleet.envs.api import ChunkedEnv, EnvConfig, EnvSpec, StepResult
+from rlfleet.envs.api import EnvConfig
+from rlfleet.envs.bench_env import BenchEnv
 from rlfleet.envs.env_server import EnvServerConfig, EnvServicer, serve_env
 from rlfleet.envs.registry import register_env
 from rlfleet.wire import codec
@@ -18,56 +19,13 @@ from rlfleet.wire.gen import env_pb2, env_pb2_grpc
 BUILD_GATE = threading.Event()  # a session with seed 13 waits for it while its env is built
 
 
-class TinyEnv(ChunkedEnv):
+class TinyEnv(BenchEnv):
+    """The zero-cost bench env, whose construction waits for BUILD_GATE when seeded 13 (a slow simulator start)."""
+
     def __init__(self, cfg: EnvConfig, num_envs: int, env_offset: int = 0):
         if cfg.seed == 13:
             assert BUILD_GATE.wait(60), "test never opened the gate"
-        self.cfg, self.n = cfg, num_envs
-        self._spec = EnvSpec(
-            state_dim=2,
-            action_dim=2,
-            chunk_size=cfg.chunk_size,
-            num_envs=num_envs,
-            max_episode_steps=5,
-            task_names=["tiny"] * num_envs,
-        )
-
-    @property
-    def spec(self) -> EnvSpec:
-        return self._spec
-
-    @property
-    def task_list(self) -> list[str]:
-        return ["tiny"]
-
-    def _obs(self) -> dict:
-        return {
-            "states": np.zeros((self.n, 2), np.float32),
-            "instructions": np.zeros((self.n, 128), np.uint8),
-            "task_ids": np.zeros(self.n, np.int64),
-            "task_descriptions": ["tiny"] * self.n,
-        }
-
-    def reset(self, seeds=None):
-        return self._obs()
-
-    def chunk_step(self, actions):
-        z, f = np.zeros(self.n, np.float32), np.zeros(self.n, bool)
-        return StepResult(
-            obs=self._obs(),
-            rewards=np.zeros((self.n, self.cfg.chunk_size), np.float32),
-            terminated=f,
-            truncated=f,
-            success=f,
-            episode_done=f,
-            episode_return=z,
-            episode_length=np.zeros(self.n, np.int32),
-            episode_success_once=f,
-            final_obs=self._obs(),
-        )
-
-    def close(self) -> None:
-        pass
+        super().__init__(cfg, num_envs, env_offset)
 
 
 register_env("hardening-tiny", TinyEnv)
@@ -75,7 +33,10 @@ register_env("hardening-tiny", TinyEnv)
 
 @pytest.fixture
 def served():
-    cfg = EnvServerConfig(env=EnvConfig(name="hardening-tiny", chunk_size=2), max_envs=16)
+    cfg = EnvServerConfig(
+        env=EnvConfig(name="hardening-tiny", task="tiny,state_dim=2,action_dim=2", chunk_size=2, max_episode_steps=5),
+        max_envs=16,
+    )
     server, port, servicer = serve_env(cfg)
     channel = grpc.insecure_channel(f"127.0.0.1:{port}")
     yield servicer, channel
