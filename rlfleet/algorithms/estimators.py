@@ -14,15 +14,16 @@ returns :class:`Advantages`. The learner picks the name from the config with
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from rlfleet.algorithms.gae import compute_gae
-from rlfleet.algorithms.grpo import GRPOSegment, grpo_segment
+from rlfleet.algorithms.grpo import GRPOSegment, grpo_columns, grpo_segment, grpo_stats
 from rlfleet.algorithms.vtrace import vtrace
 
 if TYPE_CHECKING:
@@ -52,6 +53,18 @@ class Advantages:
     keep: Tensor  # [T, B] bool: rows to train on
     importance_in_advantage: bool  # True: the off-policy ratio is already inside (V-trace): loss weight 1
     group: GRPOSegment | None = None  # GRPO's per-trajectory quantities (diagnostics, DDP column shares)
+
+    def columns(self, cols: Sequence[int] | np.ndarray) -> Advantages:
+        """The env columns ``cols`` (a learner rank's share under DDP). Estimated on the whole
+        segment first, a shard never splits a group's statistics."""
+        c = torch.as_tensor(np.asarray(cols), dtype=torch.long, device=self.advantages.device)
+        return Advantages(
+            self.advantages[:, c],
+            self.returns[:, c],
+            self.keep[:, c],
+            self.importance_in_advantage,
+            None if self.group is None else grpo_columns(self.group, c),
+        )
 
 
 def _need(x: Tensor | None, what: str, name: str) -> Tensor:
@@ -103,6 +116,12 @@ Estimator = Callable[[AdvantageInputs, "PPOConfig"], Advantages]
 
 ESTIMATORS: dict[str, Estimator] = {"gae": gae_estimator, "vtrace": vtrace_estimator, "grpo": grpo_estimator}
 
+# Estimators that use no value function: they run on the rewards alone, so the learner can run
+# them on whole segments before DDP sharding (a GRPO group's statistics need all its members).
+CRITIC_FREE = frozenset({"grpo"})
+# Estimators whose advantages are already normalised (GRPO: per group), so no minibatch whitening.
+SELF_NORMALISED = frozenset({"grpo"})
+
 
 def estimator_name(cfg: PPOConfig) -> str:
     """The run's estimator: ``adv_type: grpo``, else ``off_policy: vtrace``, else GAE."""
@@ -118,3 +137,10 @@ def estimate(name: str, inputs: AdvantageInputs, cfg: PPOConfig) -> Advantages:
     except KeyError:
         raise ValueError(f"unknown advantage estimator {name!r} (known: {', '.join(sorted(ESTIMATORS))})") from None
     return fn(inputs, cfg)
+
+
+def advantage_stats(parts: Sequence[Advantages], group_ids: Sequence[Tensor]) -> dict[str, float]:
+    """Per-update diagnostics of the estimator over every received segment: GRPO's group
+    statistics (``train/grpo/*``, :func:`rlfleet.algorithms.grpo.grpo_stats`); none for the others."""
+    groups = [p.group for p in parts if p.group is not None]
+    return grpo_stats(groups, group_ids) if groups and len(groups) == len(parts) else {}

@@ -165,7 +165,7 @@ def grpo_stats(parts: Sequence[GRPOSegment], group_ids: Sequence[Tensor]) -> dic
     }
 
 
-def grpo_columns(part: GRPOSegment, cols: Sequence[int]) -> GRPOSegment:
+def grpo_columns(part: GRPOSegment, cols: Sequence[int] | Tensor) -> GRPOSegment:
     """The env columns ``cols`` of a segment's GRPO quantities (a learner rank's share under DDP;
     groups are resolved on the whole segment first, so a shard never splits a group's statistics)."""
     c = torch.as_tensor(cols, dtype=torch.long, device=part.returns.device)

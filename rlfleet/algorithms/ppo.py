@@ -264,3 +264,32 @@ def ppo_total_loss(pg_loss: Tensor, v_loss: Tensor, entropy: Tensor, cfg: PPOCon
     collapse of exploration.
     """
     return pg_loss + cfg.vf_coef * v_loss - cfg.ent_coef * entropy.mean()
+
+
+def update_loss(
+    pg_loss: Tensor,
+    v_loss: Tensor,
+    entropy: Tensor,
+    kl_ref: Tensor | None,
+    cfg: PPOConfig,
+    train_actor: bool = True,
+    train_critic: bool = True,
+) -> Tensor:
+    """The loss one minibatch step minimises:
+
+        actor and critic (PPO)        L = L_pg + vf_coef * L_v - ent_coef * mean(H) [+ kl_beta * KL_ref]
+        actor only (GRPO, no critic)  L = L_pg - ent_coef * mean(H)                 [+ kl_beta * KL_ref]
+        critic only (warm-up)         L = vf_coef * L_v
+
+    ``kl_ref``: the mean of :func:`kl_to_reference`, or None without a reference policy. During
+    the critic warm-up the policy keeps its (SFT) weights, so neither its terms nor the KL count.
+    """
+    if not train_actor:
+        return cfg.vf_coef * v_loss
+    if train_critic:
+        loss = ppo_total_loss(pg_loss, v_loss, entropy, cfg)
+    else:  # critic-free: the value head gets no gradient
+        loss = pg_loss - cfg.ent_coef * entropy.mean()
+    if kl_ref is not None:
+        loss = loss + cfg.kl_beta * kl_ref
+    return loss

@@ -6,7 +6,7 @@ Rank 0 alone serves LearnerService, publishes weights and writes checkpoints and
 for each update it broadcasts the segments it gathered to the other ranks, as the segment wire
 encoding (raw dtype/shape/bytes, never pickle) over a CPU gloo group whose long timeout lets the
 other ranks wait while the fleet is slow. Every rank then prepares only its share of the env
-columns (`shard_rows`), and the trainer averages gradients with DDP.
+columns (rlfleet.learner.sharding), and the trainer averages gradients with DDP.
 
 `SingleRank` is the one-process case with identity collectives, so the trainer has one code path.
 """
@@ -18,7 +18,7 @@ import io
 import logging
 import os
 import socket
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -27,7 +27,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from rlfleet.algorithms import lag_mask, policy_lag
 from rlfleet.wire.codec import decode_frames, encode_frames
 from rlfleet.wire.segment import Segment
 
@@ -73,81 +72,6 @@ def backend_and_device(backend: str, local_rank: int, cuda_devices: int | None =
     )
 
 
-# --- which rows each rank trains on -------------------------------------------------------------
-
-
-@dataclass
-class RowShard:
-    """One rank's share of an update: the env columns of each segment it prepares, and where its
-    rows sit in the one-process batch order, so minibatches drawn over that order split exactly."""
-
-    parts: list[tuple[int, np.ndarray]]  # (segment index, env columns), columns ascending
-    row_ids: np.ndarray  # [local rows] int64: position of each local row in the one-process batch
-    num_rows: int  # rows kept on all ranks together
-
-
-def kept_steps(seg: Segment, version: int, max_policy_lag: int) -> np.ndarray:
-    """Time steps young enough to train on (the trainer drops whole steps, all envs at once)."""
-    lags = policy_lag(version, torch.tensor(np.asarray(seg.versions)))
-    return np.flatnonzero(lag_mask(lags, max_policy_lag).numpy())
-
-
-def shard_rows(
-    segments: list[Segment],
-    version: int,
-    max_policy_lag: int,
-    rank: int,
-    world_size: int,
-    row_masks: list[np.ndarray] | None = None,
-) -> RowShard:
-    """Env column g (counted over all segments in order) goes to rank g % world_size.
-
-    Splitting by env keeps each column's time steps together (GAE runs along them) and balances
-    the ranks to within one column per segment. The one-process batch is the segments' kept steps
-    in order, each step's envs in order, so row (segment j, k-th kept step, env b) sits at
-    offset_j + k * B_j + b. ``row_masks`` ([T, B] bool per segment; GRPO's valid steps of kept
-    groups) drop single rows as well; the order stays step-major over the rows kept.
-    """
-    parts, ids, offset, env_offset = [], [], 0, 0
-    for j, seg in enumerate(segments):
-        B = seg.num_envs
-        keep = np.zeros((seg.num_steps, B), bool)
-        keep[kept_steps(seg, version, max_policy_lag)] = True
-        if row_masks is not None:
-            keep &= np.asarray(row_masks[j], bool)
-        kept = np.flatnonzero(keep.reshape(-1))  # one-process order: step-major, envs ascending
-        cols = np.flatnonzero((env_offset + np.arange(B)) % world_size == rank)
-        if len(cols):
-            parts.append((j, cols))
-            ids.append(offset + np.flatnonzero(np.isin(kept % B, cols)))
-        offset += len(kept)
-        env_offset += B
-    row_ids = np.concatenate(ids).astype(np.int64) if ids else np.zeros(0, np.int64)
-    return RowShard(parts, row_ids, offset)
-
-
-def segment_envs(seg: Segment, cols: np.ndarray) -> Segment:
-    """The sub-segment of some env columns (episode records stay whole: only rank 0's metrics read them)."""
-    if len(cols) == seg.num_envs:
-        return seg
-    pick = lambda d: {k: v[:, cols] for k, v in d.items()}  # noqa: E731
-    return replace(
-        seg,
-        obs=pick(seg.obs),
-        actions=seg.actions[:, cols],
-        logprobs=seg.logprobs[:, cols],
-        values=seg.values[:, cols],
-        rewards=seg.rewards[:, cols],
-        terminated=seg.terminated[:, cols],
-        truncated=seg.truncated[:, cols],
-        final_obs=pick(seg.final_obs),
-        next_obs={k: v[cols] for k, v in seg.next_obs.items()},
-        task_ids=seg.task_ids[cols],
-        extras=pick(seg.extras),
-        group_ids=seg.group_ids[cols] if len(seg.group_ids) else seg.group_ids,
-    )
-
-
 # --- segments as one byte buffer ----------------------------------------------------------------
 
 
@@ -173,7 +97,7 @@ def unpack_segments(lengths: np.ndarray, payload: np.ndarray) -> list[Segment]:
     count = int(lengths[0])
     per_segment = [int(n) for n in lengths[1 : 1 + count]]
     sizes = iter(int(n) for n in lengths[1 + count :])
-    view, pos, out = memoryview(payload).cast("B"), 0, []
+    view, pos, out = payload.data.cast("B"), 0, []
     for n_frames in per_segment:
         frames = []
         for _ in range(n_frames):
@@ -278,7 +202,7 @@ class DDPRanks:
         find_unused = some_unused if self.find_unused_parameters is None else self.find_unused_parameters
         ids = [torch.device(self._device).index] if self._device.startswith("cuda") else None
         # newer torch (2.13) calls broadcast_buffers forward_sync_buffers; neither stops the sync at init
-        no_forward_sync = (
+        no_forward_sync: dict[str, Any] = (
             {"forward_sync_buffers": False}
             if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
             else {"broadcast_buffers": False}
@@ -316,9 +240,9 @@ class DDPRanks:
 
     def _broadcast_array(self, arr: np.ndarray | None, dtype: Any) -> np.ndarray:
         """A 1-D array from rank 0 (its length first) over the data group."""
-        size = torch.tensor([len(arr) if self.is_main else 0], dtype=torch.int64)
+        size = torch.tensor([len(arr) if arr is not None else 0], dtype=torch.int64)
         dist.broadcast(size, src=0, group=self.data_group)
-        out = torch.from_numpy(arr) if self.is_main else torch.empty(int(size), dtype=_torch_dtype(dtype))
+        out = torch.from_numpy(arr) if arr is not None else torch.empty(int(size), dtype=_torch_dtype(dtype))
         if int(size):
             dist.broadcast(out, src=0, group=self.data_group)
         return out.numpy()

@@ -19,14 +19,8 @@ import pytest
 import torch
 
 from rlfleet.algorithms import PPOConfig
-from rlfleet.learner.distributed import (
-    backend_and_device,
-    pack_segments,
-    segment_envs,
-    shard_rows,
-    torchrun_ranks,
-    unpack_segments,
-)
+from rlfleet.learner.distributed import backend_and_device, pack_segments, torchrun_ranks, unpack_segments
+from rlfleet.learner.sharding import segment_envs, shard_rows
 from rlfleet.learner.trainer import PPOTrainer
 from rlfleet.policies import GaussianMLPPolicy, PolicyConfig
 from rlfleet.wire.segment import Segment

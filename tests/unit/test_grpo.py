@@ -18,7 +18,7 @@ from rlfleet.algorithms.grpo import (
     grpo_segment,
     trajectory_returns,
 )
-from rlfleet.learner.distributed import shard_rows
+from rlfleet.learner.sharding import shard_rows
 from rlfleet.learner.trainer import PPOTrainer
 from rlfleet.policies import GaussianMLPPolicy, PolicyConfig
 from rlfleet.wire import codec
@@ -232,7 +232,7 @@ def test_sharded_grpo_rows_equal_the_one_process_rows(world_size):
     trainer = PPOTrainer(policy, grpo_cfg())
     segs = [hand_segment(policy, [2, 3, 3, 3], seed=i) for i in range(2)]
     full = trainer.prepare(segs, version=3)
-    grpo = [trainer._grpo(s) for s in segs]
+    grpo = trainer.segment_advantages(segs)
     masks = [g.keep.numpy() for g in grpo]
     seen = torch.zeros(len(full), dtype=torch.long)
     for rank in range(world_size):
