@@ -9,6 +9,7 @@ from rlfleet.algorithms.estimators import (
     ESTIMATORS,
     AdvantageInputs,
     Advantages,
+    advantage_stats,
     estimate,
     estimator_name,
 )
@@ -112,3 +113,39 @@ def test_unknown_name_and_missing_inputs_are_one_line_errors():
     x.group_ids = None
     with pytest.raises(ValueError, match="the grpo estimator needs group_ids"):
         estimate("grpo", x, PPOConfig(adv_type="grpo"))
+
+
+def _columns_of(x: AdvantageInputs, cols: list[int]) -> AdvantageInputs:
+    c = torch.tensor(cols)
+    pick = lambda t: None if t is None else t[:, c]  # noqa: E731
+    return AdvantageInputs(
+        x.rewards[:, c], x.terminated[:, c], x.truncated[:, c], pick(x.values), pick(x.next_values), pick(x.log_rhos)
+    )
+
+
+@pytest.mark.parametrize("name", ["gae", "vtrace"])
+def test_columns_of_a_critic_estimate_equal_the_estimate_on_those_columns(name):
+    """GAE and V-trace run along time within each env column, so a DDP rank may estimate its own."""
+    x, cfg, cols = _inputs(4), PPOConfig(gamma=0.9, gae_lambda=0.8), [3, 1]
+    part, direct = estimate(name, x, cfg).columns(cols), estimate(name, _columns_of(x, cols), cfg)
+    for field in ("advantages", "returns", "keep"):
+        assert torch.equal(getattr(part, field), getattr(direct, field)), field
+    assert part.importance_in_advantage is direct.importance_in_advantage
+
+
+def test_columns_of_a_grpo_estimate_keep_the_whole_group_statistics():
+    x, cfg = _inputs(5), PPOConfig(adv_type="grpo", group_size=2)
+    whole = estimate("grpo", x, cfg)
+    part = whole.columns([1, 2])
+    assert torch.equal(part.advantages, whole.advantages[:, [1, 2]])
+    assert torch.equal(part.returns, whole.returns[:, [1, 2]]) and torch.equal(part.keep, whole.keep[:, [1, 2]])
+    assert part.group is not None and torch.equal(part.group.returns, whole.returns[0, [1, 2]])
+    # column 1 alone is its group's one member on this shard: estimated here, its advantage would be 0
+    assert bool((part.advantages[0] != 0).all())
+
+
+def test_advantage_stats_are_grpo_only():
+    x = _inputs(6)
+    assert advantage_stats([estimate("gae", x, PPOConfig())], [x.group_ids]) == {}
+    stats = advantage_stats([estimate("grpo", x, PPOConfig(adv_type="grpo"))], [x.group_ids])
+    assert stats["train/grpo/groups"] == 2.0

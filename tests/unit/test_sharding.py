@@ -1,0 +1,148 @@
+"""DDP row sharding (rlfleet.learner.sharding) against a plain reference: list the one-process rows
+(segment, step, env) in order, give env column g to rank g % world_size, slice minibatches."""
+
+import numpy as np
+import pytest
+import torch
+
+from rlfleet.learner.sharding import (
+    loss_share,
+    minibatch_rows,
+    minibatch_size,
+    segment_envs,
+    shard_rows,
+    stand_in_columns,
+)
+from rlfleet.wire.segment import Segment
+
+VERSION, MAX_LAG = 5, 2
+
+
+def segment(T: int, B: int, versions, seed: int) -> Segment:
+    rng = np.random.default_rng(seed)
+    f32 = lambda *shape: rng.normal(size=shape).astype(np.float32)  # noqa: E731
+    return Segment(
+        obs={"states": f32(T, B, 3)},
+        actions=f32(T, B, 1, 2),
+        logprobs=f32(T, B),
+        values=f32(T, B),
+        rewards=f32(T, B),
+        terminated=rng.random((T, B)) < 0.2,
+        truncated=rng.random((T, B)) < 0.2,
+        final_obs={"states": f32(T, B, 3)},
+        next_obs={"states": f32(B, 3)},
+        versions=np.asarray(versions, np.int64),
+        task_ids=np.arange(B, dtype=np.int64) + 10 * seed,
+        env_steps=np.array(T * B, np.int64),
+        ep_returns=np.zeros(0, np.float32),
+        ep_lengths=np.zeros(0, np.int32),
+        ep_success=np.zeros(0, bool),
+        ep_task_ids=np.zeros(0, np.int64),
+        extras={"noise": f32(T, B, 4)},
+        group_ids=np.arange(B, dtype=np.int64) // 2,
+    )
+
+
+def reference_rows(segments, masks):
+    """One-process rows in order: (segment, step, env, global env column), step-major per segment."""
+    rows, col0 = [], 0
+    for j, seg in enumerate(segments):
+        for t in range(seg.num_steps):
+            if VERSION - int(seg.versions[t]) > MAX_LAG:  # too old: the whole step is dropped
+                continue
+            for b in range(seg.num_envs):
+                if masks is None or masks[j][t, b]:
+                    rows.append((j, t, b, col0 + b))
+        col0 += seg.num_envs
+    return rows
+
+
+def make_update(seed: int, with_masks: bool):
+    rng = np.random.default_rng(seed)
+    segments = []
+    for j in range(int(rng.integers(1, 4))):
+        T, B = int(rng.integers(1, 6)), int(rng.integers(1, 6))
+        segments.append(segment(T, B, rng.integers(VERSION - 4, VERSION + 1, size=T), seed=10 * seed + j))
+    masks = [rng.random((s.num_steps, s.num_envs)) < 0.7 for s in segments] if with_masks else None
+    return segments, masks
+
+
+@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("with_masks", [False, True])
+@pytest.mark.parametrize("world_size", [1, 2, 3, 7])
+def test_shards_match_the_reference(seed, with_masks, world_size):
+    segments, masks = make_update(seed, with_masks)
+    rows = reference_rows(segments, masks)
+    for rank in range(world_size):
+        shard = shard_rows(segments, VERSION, MAX_LAG, rank, world_size, masks)
+        assert shard.num_rows == len(rows)
+        expected = [i for i, (_, _, _, g) in enumerate(rows) if g % world_size == rank]
+        assert shard.row_ids.tolist() == expected
+        # the columns a rank prepares, in segment order: exactly its env columns
+        col0 = np.cumsum([0] + [s.num_envs for s in segments])
+        expected_parts = [
+            (j, [b for b in range(s.num_envs) if (col0[j] + b) % world_size == rank]) for j, s in enumerate(segments)
+        ]
+        assert [(j, cols.tolist()) for j, cols in shard.parts] == [(j, c) for j, c in expected_parts if c]
+        # preparing those columns in one-process order gives the rank's rows in row_ids order
+        local = [
+            (j, t, int(c))
+            for j, cols in shard.parts
+            for t in range(segments[j].num_steps)
+            for c in cols
+            if VERSION - int(segments[j].versions[t]) <= MAX_LAG and (masks is None or masks[j][t, c])
+        ]
+        assert local == [rows[i][:3] for i in expected]
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("world_size", [1, 2, 3, 5])
+def test_minibatches_split_exactly_between_ranks(seed, world_size):
+    segments, masks = make_update(seed, with_masks=True)
+    shards = [shard_rows(segments, VERSION, MAX_LAG, r, world_size, masks) for r in range(world_size)]
+    n = shards[0].num_rows
+    if n == 0:
+        pytest.skip("every row too old")
+    for num_minibatches in (1, 2, 3):
+        mb_size = minibatch_size(n, num_minibatches)
+        assert mb_size == max(1, n // num_minibatches)
+        perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+        per_rank = [
+            [s.row_ids[local.numpy()] for local in minibatch_rows(s.local_positions(), perm, mb_size)] for s in shards
+        ]
+        expected = [perm[i : i + mb_size].tolist() for i in range(0, n - mb_size + 1, mb_size)]
+        assert all(len(mbs) == len(expected) for mbs in per_rank)  # every rank steps as often
+        for m, want in enumerate(expected):
+            got = np.concatenate([per_rank[r][m] for r in range(world_size)])
+            assert sorted(got.tolist()) == sorted(want)  # the ranks' shares partition the minibatch
+            # DDP averages gradients over ranks: the shares' weights add up to one whole minibatch
+            shares = sum(loss_share(world_size, len(per_rank[r][m]), mb_size) for r in range(world_size))
+            assert shares == pytest.approx(world_size)
+
+
+def test_local_positions_invert_row_ids():
+    segments, masks = make_update(3, with_masks=True)
+    shard = shard_rows(segments, VERSION, MAX_LAG, 1, 2, masks)
+    where = shard.local_positions()
+    assert len(where) == shard.num_rows
+    held = (where >= 0).nonzero().squeeze(-1)
+    assert held.tolist() == shard.row_ids.tolist()
+    assert where[held].tolist() == list(range(len(shard.row_ids)))
+
+
+def test_segment_envs_takes_the_columns_of_every_per_env_field():
+    seg = segment(4, 5, [5, 5, 5, 5], seed=1)
+    cols = np.array([1, 3])
+    sub = segment_envs(seg, cols)
+    assert sub.num_envs == 2 and sub.num_steps == 4
+    for name in ("actions", "logprobs", "values", "rewards", "terminated", "truncated"):
+        np.testing.assert_array_equal(getattr(sub, name), getattr(seg, name)[:, cols], err_msg=name)
+    np.testing.assert_array_equal(sub.obs["states"], seg.obs["states"][:, cols])
+    np.testing.assert_array_equal(sub.final_obs["states"], seg.final_obs["states"][:, cols])
+    np.testing.assert_array_equal(sub.extras["noise"], seg.extras["noise"][:, cols])
+    np.testing.assert_array_equal(sub.next_obs["states"], seg.next_obs["states"][cols])
+    np.testing.assert_array_equal(sub.task_ids, seg.task_ids[cols])
+    np.testing.assert_array_equal(sub.group_ids, seg.group_ids[cols])
+    np.testing.assert_array_equal(sub.versions, seg.versions)  # per step: shared by every column
+    assert segment_envs(seg, np.arange(5)) is seg
+    assert segment_envs(seg, stand_in_columns()).num_envs == 1
