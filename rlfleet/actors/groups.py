@@ -7,8 +7,9 @@ segment starts at an episode start. A group is G envs of one stage that run the 
 are reset with the same seed: same initial state, different sampled actions. Groups never span
 stages (each stage builds its own segments), so a group never spans segments.
 
-The checks on a GRPO run's shape (whole-episode segments, whole groups per stage) live with GRPO
-in :mod:`rlfleet.algorithms.grpo`: the learner and the actor both run them.
+The checks on a GRPO run's shape (whole-episode segments, whole groups per stage, G envs of a
+task per group) live with GRPO in :mod:`rlfleet.algorithms.grpo`: the learner and the actor both
+run them. They are re-exported here only for the actor's existing imports.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rlfleet.algorithms.grpo import check_stage_rows, episode_rollout_len
+from rlfleet.algorithms.grpo import check_stage_rows, check_task_rows, episode_rollout_len
 
 __all__ = ["GroupedResets", "StageGroups", "check_stage_rows", "episode_rollout_len", "group_seeds", "stage_groups"]
 
@@ -38,20 +39,14 @@ def stage_groups(task_ids: np.ndarray, group_size: int, stage: int = 0) -> Stage
 
     Why by task: an env's task is fixed by the adapter (MetaWorld cycles tasks over env
     indices), and a group must share its task as well as its seed. Every task's row count in
-    the stage must be a multiple of G; the error says how to size the stage.
+    the stage must be a multiple of G (:func:`rlfleet.algorithms.grpo.check_task_rows`).
     """
     task_ids = np.asarray(task_ids)
+    check_task_rows(task_ids, group_size, stage)
     out = np.full(len(task_ids), -1, np.int64)
     next_group = 0
     for task in dict.fromkeys(task_ids.tolist()):  # first-appearance order: deterministic
         rows = np.flatnonzero(task_ids == task)
-        if len(rows) % group_size:
-            n_tasks = len(set(task_ids.tolist()))
-            raise ValueError(
-                f"GRPO groups need G={group_size} envs of the same task in each pipeline stage; task id "
-                f"{task} has {len(rows)} envs in stage {stage}. Make actor.num_envs / actor.pipeline_stage_num "
-                f"a multiple of group_size x tasks per stage ({group_size} x {n_tasks})"
-            )
         for k in range(0, len(rows), group_size):
             out[rows[k : k + group_size]] = next_group
             next_group += 1

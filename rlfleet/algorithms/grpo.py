@@ -5,8 +5,8 @@ A *group* is G environments reset to the same initial state (same task, same see
 actor segment; every segment holds whole episodes (its first step is an episode start, every
 env ends its episode within it), so a group never spans segments. The actor side (grouped
 resets, seeds) lives in :mod:`rlfleet.actors.groups`; this module holds the checks on a GRPO
-run's shape (:func:`episode_rollout_len`, :func:`check_stage_rows`) and the learner's math on one
-segment's ``[T, B]`` tensors:
+run's shape (:func:`episode_rollout_len`, :func:`check_stage_rows`, :func:`check_task_rows`) and
+the learner's math on one segment's ``[T, B]`` tensors:
 
     valid[t, b] = no episode end in column b before step t       (steps after the end are the
                                                                   auto-reset's next episode)
@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -132,6 +133,19 @@ def check_stage_rows(num_envs: int, num_stages: int, group_size: int) -> None:
             f"GRPO groups must not span pipeline stages: actor.num_envs ({num_envs}) / "
             f"actor.pipeline_stage_num ({num_stages}) must be a multiple of algorithm.group_size ({group_size})"
         )
+
+
+def check_task_rows(task_ids: Sequence[int] | np.ndarray, group_size: int, stage: int = 0) -> None:
+    """A group is G envs of one task: each task's env count in a pipeline stage must be a multiple of G."""
+    ids = np.asarray(task_ids).tolist()
+    counts = {task: ids.count(task) for task in dict.fromkeys(ids)}  # first-appearance order
+    for task, n in counts.items():
+        if n % group_size:
+            raise ValueError(
+                f"GRPO groups need G={group_size} envs of the same task in each pipeline stage; task id "
+                f"{task} has {n} envs in stage {stage}. Make actor.num_envs / actor.pipeline_stage_num "
+                f"a multiple of group_size x tasks per stage ({group_size} x {len(counts)})"
+            )
 
 
 def grpo_stats(parts: Sequence[GRPOSegment], group_ids: Sequence[Tensor]) -> dict[str, float]:

@@ -13,6 +13,7 @@ from rlfleet.actors.rollout import SegmentBuilder
 from rlfleet.algorithms import PPOConfig
 from rlfleet.algorithms.grpo import (
     check_stage_rows,
+    check_task_rows,
     episode_rollout_len,
     episode_valid_mask,
     grpo_segment,
@@ -312,6 +313,9 @@ def test_stage_groups_follow_tasks():
     assert g.num_groups == 4
     with pytest.raises(ValueError, match="task id 0 has 3 envs in stage 1"):
         stage_groups(np.array([0, 1, 0, 1, 1, 0]), 2, stage=1)
+    check_task_rows([7, 7, 9, 9, 7, 7], 2)  # the check lives with GRPO; the actor's grouping calls it
+    with pytest.raises(ValueError, match=r"task id 9 has 1 envs in stage 0.*\(2 x 2\)"):
+        check_task_rows([7, 7, 9], 2)
 
 
 def test_group_seeds_distinct_and_reproducible():
