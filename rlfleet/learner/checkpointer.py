@@ -135,7 +135,9 @@ class Checkpointer:
         folder = self.root / f"update_{counters.update:06d}"
         save_checkpoint_folder(folder, policy, model_config)
         tensors, optimizer_meta = _optimizer_to_safe(optimizer.state_dict())
-        np_state = np.random.get_state()
+        np_state = np.random.get_state(legacy=True)
+        if not isinstance(np_state, tuple):  # legacy=True: (name, keys, pos, has_gauss, cached_gaussian)
+            raise TypeError(f"numpy's legacy RNG state is a tuple, got {type(np_state).__name__}")
         tensors["rng/torch"] = torch.get_rng_state()
         tensors["rng/numpy"] = torch.from_numpy(np.asarray(np_state[1], np.int64))
         py_version, py_internal, py_gauss = random.getstate()

@@ -11,18 +11,19 @@ import logging
 import signal
 
 import torch
-from omegaconf import OmegaConf
 
 from rlfleet.config import as_dict, config_from_yaml
-from rlfleet.learner.distributed import DDPRanks
-from rlfleet.learner.trainer import PPOTrainer
+from rlfleet.learner.distributed import DDPRanks, Ranks
+from rlfleet.learner.trainer import PPOTrainer, ppo_config
 from rlfleet.policies.checkpoint_io import policy_from_config, reference_policy
 
 log = logging.getLogger(__name__)
 
 
-def run_follower(ranks: DDPRanks) -> int:
+def run_follower(ranks: Ranks) -> int:
     """Train until rank 0 stops; returns the number of updates taken part in."""
+    if not isinstance(ranks, DDPRanks) or ranks.is_main:
+        raise ValueError("only a torchrun rank other than 0 follows rank 0")
     # Ctrl-C or SIGTERM from torchrun: rank 0 finishes its update, checkpoints and tells us to stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -35,7 +36,7 @@ def run_follower(ranks: DDPRanks) -> int:
     )
     trainer = PPOTrainer(
         policy,
-        OmegaConf.to_object(cfg.algorithm),
+        ppo_config(cfg.algorithm),
         cfg.learner.reward_scale,
         ranks.device(cfg.learner.device),
         ranks,

@@ -163,7 +163,10 @@ class TrainProgress:
         elapsed = time.monotonic() - self.t0
         eta = self.eta_seconds(env_steps, elapsed)
         steps = f"{env_steps:,} steps" if self.max_wall_seconds > 0 else f"{env_steps:,}/{self.total_env_steps:,} steps"
-        fields = {"steps": steps, "eta": "-" if eta is None else time.strftime("%H:%M:%S", time.gmtime(eta))}
+        fields: dict[str, Any] = {
+            "steps": steps,
+            "eta": "-" if eta is None else time.strftime("%H:%M:%S", time.gmtime(eta)),
+        }
         if info is not None:
             fields["info"] = info
         self.progress.update(self.task, completed=self.fraction(env_steps, elapsed), **fields)

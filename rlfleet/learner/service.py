@@ -7,6 +7,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any, NoReturn
 
 import grpc
 import numpy as np
@@ -57,6 +58,12 @@ class ClientInfo:
     told_to_stop: bool = False
     life: int = 0  # the process life it last heartbeated from, and whether that life has ended
     life_ended: bool = False
+
+
+def _abort(context: Any, code: grpc.StatusCode, details: str) -> NoReturn:
+    """End the call with a status: grpc's context.abort raises, and NoReturn tells the checker so."""
+    context.abort(code, details)
+    raise RuntimeError(f"grpc context.abort returned ({code}: {details})")  # it always raises
 
 
 class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
@@ -123,7 +130,7 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
             info = self._client(request.client_id, request.role)
         if info is None:
             self.other_rejections.count("too_many_clients")
-            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"learner already tracks {MAX_CLIENTS} clients")
+            _abort(context, grpc.StatusCode.RESOURCE_EXHAUSTED, f"learner already tracks {MAX_CLIENTS} clients")
         log.info("registered %s %s (index %d) from %s", request.role, request.client_id, info.index, request.host)
         current = self.weights.current()
         return learner_pb2.RegisterReply(
@@ -315,10 +322,12 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
     def PullWeights(self, request, context) -> Iterator[learner_pb2.WeightChunk]:
         wv = self.weights.delta_since(request.base_version) if request.delta else self.weights.current()
         if wv is None:
-            context.abort(grpc.StatusCode.UNAVAILABLE, "no weights published yet")
+            _abort(context, grpc.StatusCode.UNAVAILABLE, "no weights published yet")
         if request.version >= 0 and request.version > wv.version:
-            context.abort(
-                grpc.StatusCode.NOT_FOUND, f"version {request.version} does not exist yet (latest {wv.version})"
+            _abort(
+                context,
+                grpc.StatusCode.NOT_FOUND,
+                f"version {request.version} does not exist yet (latest {wv.version})",
             )
         # the client may ask for smaller chunks than ours, not for tiny ones (one message per byte)
         size = max(request.max_chunk_bytes, MIN_WEIGHT_CHUNK_BYTES) if request.max_chunk_bytes else self.chunk_bytes

@@ -28,6 +28,7 @@ from typing import Any, cast
 
 import numpy as np
 import torch
+from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from rlfleet.algorithms import (
@@ -153,6 +154,14 @@ class PolicyEvaluator(nn.Module):
         if not train_critic:
             values = values.detach()
         return logp, entropy, values
+
+
+def ppo_config(algorithm: DictConfig) -> PPOConfig:
+    """The run config's `algorithm` section as the PPOConfig it is structured from."""
+    cfg = OmegaConf.to_object(algorithm)
+    if not isinstance(cfg, PPOConfig):
+        raise TypeError(f"the algorithm section is a {type(cfg).__name__}, not a PPOConfig")
+    return cfg
 
 
 def _param_groups(policy: nn.Module, cfg: PPOConfig) -> list[dict[str, Any]]:

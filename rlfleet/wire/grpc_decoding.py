@@ -10,7 +10,7 @@ the role's rejection counter. The servicer code itself is unchanged.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -90,7 +90,7 @@ def add_servicer(
     servicer,
     server: grpc.Server,
     on_reject: Callable[[str], None],
-    per_method: dict[str, Callable[[str], None]] | None = None,
+    per_method: Mapping[str, Callable[[str], None]] | None = None,
 ) -> None:
     """`add_XServicer_to_server(servicer, server)`, but undecodable requests go to `on_reject(reason)`,
     or to `per_method[name]` for the methods it names (e.g. pushes counted as rejected segments)."""
