@@ -367,9 +367,7 @@ class PPOTrainer:
     ) -> tuple[Batch, Batch]:
         """This rank's rows, and one row to run through the model with zero weight when a
         minibatch has none of them (the loss must still reach every parameter, for DDP).
-        ``advantages``: the whole segments' (critic-free estimators; estimated here when not given)."""
-        if advantages is None:
-            advantages = self.segment_advantages(segments)
+        ``advantages``: the whole segments' from `segment_advantages` (None: each rank estimates its own)."""
         parts = [segment_envs(segments[j], cols) for j, cols in shard.parts]
         sub = None if advantages is None else [advantages[j].columns(cols) for j, cols in shard.parts]
         batch = self.prepare(parts, version, sub) if parts else None
