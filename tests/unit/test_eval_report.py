@@ -7,7 +7,7 @@ from rich.console import Console
 
 from rlfleet.envs.metaworld import DIFFICULTY, TASK_SETS
 from rlfleet.envs.registry import task_groups
-from rlfleet.eval_report import (
+from rlfleet.eval.report import (
     compare,
     compare_markdown,
     compare_rich,

@@ -29,6 +29,10 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from omegaconf import DictConfig
+
+from rlfleet.config import as_dict
+
 COMPONENTS = ("env", "rollout", "actor")
 ROLE_OF = {"env": "actors", "rollout": "inference servers", "actor": "learner ranks"}
 
@@ -177,3 +181,12 @@ def detect_devices(num_slots: int) -> tuple[int, str]:
     if torch.cuda.is_available():
         return torch.cuda.device_count(), "cuda"
     return max(1, num_slots), "cpu"
+
+
+def resolve_placement(cfg: DictConfig) -> PlacementPlan | None:
+    """The run's PlacementPlan, or None without `cluster.component_placement`; a bad placement is
+    a PlacementError before anything is spawned."""
+    if not cfg.cluster.component_placement:
+        return None
+    num, kind = detect_devices(cfg.cluster.cpu_slots or os.cpu_count() or 1)
+    return plan_placement(as_dict(cfg.cluster.component_placement), num, kind)
