@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 
 import grpc
 import numpy as np
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from rlfleet.envs.api import ChunkedEnv, EnvConfig, observation_spec
 from rlfleet.envs.env_messages import reset_reply, spec_reply, step_reply
@@ -318,9 +320,6 @@ def serve_env(cfg: EnvServerConfig) -> tuple[grpc.Server, int, EnvServicer]:
 
 def env_config(name: str, task: str | None = None, overrides: list[str] | None = None) -> EnvConfig:
     """EnvConfig from `--env`, `--task` and `key=value` overrides, type-checked like recipe overrides."""
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
     bad = [o for o in overrides or [] if "=" not in o]
     if bad:
         raise ValueError(f"env overrides must look like key=value (EnvConfig fields), got {bad}")

@@ -167,13 +167,13 @@ def task_list(env_cfg: EnvConfig) -> list[str]:
 
 
 def _make_remote(cfg: EnvConfig, num_envs: int, env_offset: int) -> ChunkedEnv:
-    from rlfleet.envs.remote import RemoteEnv
+    from rlfleet.envs.remote import RemoteEnv  # the gRPC client stack: only remote:// envs load it
 
     return RemoteEnv(cfg, num_envs, env_offset=env_offset)
 
 
 def _make_gym(cfg: EnvConfig, num_envs: int, env_offset: int) -> ChunkedEnv:
-    from rlfleet.envs.gymnasium_env import GymEnv
+    from rlfleet.envs.gymnasium_env import GymEnv  # optional: the [gym] extra
 
     return GymEnv(cfg, num_envs, env_offset=env_offset)
 

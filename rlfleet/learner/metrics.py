@@ -11,9 +11,10 @@ from typing import Any
 
 import numpy as np
 from rich.console import Console
-from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from rlfleet.config import as_dict
 from rlfleet.envs.chains import chain_metrics
 from rlfleet.telemetry.trackers import Backend, MetricsLogger, TensorBoardBackend, logger_backends, make_backends
 from rlfleet.wire.segment import Segment
@@ -94,8 +95,6 @@ class MetricsWriter(MetricsLogger):
     @classmethod
     def for_run(cls, cfg: Any, run_dir: Path) -> MetricsWriter:
         """The backends of `cfg.runner.logger`; the tracker run is named after runner.experiment_name."""
-        from rlfleet.config import as_dict
-
         logger = cfg.runner.logger
         backends = make_backends(
             logger_backends(logger),
@@ -127,8 +126,6 @@ class TrainProgress:
     reaches would otherwise stop the bar at a fraction of a percent)."""
 
     def __init__(self, total_env_steps: int, max_wall_seconds: float = 0.0, console=None):
-        from rich.progress import Progress
-
         self.total_env_steps, self.max_wall_seconds = int(total_env_steps), float(max_wall_seconds)
         self.progress = Progress(
             TextColumn("[bold]train[/bold]"),

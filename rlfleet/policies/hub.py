@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from rlfleet.policies.checkpoint_io import is_hub_path, load_checkpoint, read_model_config, resolve_model_path
+from rlfleet.policies.vla.normalization import get_norm_stats
 
 TRAINING_INFO = "training.json"  # written by rlfleet.learner.checkpointer beside each checkpoint
 NORM_STATS = "norm_stats.json"
@@ -56,8 +57,6 @@ def _norm_stats(checkpoint: Path) -> dict[str, Any] | None:
         return json.loads((checkpoint / NORM_STATS).read_text())
     policy, cfg = load_checkpoint(checkpoint)
     try:
-        from rlfleet.policies.vla.normalization import get_norm_stats
-
         return {cfg["policy"].get("unnorm_key", "default"): get_norm_stats(policy)}
     except (TypeError, ValueError, LookupError):
         pass  # no VLA normaliser in this policy
@@ -183,7 +182,7 @@ def push_checkpoint(
     """Export `checkpoint` and upload it to the Hub model repo `repo_id` (created if missing); the
     token comes from HF_TOKEN or `hf auth login`. Returns the commit URL."""
     from huggingface_hub import HfApi  # only pushing needs the network client
-    from huggingface_hub.errors import HfHubHTTPError
+    from huggingface_hub.errors import HfHubHTTPError  # the same
 
     api = HfApi()
     with tempfile.TemporaryDirectory() as tmp:

@@ -29,6 +29,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+import torch
 from omegaconf import DictConfig
 
 from rlfleet.config import as_dict
@@ -176,8 +177,6 @@ def plan_placement(spec: Mapping[str, str | int], num_devices: int, device_kind:
 
 def detect_devices(num_slots: int) -> tuple[int, str]:
     """(number of devices, kind): the CUDA devices if any, else `num_slots` CPU process slots."""
-    import torch
-
     if torch.cuda.is_available():
         return torch.cuda.device_count(), "cuda"
     return max(1, num_slots), "cpu"

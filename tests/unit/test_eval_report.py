@@ -1,4 +1,4 @@
-"""eval_report: groups the env declares (MetaWorld: difficulty, ML45 held-out), Markdown/JSON output, before/after."""
+"""rlfleet.eval.report: the groups the env declares (MetaWorld: difficulty, ML45), Markdown/JSON, before/after."""
 
 import json
 

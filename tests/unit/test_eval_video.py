@@ -1,4 +1,4 @@
-"""eval_video: MP4s read back with the right frames and size, per-task quota, success/fail names."""
+"""rlfleet.eval.video: MP4s read back with the right frames and size, per-task quota, success/fail names."""
 
 import imageio.v2 as imageio
 import numpy as np
