@@ -38,7 +38,7 @@ def write_address(path: str | None, **addresses: str) -> None:
 def stop_on_signals(event: threading.Event) -> None:
     """Set `event` on SIGINT or SIGTERM (Ctrl-C, a launcher stopping its children)."""
 
-    def handler(signum, frame):  # type: ignore[no-untyped-def]
+    def handler(signum: int, frame: object) -> None:
         event.set()
 
     signal.signal(signal.SIGINT, handler)
