@@ -66,9 +66,9 @@ def _spawn(
 def _learner_launcher(plan: PlacementPlan | None) -> tuple[tuple[str, ...], dict[str, str]]:
     """`rlfleet learner`, or torchrun over the placement's learner devices (DDP, rank 0 serves)."""
     if plan is None or plan.num_learner_ranks == 1:
-        env = plan.visible_devices(plan.actor[0]) if plan else {}
+        env = plan.visible_devices(plan.learner[0]) if plan else {}
         return ("-m", "rlfleet.cli", "learner"), env
-    env = plan.visible_devices(*plan.actor)
+    env = plan.visible_devices(*plan.learner)
     return (
         "-m",
         "torch.distributed.run",
@@ -178,7 +178,7 @@ def _render_device(plan: PlacementPlan | None, index: int) -> dict[str, str] | N
     """MuJoCo's EGL renderer of actor `index` on its placed GPU (nothing to choose on CPU)."""
     if plan is None or plan.device_kind != "cuda":
         return None
-    return {"MUJOCO_EGL_DEVICE_ID": str(plan.env[index % len(plan.env)])}
+    return {"MUJOCO_EGL_DEVICE_ID": str(plan.actors[index % len(plan.actors)])}
 
 
 def _metrics_flags(ports: dict[str, int], name: str, host: str) -> list[str]:
@@ -296,7 +296,7 @@ def _run_fleet(
     try:
         learner_addr = _wait_address(addr_dir / "learner.json", learner, "learner")
         inference_addrs = []
-        for j, device in enumerate(plan.rollout if plan else [None]):
+        for j, device in enumerate(plan.inference if plan else [None]):
             name = "inference" if j == 0 else f"inference{j}"
             placed = (
                 [] if device is None else ["--device", plan.device_name(0 if plan.device_kind == "cuda" else device)]

@@ -44,7 +44,7 @@ def test_collocated():
     plan = plan_placement({"env,rollout,actor": "all"}, 8, "cuda")
     assert plan.mode == "collocated"
     assert (plan.num_actors, plan.num_inference_servers, plan.num_learner_ranks) == (8, 8, 8)
-    assert all(plan.shares_device(d) for d in plan.rollout)
+    assert all(plan.shares_device(d) for d in plan.inference)
     assert plan.visible_devices(3) == {"CUDA_VISIBLE_DEVICES": "3"}
     assert plan.device_name(3) == "cuda:3"
 
@@ -52,8 +52,8 @@ def test_collocated():
 def test_disaggregated():
     plan = plan_placement({"env": "0-1", "rollout": "2-5", "actor": "6-7"}, 8, "cuda")
     assert plan.mode == "disaggregated"
-    assert plan.rollout == [2, 3, 4, 5] and plan.actor == [6, 7]
-    assert not any(plan.shares_device(d) for d in plan.rollout)
+    assert plan.inference == [2, 3, 4, 5] and plan.learner == [6, 7]
+    assert not any(plan.shares_device(d) for d in plan.inference)
 
 
 def test_hybrid_is_the_issue_example():
