@@ -28,8 +28,8 @@ def episode_frames(policy, env_cfg, seed: int, image_size: int) -> tuple[list[np
     """One deterministic episode of the first task: its video frames and whether it succeeded."""
     import imageio.v3 as iio
 
+    from rlfleet.config import VideoConfig
     from rlfleet.eval.episodes import evaluate_policy
-    from rlfleet.eval.video import VideoConfig
 
     env_cfg = dataclasses.replace(env_cfg, image_size=image_size, task=env_cfg.task.split(",")[0])
     with tempfile.TemporaryDirectory() as tmp:

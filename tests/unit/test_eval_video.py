@@ -4,7 +4,8 @@ import imageio.v2 as imageio
 import numpy as np
 import pytest
 
-from rlfleet.eval.video import EpisodeRecorder, VideoConfig, overlay, upscale
+from rlfleet.config import VideoConfig
+from rlfleet.eval.video import EpisodeRecorder, overlay, upscale
 
 TASKS = ["reach-v3", "reach-v3", "push-v3"]
 
