@@ -357,7 +357,8 @@ class Learner:
         eval/success_len_k. Videos (eval.video_cfg) go under periodic_eval/update_N/, and to
         TensorBoard as eval/video/<task> with video_cfg.tensorboard."""
         cfg = self.cfg
-        assert self.evaluation is not None  # _eval_due() is False without one
+        if self.evaluation is None:  # a learner started without one evaluates nothing
+            return {}
         episodes = cfg.eval.periodic_episodes_per_task or cfg.eval.episodes_per_task
         video = cfg.eval.video_cfg
         returns: dict[str, list[float]] = {}
