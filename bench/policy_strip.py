@@ -5,7 +5,7 @@
 "Before" is the policy the run started from (`policy.model_path`, or fresh weights from
 `runner.seed` as the run built them), "after" its last checkpoint. Each plays one held-out eval
 episode (seed `--seed`, first task) rendered from the env's camera, also for a state-based policy
-(it still reads only its states); the frames come from `rlfleet.eval_video`'s recorder, with its
+(it still reads only its states); the frames come from `rlfleet.eval.video`'s recorder, with its
 task / step / success overlay and green (success) or red status bar.
 """
 
@@ -28,8 +28,8 @@ def episode_frames(policy, env_cfg, seed: int, image_size: int) -> tuple[list[np
     """One deterministic episode of the first task: its video frames and whether it succeeded."""
     import imageio.v3 as iio
 
-    from rlfleet.eval_video import VideoConfig
-    from rlfleet.evaluation import evaluate_policy
+    from rlfleet.config import VideoConfig
+    from rlfleet.eval.episodes import evaluate_policy
 
     env_cfg = dataclasses.replace(env_cfg, image_size=image_size, task=env_cfg.task.split(",")[0])
     with tempfile.TemporaryDirectory() as tmp:

@@ -73,7 +73,7 @@ def synchronous(task: str, num_envs: int, policy_cfg, seconds: float) -> float:
 
 def fleet(recipe: str, overrides: list[str], seconds: float, consume_only: bool) -> float:
     from rlfleet.config import load_config
-    from rlfleet.launcher import train_local
+    from rlfleet.runs.launcher import train_local
 
     with tempfile.TemporaryDirectory() as tmp:
         cfg = load_config(

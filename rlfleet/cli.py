@@ -1,27 +1,25 @@
-"""The `rlfleet` command: train (local mode), the three roles one by one, and eval."""
+"""The `rlfleet` command: parses the command line and dispatches to each command's main.
+
+train: rlfleet.runs.launcher; learner / inference / actor / env-server: each role's package main;
+eval: rlfleet.eval.main; collect, sft: rlfleet.runs; export, push: rlfleet.policies.hub.
+"""
 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import shlex
-import signal
-import socket
 import sys
-import threading
-import uuid
-from pathlib import Path
 
-from rich.console import Console
-from rich.table import Table
+import grpc
+
+from rlfleet.telemetry.json_logs import make_formatter
+from rlfleet.wire.auth import configure, load_auth
 
 
 def _setup_logging(level: str = "INFO", fmt: str = "text", role: str = "") -> None:
     """Text for people, or one JSON object per line (`--log-format json`) for log shippers."""
-    from rlfleet.telemetry.json_logs import make_formatter
-
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(make_formatter(fmt, role))
     # Other libraries' INFO (PyOpenGL's "No OpenGL_accelerate module", absl, httpx, ...) stays out of
@@ -126,8 +124,6 @@ def _add_security_flags(p: argparse.ArgumentParser) -> None:
 
 def _configure_auth(args: argparse.Namespace) -> None:
     """Install the role's token/TLS settings process-wide; the launcher passes them on by environment."""
-    from rlfleet.wire.auth import configure, load_auth
-
     configure(
         load_auth(
             args.token_file,
@@ -155,381 +151,86 @@ def _check_addresses(parser: argparse.ArgumentParser, args: argparse.Namespace) 
             parser.error(f"{args.command}: {flag.lstrip('-')} address missing: pass {flag} HOST:PORT or set {var}")
 
 
-def _stop_on_signals(event: threading.Event) -> None:
-    def handler(signum, frame):
-        event.set()
-
-    signal.signal(signal.SIGINT, handler)
-    signal.signal(signal.SIGTERM, handler)
-
-
-def _print_summary(summary: dict) -> None:
-    console = Console()
-    table = Table(title="evaluation (success_once, deterministic policy)")
-    table.add_column("task")
-    table.add_column("success", justify="right")
-    for task, rate in (summary.get("eval_success") or {}).items():
-        table.add_row(task, f"{rate:.0%}")
-    if summary.get("eval_success"):
-        table.add_row("[bold]mean[/bold]", f"[bold]{summary['eval_success_mean']:.0%}[/bold]")
-        console.print(table)
-    keys = ("env_steps", "updates", "train_seconds", "throughput_env_steps_per_s", "checkpoint")
-    console.print({k: summary[k] for k in keys if k in summary})
+# Dispatch: each command imports its own main only when it runs, so `rlfleet --help`, `rlfleet
+# recipes` and a mistyped command answer at once (no torch, gRPC stubs or simulators loaded).
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from rlfleet.config import load_config
-    from rlfleet.launcher import train_local
+    from rlfleet.runs.launcher import main  # lazy: see Dispatch
 
-    cfg = load_config(args.recipe, args.overrides + (["runner.resume=true"] if args.resume else []))
-    os.environ["RLFLEET_LOG_FORMAT"] = args.log_format  # the roles it spawns log the same way
-    os.environ["RLFLEET_COMMAND"] = args.command_line  # the learner records it in each checkpoint
-    summary = train_local(cfg, metrics_port=args.metrics_port, metrics_host=args.metrics_host)
-    _print_summary(summary)
-    if summary.get("eval_before") and summary.get("eval_success"):
-        from pathlib import Path
-
-        from rlfleet.eval_report import compare_markdown, compare_rich
-
-        before, after = summary["eval_before"], summary["eval_success"]
-        method = summary.get("method", "RL")  # DAgger runs name themselves
-        from rlfleet.envs.registry import task_groups
-
-        Console().print(compare_rich(before, after, title=f"success before / after {method} fine-tuning"))
-        seconds = summary.get("train_seconds")
-        title = f"{cfg.runner.experiment_name}: success before / after {method} ({seconds} s of training)"
-        (Path(cfg.runner.logger.log_path) / "before_after.md").write_text(
-            compare_markdown(before, after, title, task_groups(cfg.env.name))
-        )
-    print(f"run folder: {cfg.runner.logger.log_path}")
-    return 0
+    return main(args)
 
 
 def cmd_learner(args: argparse.Namespace) -> int:
-    from rlfleet.config import load_config
-    from rlfleet.learner.run import run_learner
+    from rlfleet.eval.episodes import RunEvaluation  # lazy: see Dispatch
+    from rlfleet.learner.main import main  # lazy: see Dispatch
 
-    bind = ([f"learner.host={args.host}"] if args.host else []) + (
-        [f"learner.port={args.port}"] if args.port is not None else []
-    )
-    cfg = load_config(args.recipe, bind + args.overrides + (["runner.resume=true"] if args.resume else []))
-    summary = run_learner(cfg, args.address_file, args.metrics_port, args.metrics_host)
-    if summary and not args.address_file:  # started by hand: show the result here (torchrun: rank 0 only)
-        _print_summary(summary)
-    return 0
+    return main(args, evaluation_for=RunEvaluation)
 
 
 def cmd_inference(args: argparse.Namespace) -> int:
-    import torch
+    from rlfleet.inference_server.main import main  # lazy: see Dispatch
 
-    from rlfleet.actors.learner_client import register
-    from rlfleet.config import config_from_yaml
-    from rlfleet.inference_server.server import InferenceServer, build_runner_from_learner
-    from rlfleet.learner.run import write_address
-    from rlfleet.wire.grpc_server import make_channel
-
-    torch.set_num_threads(args.threads)
-    client_id = f"inference-{socket.gethostname()}-{os.getpid()}"
-    reply = register(args.learner, client_id, "inference")
-    cfg = config_from_yaml(reply.config_yaml)
-    channel = make_channel(args.learner)
-    if args.device:
-        cfg.inference.device = args.device
-    runner, subscriber = build_runner_from_learner(channel, cfg, client_id)
-    server = InferenceServer(
-        runner,
-        args.host,
-        args.grpc_port,
-        args.zmq_port,
-        cfg.inference.max_batch,
-        cfg.inference.max_wait_ms,
-        subscriber,
-        offload_idle_s=args.offload_idle_s,
-    )
-    metrics = _inference_metrics(server, cfg.inference.max_batch, args, client_id)
-    write_address(
-        args.address_file,
-        inference=server.address,
-        zmq=server.zmq.endpoint,
-        **({"metrics": metrics.address} if metrics else {}),
-    )
-    logging.getLogger(__name__).info(
-        "inference server on %s (zmq %s), policy version %d", server.address, server.zmq.endpoint, runner.version
-    )
-    stop = threading.Event()
-    _stop_on_signals(stop)
-    threading.Thread(target=lambda: (stop.wait(), server.stop()), daemon=True).start()
-    server.serve()
-    if metrics is not None:
-        metrics.close()
-    stats = server.stats()
-    logging.getLogger(__name__).info(
-        "served %d batches, %d rows, %d rejected requests", stats.batches, stats.rows, stats.errors
-    )
-    return 0
-
-
-def _inference_metrics(server, max_batch: int, args: argparse.Namespace, client_id: str):
-    """The inference server's /metrics (None when --metrics-port is 0); stops the server if the port is taken."""
-    from rlfleet.telemetry.prometheus import (
-        InferenceCollector,
-        MetricsPortError,
-        batch_observer,
-        role_registry,
-        start_role_metrics,
-    )
-
-    if not args.metrics_port:
-        return None
-    registry = role_registry("inference", id=client_id)
-    server.on_batch = batch_observer(registry, max_batch)
-    try:
-        return start_role_metrics(
-            "inference", args.metrics_port, [InferenceCollector(server)], args.metrics_host, registry=registry
-        )
-    except MetricsPortError:
-        server.close()
-        raise
+    return main(args)
 
 
 def cmd_actor(args: argparse.Namespace) -> int:
-    from rlfleet.actors.actor import ActorCounters, run_actor
-    from rlfleet.actors.learner_client import register
-    from rlfleet.config import config_from_yaml
-    from rlfleet.telemetry.prometheus import ActorCollector, start_role_metrics
+    from rlfleet.actors.main import main  # lazy: see Dispatch
 
-    client_id = args.id or f"actor-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-    reply = register(args.learner, client_id, "actor")
-    cfg = config_from_yaml(reply.config_yaml)
-    if args.transport:
-        cfg.actor.transport = args.transport
-    index = args.index if args.index is not None else reply.client_index
-    stop = threading.Event()
-    _stop_on_signals(stop)
-    counters = ActorCounters()
-    metrics = start_role_metrics(
-        "actor", args.metrics_port, [ActorCollector(counters)], args.metrics_host, id=client_id, index=str(index)
-    )
-    try:
-        stats = run_actor(cfg, index, client_id, args.learner, args.inference, stop, counters)
-    finally:
-        if metrics is not None:
-            metrics.close()
-    logging.getLogger(__name__).info(
-        "actor %s done: %d env steps, %d segments in %.0fs (%.0f steps/s)",
-        client_id,
-        stats.env_steps,
-        stats.segments,
-        stats.seconds,
-        stats.env_steps / max(stats.seconds, 1e-6),
-    )
-    return 0
+    return main(args)
+
+
+def cmd_env_server(args: argparse.Namespace) -> int:
+    from rlfleet.envs.env_server import main  # lazy: see Dispatch
+
+    return main(args)
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    """Success per task and per task group the env declares (MetaWorld: difficulty, ML45 held-out),
-    as JSON and Markdown."""
-    from pathlib import Path
+    from rlfleet.eval.main import main  # lazy: see Dispatch
 
-    from rlfleet.envs.api import EnvConfig
-    from rlfleet.envs.registry import scored_chain_length, task_groups
-    from rlfleet.eval_report import rich_table, success_table, write_report
-    from rlfleet.eval_video import VideoConfig
-    from rlfleet.evaluation import evaluate_policy
-    from rlfleet.policies.checkpoint_io import load_checkpoint
-
-    policy, meta = load_checkpoint(args.checkpoint)
-    env = dict(meta.get("env") or {})
-    if args.env_address:  # the same policy against another (or a restarted) env server
-        query = env.get("name", "").partition("?")[2] if str(env.get("name", "")).startswith("remote://") else ""
-        env["name"] = f"remote://{args.env_address}" + (f"?{query}" if query else "")
-    if args.task:
-        if str(env.get("name", "")).startswith("remote://"):  # the server decides its task: say so
-            raise ValueError(
-                f"--task {args.task} cannot apply to the remote env {env['name']}: its server decides "
-                f"the task (start `rlfleet env-server --task {args.task}` and pass --env-address)"
-            )
-        env["task"] = args.task
-    if not env:
-        raise SystemExit("the checkpoint does not name its env: pass --task")
-    env["pool"] = "eval"  # held-out episodes where an env keeps them apart (CALVIN's chain pools)
-    out = Path(args.out or _default_eval_dir(args.checkpoint))
-    video = VideoConfig(save_video=args.video, video_base_dir=str(out / "videos"))
-    if args.sample:
-        import torch
-
-        torch.manual_seed(args.seed)
-    returns: dict[str, list[float]] = {}
-    success = evaluate_policy(
-        policy,
-        EnvConfig(**env),
-        args.episodes,
-        seed=args.seed,
-        video_cfg=video,
-        out_dir=out,
-        deterministic=not args.sample,
-        episode_returns=returns,
-    )
-    table = success_table(success, {t: args.episodes for t in success}, task_groups(env.get("name", "metaworld")))
-    mode = "sampled" if args.sample else "deterministic"
-    Console().print(
-        rich_table(table, title=f"evaluation of {args.checkpoint} ({args.episodes} episodes per task, {mode})")
-    )
-    table["mean_return"] = {t: sum(r) / len(r) for t, r in returns.items() if r}  # envs judged by return (gym:...)
-    print("mean episode return: " + ", ".join(f"{t} {v:.1f}" for t, v in table["mean_return"].items()))
-    json_path, md_path = write_report(table, out, name="eval", title=f"Evaluation of {args.checkpoint}")
-    n = scored_chain_length(env.get("name", "metaworld"), env.get("reward_type", "dense"))
-    if n:
-        from rlfleet.chain_metrics import chain_markdown, chain_report
-
-        table["chains"] = chain_report(returns, n)  # CALVIN's columns, also in eval.json
-        write_report(table, out, name="eval", title=f"Evaluation of {args.checkpoint}")
-        text = chain_markdown(table["chains"], f"Chains of {args.checkpoint} ({mode})", n)
-        (out / "eval_chain.md").write_text(text)
-        print(text)
-    print(f"report: {json_path} {md_path}")
-    if args.json:
-        print(json.dumps(table))
-    return 0
+    return main(args)
 
 
-def _default_eval_dir(checkpoint: str) -> Path:
-    """CHECKPOINT/eval, or for a Hub checkpoint (read-only cache) eval/ORG--NAME[@REV] here."""
-    from rlfleet.policies.checkpoint_io import is_hub_path
+def cmd_collect(args: argparse.Namespace) -> int:
+    from rlfleet.runs.collect import main  # lazy: see Dispatch
 
-    if is_hub_path(checkpoint):
-        return Path("eval") / checkpoint[len("hf://") :].replace("/", "--")
-    return Path(checkpoint) / "eval"
+    return main(args)
+
+
+def cmd_sft(args: argparse.Namespace) -> int:
+    from rlfleet.runs.sft import main  # lazy: see Dispatch
+
+    return main(args)
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    """A Hub-ready folder: safetensors weights, config, norm stats and a model card."""
-    from rlfleet.hub import export_checkpoint
+    from rlfleet.eval.report import checkpoint_eval_markdown  # lazy: see Dispatch
+    from rlfleet.policies.hub import export_checkpoint  # lazy: see Dispatch
 
-    out = export_checkpoint(args.checkpoint, args.out, repo_id=args.repo_id)
+    out = export_checkpoint(args.checkpoint, args.out, repo_id=args.repo_id, eval_markdown=checkpoint_eval_markdown)
     print("\n".join(sorted(str(p) for p in out.iterdir())))
     return 0
 
 
 def cmd_push(args: argparse.Namespace) -> int:
-    """Export a checkpoint and upload it to a Hub model repository."""
-    from rlfleet.hub import push_checkpoint
+    from rlfleet.eval.report import checkpoint_eval_markdown  # lazy: see Dispatch
+    from rlfleet.policies.hub import push_checkpoint  # lazy: see Dispatch
 
     url = push_checkpoint(
-        args.checkpoint, args.repo_id, private=args.private, revision=args.revision, message=args.message
+        args.checkpoint,
+        args.repo_id,
+        private=args.private,
+        revision=args.revision,
+        message=args.message,
+        eval_markdown=checkpoint_eval_markdown,
     )
     print(f"pushed {args.checkpoint} to {url}")
     return 0
 
 
-def cmd_collect(args: argparse.Namespace) -> int:
-    """Record scripted-expert demonstrations (the SFT data)."""
-    from pathlib import Path
-
-    from rlfleet.data.env_demos import collect_env_demos
-    from rlfleet.envs.api import EnvConfig
-
-    try:
-        cfg = EnvConfig(
-            name=args.env,
-            task=args.tasks,
-            max_episode_steps=args.max_episode_steps,
-            image_size=args.image_size,
-            camera=args.camera,
-        )
-        summary = collect_env_demos(
-            Path(args.out),
-            cfg,
-            args.episodes_per_task,
-            seed=args.seed,
-            keep_failed=args.keep_failed,
-            overwrite=args.overwrite,
-        )
-    except FileExistsError as exc:  # main() only maps FileNotFoundError / ValueError to exit code 2
-        logging.getLogger("rlfleet").error("%s", exc)
-        return 2
-    table = Table(title=f"scripted-expert demos in {args.out}")
-    table.add_column("task")
-    table.add_column("episodes", justify="right")
-    table.add_column("expert success", justify="right")
-    table.add_column("failed attempts", justify="right")
-    for task, s in summary.items():
-        table.add_row(task, str(s["episodes"]), f"{s['attempts'] - s['failed']}/{s['attempts']}", str(s["failed"]))
-    Console().print(table)
-    short = [t for t, s in summary.items() if s["attempts"] - s["failed"] < args.episodes_per_task]
-    if short:
-        logging.getLogger("rlfleet").warning(
-            "fewer than %d successful episodes for: %s", args.episodes_per_task, ", ".join(short)
-        )
-    return 0
-
-
-def cmd_sft(args: argparse.Namespace) -> int:
-    """Behaviour-clone the recipe's policy on a demo dataset and write a checkpoint folder."""
-    from rlfleet.config import SFTConfig, as_dict, load_config, policy_settings
-    from rlfleet.data.sft import run_sft
-    from rlfleet.envs.api import EnvConfig
-
-    cfg = load_config(args.recipe, args.overrides)
-    summary = run_sft(
-        args.demos, args.out, policy_settings(cfg), EnvConfig(**as_dict(cfg.env)), SFTConfig(**as_dict(cfg.sft))
-    )
-    if args.eval_episodes:
-        from rlfleet.evaluation import evaluate_policy
-        from rlfleet.policies.checkpoint_io import load_checkpoint
-
-        policy, _ = load_checkpoint(args.out)
-        success = evaluate_policy(policy, EnvConfig(**as_dict(cfg.env)), args.eval_episodes, seed=cfg.eval.seed)
-        summary.update(eval_success=success, eval_success_mean=sum(success.values()) / len(success))
-        _print_summary(summary)
-    Console().print({k: summary[k] for k in ("samples", "episodes", "steps", "final_loss", "train_seconds")})
-    print(f"checkpoint: {args.out}")
-    return 0
-
-
-def _start_metrics_or_stop(server, role: str, args: argparse.Namespace, collectors: list):
-    """A gRPC role's /metrics (None when --metrics-port is 0); a taken port stops the gRPC server first."""
-    from rlfleet.telemetry.prometheus import MetricsPortError, start_role_metrics
-
-    try:
-        return start_role_metrics(role, args.metrics_port, collectors, args.metrics_host)
-    except MetricsPortError:
-        server.stop(grace=0)
-        raise
-
-
-def cmd_env_server(args: argparse.Namespace) -> int:
-    """Serve a registered simulator over gRPC (EnvService), for `env.name=remote://HOST:PORT`."""
-    from rlfleet.envs.env_server import EnvServerConfig, env_config, serve_env, write_address_file
-    from rlfleet.telemetry.prometheus import EnvServerCollector
-
-    cfg = EnvServerConfig(
-        env=env_config(args.env, args.task, args.overrides),
-        num_envs=args.num_envs,
-        max_envs=args.max_envs,
-        host=args.host,
-        port=args.port,
-    )
-    server, port, servicer = serve_env(cfg)
-    address = f"{args.host}:{port}"
-    metrics = _start_metrics_or_stop(server, "env-server", args, [EnvServerCollector(servicer)])
-    if args.address_file:
-        write_address_file(args.address_file, address)
-    log = logging.getLogger("rlfleet.env_server")
-    log.info("EnvService for %s (%s) on %s: use env.name=remote://%s", cfg.env.name, cfg.env.task, address, address)
-    stop = threading.Event()
-    _stop_on_signals(stop)
-    stop.wait()
-    server.stop(grace=2.0).wait()
-    servicer.close()
-    if metrics is not None:
-        metrics.close()
-    log.info("env server stopped: calls %s, rejected %s", dict(servicer.calls), dict(servicer.errors) or "none")
-    return 0
-
-
 def cmd_recipes(args: argparse.Namespace) -> int:
-    from rlfleet.config import recipe_description, recipe_names, recipe_scale
+    from rlfleet.config import recipe_description, recipe_names, recipe_scale  # lazy: see Dispatch
 
     names = recipe_names()
     width = max(map(len, names))
@@ -539,9 +240,12 @@ def cmd_recipes(args: argparse.Namespace) -> int:
 
 
 def cmd_config(args: argparse.Namespace) -> int:
-    from rlfleet.config import load_config, to_yaml
+    from rlfleet.config import load_config, to_yaml  # lazy: see Dispatch
+    from rlfleet.runs.placement import resolve_placement  # lazy: see Dispatch
 
-    print(to_yaml(load_config(args.recipe, args.overrides)), end="")
+    cfg = load_config(args.recipe, args.overrides)
+    resolve_placement(cfg)  # a placement this host cannot satisfy: one line, as `rlfleet train` says it
+    print(to_yaml(cfg), end="")
     return 0
 
 
@@ -765,8 +469,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def _unauthenticated(exc: Exception) -> bool:
     """A gRPC UNAUTHENTICATED error: one clear line instead of a traceback."""
-    import grpc
-
     return (
         isinstance(exc, grpc.RpcError)
         and callable(getattr(exc, "code", None))

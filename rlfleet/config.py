@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import os
 import re
 from dataclasses import dataclass, field
 from importlib import resources
@@ -21,8 +20,12 @@ from omegaconf.errors import OmegaConfBaseException
 
 from rlfleet.algorithms.dagger import DAggerConfig
 from rlfleet.algorithms.ppo import PPOConfig
+from rlfleet.data.demos import DEMO_SEED_BASE
 from rlfleet.envs.api import EnvConfig, observation_spec
-from rlfleet.eval_video import VideoConfig
+from rlfleet.envs.registry import check_env_name, make_env, require_env_extra
+from rlfleet.policies.registry import check_policy_config, policy_classes
+from rlfleet.telemetry.trackers import check_backends, logger_backends
+from rlfleet.wire.slots import slot_layout
 
 
 @dataclass
@@ -109,6 +112,18 @@ class LearnerConfig:
 
 
 @dataclass
+class VideoConfig:
+    """Eval video settings (RLinf's key names), read by `rlfleet.eval.video.EpisodeRecorder`."""
+
+    save_video: bool = False
+    video_base_dir: str = "videos"  # relative paths are resolved against the recorder's `root`
+    fps: int = 20
+    info_overlay: bool = True  # task, step, cumulative reward and success drawn on every frame
+    max_videos_per_task: int = 1
+    tensorboard: bool = False  # periodic evaluation during RL also logs the videos to TensorBoard (eval/video/<task>)
+
+
+@dataclass
 class EvalConfig:
     episodes_per_task: int = 10
     num_workers: int = 2
@@ -155,7 +170,7 @@ class SFTConfig:
 
 @dataclass
 class ClusterConfig:
-    """Where roles run when `rlfleet train` spawns them together (see rlfleet.placement).
+    """Where roles run when `rlfleet train` spawns them together (see rlfleet.runs.placement).
 
     Empty `component_placement`: one learner rank, one inference server, `actor.num_actors`
     actors. On a host without CUDA the device indices are process slots (`cpu_slots`, 0: the
@@ -333,9 +348,6 @@ def load_config(recipe: str | None, overrides: list[str] | None = None) -> DictC
             OmegaConf.to_object(cfg[section])  # the section's own checks (its dataclass's __post_init__)
         except ValueError as exc:
             raise ConfigError(f"bad value in {section}: {_first_line(exc)}") from None
-    from rlfleet.envs.registry import check_env_name, require_env_extra
-    from rlfleet.telemetry.trackers import check_backends, logger_backends
-
     try:
         check_backends(logger_backends(cfg.runner.logger))  # a tracker that is not installed: fail before the run
         require_env_extra(cfg.env.name)  # a simulator whose extra is not installed: the same
@@ -343,8 +355,6 @@ def load_config(recipe: str | None, overrides: list[str] | None = None) -> DictC
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     _check_policy(cfg)
-    if cfg.cluster.component_placement:
-        resolve_placement(cfg)  # a bad placement fails here, before anything is spawned
     return cfg
 
 
@@ -413,8 +423,6 @@ def _merge(cfg: DictConfig, layer: DictConfig, source: str) -> DictConfig:
 
 def _check_policy(cfg: DictConfig) -> None:
     """The free-form `policy` section against the chosen policy's own settings."""
-    from rlfleet.policies.registry import check_policy_config, policy_classes
-
     settings = as_dict(cfg.policy)
     name = settings.get("name", "gaussian_mlp")
     try:
@@ -442,14 +450,15 @@ def _check_policy(cfg: DictConfig) -> None:
         raise ConfigError(f"bad value in policy ({name}): {_first_line(exc)}") from None
 
 
-def resolve_placement(cfg: DictConfig):
-    """The run's PlacementPlan, or None without `cluster.component_placement`."""
-    if not cfg.cluster.component_placement:
-        return None
-    from rlfleet.placement import detect_devices, plan_placement
-
-    num, kind = detect_devices(cfg.cluster.cpu_slots or os.cpu_count() or 1)
-    return plan_placement(as_dict(cfg.cluster.component_placement), num, kind)
+def fill_model_dims(cfg: DictConfig) -> EnvConfig:
+    """Probe one env for its dimensions and record them in `cfg.model_dims` (the config the learner
+    hands out); returns the run's EnvConfig."""
+    env_cfg = EnvConfig(**as_dict(cfg.env))
+    probe = make_env(dataclasses.replace(env_cfg, image_size=0), 1)  # shapes only: no renderer needed
+    cfg.model_dims.state_dim = probe.spec.state_dim
+    cfg.model_dims.action_dim = probe.spec.action_dim
+    probe.close()
+    return env_cfg
 
 
 def config_from_yaml(text: str) -> DictConfig:
@@ -470,13 +479,11 @@ def eval_env_config(cfg: DictConfig) -> EnvConfig:
 
 
 def eval_seed_range(cfg: DictConfig, num_tasks: int) -> range:
-    """The episode seeds evaluation uses (`rlfleet.evaluation.evaluate_policy`: seed + j * tasks + i).
+    """The episode seeds evaluation uses (`rlfleet.eval.episodes.evaluate_policy`: seed + j * tasks + i).
 
     Held out by construction: demo seeds start at DEMO_SEED_BASE, above this range (checked here),
     and training envs never reset with an integer seed but draw episodes from their own streams
     (`rlfleet.envs.core.TRAIN_STREAM`), so no training run replays them."""
-    from rlfleet.data.demos import DEMO_SEED_BASE
-
     episodes = max(cfg.eval.episodes_per_task, cfg.eval.periodic_episodes_per_task)
     seeds = range(cfg.eval.seed, cfg.eval.seed + episodes * num_tasks)
     if cfg.eval.seed < 0 or seeds.stop > DEMO_SEED_BASE:
@@ -493,8 +500,6 @@ def run_observation_spec(cfg: DictConfig) -> dict[str, tuple[tuple[int, ...], st
 
 def run_slot_layout(cfg: DictConfig, num_envs: int):
     """An actor's shared-memory slots for this run's env and policy."""
-    from rlfleet.wire.slots import slot_layout
-
     dims = cfg.model_dims
     extras = {name: (tuple(shape), "float32") for name, shape in dims.extra_outputs.items()}
     return slot_layout(

@@ -17,6 +17,9 @@ from multiprocessing.connection import Connection
 
 import numpy as np
 
+from rlfleet.envs.api import EnvConfig
+from rlfleet.envs.registry import make_env
+from rlfleet.wire.auth import configure
 from rlfleet.wire.auth import current as current_auth
 from rlfleet.wire.shm import Layout, SharedArrays, layout_from_json, layout_to_json
 from rlfleet.wire.slots import obs_keys
@@ -79,10 +82,6 @@ def worker_main(
     env_cfg: dict, slices: list[EnvSlice], shm_name: str, layout_json: str, conn: Connection, auth=None
 ) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    from rlfleet.envs.api import EnvConfig
-    from rlfleet.envs.registry import make_env
-    from rlfleet.wire.auth import configure
-
     configure(auth)  # the actor's token/TLS, for envs that are gRPC clients (env.name=remote://...)
 
     slots = SharedArrays.attach(shm_name, layout_from_json(layout_json), untrack=False)

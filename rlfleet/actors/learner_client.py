@@ -1,4 +1,4 @@
-"""Actor-side learner link: register, heartbeat, and a bounded queue of segments to push.
+"""Actor-side learner link: heartbeat, and a bounded queue of segments to push.
 
 Pushes are retried with exponential backoff while the learner is unreachable (a restarted
 learner picks up where it left off); a segment keeps its id across retries, so the learner
@@ -20,7 +20,6 @@ import logging
 import os
 import queue
 import secrets
-import socket
 import struct
 import threading
 import time
@@ -34,19 +33,6 @@ from rlfleet.wire.grpc_server import make_channel
 from rlfleet.wire.segment import Segment
 
 log = logging.getLogger(__name__)
-
-
-def register(
-    address: str, client_id: str, role: str, num_envs: int = 0, timeout_s: float = 120.0
-) -> learner_pb2.RegisterReply:
-    """Register with the learner, waiting for it to come up (a learner may start after us)."""
-    with make_channel(address) as ch:
-        stub = learner_pb2_grpc.LearnerServiceStub(ch)
-        return stub.Register(
-            learner_pb2.RegisterRequest(client_id=client_id, role=role, host=socket.gethostname(), num_envs=num_envs),
-            timeout=timeout_s,
-            wait_for_ready=True,
-        )
 
 
 LEDGER_DIR_VAR = "RLFLEET_ACTOR_LEDGER_DIR"

@@ -1,5 +1,5 @@
 """DAgger and HG-DAgger: the formula-level pieces (beta schedule, policy mixing, intervention gate,
-aggregation window). The training loop that uses them is `rlfleet.data.dagger_loop`.
+aggregation window). The training loop that uses them is `rlfleet.runs.dagger`.
 
 DAgger (Ross, Gordon & Bagnell 2011, *A Reduction of Imitation Learning and Structured Prediction
 to No-Regret Online Learning*, Algorithm 3.1), with the expert pi* and the student pi_hat::
@@ -34,7 +34,7 @@ BETA_SCHEDULES = ("exponential", "linear")
 class DAggerConfig:
     """The `dagger:` section of a run config (plain types: usable as an OmegaConf structured config)."""
 
-    enabled: bool = False  # true: `rlfleet train` runs DAgger (rlfleet.data.dagger_loop) instead of the PPO fleet
+    enabled: bool = False  # true: `rlfleet train` runs DAgger (rlfleet.runs.dagger) instead of the PPO fleet
     variant: str = "dagger"  # dagger | hg_dagger
     iterations: int = 10  # rollout + train rounds
     num_envs: int = 10  # N envs rolled out in parallel (one in-process batch) per iteration

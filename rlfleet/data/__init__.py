@@ -1,1 +1,1 @@
-"""Demonstration data: scripted-expert episodes on disk (`demos`) and supervised fine-tuning on them (`sft`)."""
+"""Datasets: the scripted-expert demonstration format and its reader (`demos`)."""

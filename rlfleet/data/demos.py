@@ -1,8 +1,8 @@
 """Scripted-expert demonstration datasets: the on-disk format and how to load one.
 
 Envs that declare experts (MetaWorld, RoboTwin, CALVIN) record demonstrations through the one
-collector, `rlfleet.data.env_demos.collect_env_demos` (`rlfleet collect`, and the SFT bootstrap);
-`rlfleet.data.sft` behaviour-clones a policy on them before RL fine-tuning.
+collector, `rlfleet.runs.collect.collect_env_demos` (`rlfleet collect`, and the SFT bootstrap);
+`rlfleet.runs.sft` behaviour-clones a policy on them before RL fine-tuning.
 
 On-disk format ``rlfleet-demos/1`` (also in docs/datasets.md)
 -------------------------------------------------------------
@@ -80,7 +80,7 @@ class DemoEpisode:
     instruction: np.ndarray  # [128] uint8, encode_instructions of instruction_text
     main_images: np.ndarray | None = None  # [L, H, W, 3] uint8, None for state-only datasets
     # [L, 128] uint8: per-step instructions where they change within an episode (CALVIN chains,
-    # rlfleet.data.env_demos); None: `instruction` holds for every step
+    # rlfleet.runs.collect); None: `instruction` holds for every step
     step_instructions: np.ndarray | None = None
 
     @property

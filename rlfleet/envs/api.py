@@ -1,8 +1,9 @@
 """The simulator-independent env API: a batch of B envs stepped K actions (one chunk) at a time.
 
-Every simulator adapter (MetaWorld now, others later) implements `ChunkedEnv`, so actors,
-evaluators and the wire layer never see simulator types. Observation keys follow RLinf
-(`states`, `task_descriptions`, later `main_images`) so policies port over unchanged.
+Every simulator adapter (MetaWorld, RoboTwin, CALVIN, any gymnasium id, a remote EnvService
+server, a plugin) implements `ChunkedEnv`, so actors, evaluators and the wire layer never see
+simulator types. Observation keys follow RLinf (`main_images`, `states`, `instructions`,
+`task_ids`, `task_descriptions`) so policies port over unchanged.
 
 Semantics shared by all adapters:
 

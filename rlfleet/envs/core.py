@@ -169,7 +169,7 @@ class EpisodeEnv(ChunkedEnv):
         (queried on the fly) when `use_expert[i]`, else `actions[i, k]`. Returns the step result,
         `labels` [B, K, D] (labels[i, k] = expert action at the state before substep k) and the
         `executed` actions [B, K, D]. Substeps skipped after an episode ended are padded with the
-        last label / executed action (as `rlfleet.data.sft.action_chunks` pads at episode ends).
+        last label / executed action (as `rlfleet.runs.sft.action_chunks` pads at episode ends).
         """
         use_expert = np.asarray(use_expert, dtype=bool)
         if use_expert.shape != (self._num_envs,):

@@ -15,19 +15,24 @@ import gc
 import logging
 import threading
 import time
+from argparse import Namespace
 from collections import Counter
 from dataclasses import dataclass, field
 
 import grpc
 import numpy as np
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from rlfleet.envs.api import ChunkedEnv, EnvConfig, observation_spec
 from rlfleet.envs.env_messages import reset_reply, spec_reply, step_reply
 from rlfleet.envs.registry import make_env
+from rlfleet.telemetry.prometheus import EnvServerCollector, MetricsPortError, start_role_metrics
 from rlfleet.wire import codec
 from rlfleet.wire.gen import env_pb2, env_pb2_grpc
 from rlfleet.wire.grpc_decoding import add_servicer
 from rlfleet.wire.grpc_server import start_grpc_server
+from rlfleet.wire.join import stop_on_signals, write_address
 from rlfleet.wire.rejections import RejectionCounter
 
 log = logging.getLogger(__name__)
@@ -315,9 +320,6 @@ def serve_env(cfg: EnvServerConfig) -> tuple[grpc.Server, int, EnvServicer]:
 
 def env_config(name: str, task: str | None = None, overrides: list[str] | None = None) -> EnvConfig:
     """EnvConfig from `--env`, `--task` and `key=value` overrides, type-checked like recipe overrides."""
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
     bad = [o for o in overrides or [] if "=" not in o]
     if bad:
         raise ValueError(f"env overrides must look like key=value (EnvConfig fields), got {bad}")
@@ -331,11 +333,31 @@ def env_config(name: str, task: str | None = None, overrides: list[str] | None =
     return EnvConfig(**OmegaConf.to_container(cfg))  # type: ignore[arg-type]
 
 
-def write_address_file(path: str, address: str) -> None:
-    """`{"env": "HOST:PORT"}`, written atomically so a watcher never reads half a file."""
-    import json
-    from pathlib import Path
-
-    tmp = Path(path + ".tmp")
-    tmp.write_text(json.dumps({"env": address}))
-    tmp.replace(path)
+def main(args: Namespace) -> int:
+    """`rlfleet env-server --env NAME`: serve a registered simulator over gRPC (EnvService), for
+    `env.name=remote://HOST:PORT`, until SIGINT / SIGTERM."""
+    cfg = EnvServerConfig(
+        env=env_config(args.env, args.task, args.overrides),
+        num_envs=args.num_envs,
+        max_envs=args.max_envs,
+        host=args.host,
+        port=args.port,
+    )
+    server, port, servicer = serve_env(cfg)
+    address = f"{args.host}:{port}"
+    try:
+        metrics = start_role_metrics("env-server", args.metrics_port, [EnvServerCollector(servicer)], args.metrics_host)
+    except MetricsPortError:  # a taken port stops the gRPC server first
+        server.stop(grace=0)
+        raise
+    write_address(args.address_file, env=address)
+    log.info("EnvService for %s (%s) on %s: use env.name=remote://%s", cfg.env.name, cfg.env.task, address, address)
+    stop = threading.Event()
+    stop_on_signals(stop)
+    stop.wait()
+    server.stop(grace=2.0).wait()
+    servicer.close()
+    if metrics is not None:
+        metrics.close()
+    log.info("env server stopped: calls %s, rejected %s", dict(servicer.calls), dict(servicer.errors) or "none")
+    return 0

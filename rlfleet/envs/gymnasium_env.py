@@ -46,7 +46,7 @@ def gym_id(name: str) -> str:
 def _make(env_id: str, image_size: int) -> Any:
     """gymnasium's env (its checker off: it re-validates every step); rendering envs are asked for
     frames of `image_size` when they take width/height (MuJoCo's do), else frames are resized."""
-    import gymnasium as gym
+    import gymnasium as gym  # optional: the [gym] extra (rlfleet.envs imports without it)
 
     try:
         if not image_size:
@@ -64,7 +64,7 @@ def _make(env_id: str, image_size: int) -> Any:
 
 
 def _image_key(space: Any) -> str | None:
-    from gymnasium import spaces
+    from gymnasium import spaces  # optional: the [gym] extra
 
     for key, sub in space.spaces.items():
         if isinstance(sub, spaces.Box) and sub.dtype == np.uint8 and len(sub.shape) == 3 and sub.shape[-1] == 3:
@@ -86,7 +86,7 @@ class GymEnv(EpisodeEnv):
     """A batch of gymnasium envs of one id behind the chunked, auto-resetting API."""
 
     def __init__(self, cfg: EnvConfig, num_envs: int, env_offset: int = 0) -> None:
-        from gymnasium import spaces
+        from gymnasium import spaces  # optional: the [gym] extra
 
         env_id = gym_id(cfg.name)
         first = _make(env_id, cfg.image_size)

@@ -3,7 +3,7 @@
 `EnvConfig.name` may be a built-in name (`metaworld`, `robotwin`, `calvin`), a scheme
 (`remote://HOST:PORT`, `gym:<gymnasium id>`), a `package.module:factory` path, or a name an
 installed package publishes in the `rlfleet.envs` entry-point group (see docs/simulators.md).
-Names resolve from the string alone (`rlfleet.plugins`), so every process of a run finds the same
+Names resolve from the string alone (`rlfleet.envs.plugins`), so every process of a run finds the same
 env. Built-ins are import paths resolved lazily: importing `rlfleet.envs` stays cheap (no
 mujoco/metaworld/pybullet import) for processes that never step an env.
 
@@ -12,12 +12,13 @@ Capabilities are declared on it: `CHAIN_LENGTH` > 0 marks a chained-instruction 
 metrics), `task_groups()` the groups an evaluation report averages over.
 """
 
+import dataclasses
 import importlib.util
 from collections.abc import Callable
 from typing import Any
 
 from rlfleet.envs.api import ChunkedEnv, EnvConfig
-from rlfleet.plugins import resolve
+from rlfleet.envs.plugins import resolve
 
 EnvFactory = Callable[[EnvConfig, int, int], ChunkedEnv]
 """(cfg, num_envs, env_offset) -> ChunkedEnv."""
@@ -132,7 +133,7 @@ def register_env_scheme(scheme: str, factory: EnvFactory) -> None:
 
 
 def registered_envs() -> list[str]:
-    """Names `make_env` accepts (schemes as `scheme://...`; plugins as well, see `rlfleet.plugins`)."""
+    """Names `make_env` accepts (schemes as `scheme://...`; plugins as well, see `rlfleet.envs.plugins`)."""
     return (
         sorted({*_BUILTIN, *_REGISTRY}) + sorted(f"{s}://..." for s in _SCHEMES) + sorted(f"{p}:..." for p in _PREFIXES)
     )
@@ -153,14 +154,26 @@ def make_env(cfg: EnvConfig, num_envs: int, env_offset: int = 0) -> ChunkedEnv:
     return factory(cfg, num_envs, env_offset)
 
 
+def task_list(env_cfg: EnvConfig) -> list[str]:
+    """The distinct tasks of a config, in order (envs are spread over them round-robin)."""
+    tasks = getattr(env_factory(env_cfg.name), "config_tasks", lambda cfg: None)(env_cfg)
+    if tasks is not None:
+        return list(tasks)
+    probe = make_env(dataclasses.replace(env_cfg, image_size=0), 1)  # other envs say themselves (no renderer)
+    try:
+        return probe.task_list
+    finally:
+        probe.close()
+
+
 def _make_remote(cfg: EnvConfig, num_envs: int, env_offset: int) -> ChunkedEnv:
-    from rlfleet.envs.remote import RemoteEnv
+    from rlfleet.envs.remote import RemoteEnv  # the gRPC client stack: only remote:// envs load it
 
     return RemoteEnv(cfg, num_envs, env_offset=env_offset)
 
 
 def _make_gym(cfg: EnvConfig, num_envs: int, env_offset: int) -> ChunkedEnv:
-    from rlfleet.envs.gymnasium_env import GymEnv
+    from rlfleet.envs.gymnasium_env import GymEnv  # optional: the [gym] extra
 
     return GymEnv(cfg, num_envs, env_offset=env_offset)
 

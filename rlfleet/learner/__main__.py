@@ -1,6 +1,9 @@
 """`python -m rlfleet.learner` = `rlfleet learner`, the form torchrun starts:
 
 torchrun --nproc-per-node 4 -m rlfleet.learner RECIPE [key=value ...] [--resume] [--address-file F]
+
+It goes through the CLI, which hands the learner its evaluation (rlfleet.eval sits above the
+roles); .importlinter lists this entry point's one upward import.
 """
 
 import sys

@@ -20,6 +20,7 @@ import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
@@ -70,8 +71,6 @@ def git_commit() -> str | None:
 def run_info() -> dict[str, Any]:
     """The command that started this training run (`rlfleet train` passes its own to the learner
     it spawns as RLFLEET_COMMAND), the source commit and the rlfleet version."""
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         rlfleet_version = version("rlfleet")
     except PackageNotFoundError:

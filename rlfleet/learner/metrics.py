@@ -10,9 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
 
-from rlfleet.chain_metrics import chain_metrics
+from rlfleet.config import as_dict
+from rlfleet.envs.chains import chain_metrics
 from rlfleet.telemetry.trackers import Backend, MetricsLogger, TensorBoardBackend, logger_backends, make_backends
 from rlfleet.wire.segment import Segment
 
@@ -92,8 +95,6 @@ class MetricsWriter(MetricsLogger):
     @classmethod
     def for_run(cls, cfg: Any, run_dir: Path) -> MetricsWriter:
         """The backends of `cfg.runner.logger`; the tracker run is named after runner.experiment_name."""
-        from rlfleet.config import as_dict
-
         logger = cfg.runner.logger
         backends = make_backends(
             logger_backends(logger),
@@ -125,8 +126,6 @@ class TrainProgress:
     reaches would otherwise stop the bar at a fraction of a percent)."""
 
     def __init__(self, total_env_steps: int, max_wall_seconds: float = 0.0, console=None):
-        from rich.progress import Progress
-
         self.total_env_steps, self.max_wall_seconds = int(total_env_steps), float(max_wall_seconds)
         self.progress = Progress(
             TextColumn("[bold]train[/bold]"),
@@ -178,3 +177,18 @@ class TrainProgress:
 
     def __exit__(self, *exc) -> None:
         self.progress.__exit__(*exc)
+
+
+def print_summary(summary: Mapping[str, Any]) -> None:
+    """A run's end on the terminal: the final evaluation per task, then its counters."""
+    console = Console()
+    table = Table(title="evaluation (success_once, deterministic policy)")
+    table.add_column("task")
+    table.add_column("success", justify="right")
+    for task, rate in (summary.get("eval_success") or {}).items():
+        table.add_row(task, f"{rate:.0%}")
+    if summary.get("eval_success"):
+        table.add_row("[bold]mean[/bold]", f"[bold]{summary['eval_success_mean']:.0%}[/bold]")
+        console.print(table)
+    keys = ("env_steps", "updates", "train_seconds", "throughput_env_steps_per_s", "checkpoint")
+    console.print({k: summary[k] for k in keys if k in summary})

@@ -2,7 +2,7 @@
 
 `policy.name` is a built-in name, a `package.module:Class` path, or a name an installed package
 publishes in the `rlfleet.policies` entry-point group (resolved from the name in every process,
-see `rlfleet.plugins`). A policy class takes (state_dim, action_dim, chunk_size, config[,
+see `rlfleet.envs.plugins`). A policy class takes (state_dim, action_dim, chunk_size, config[,
 image_size]) and names its settings dataclass in `config_class` (built-ins pair it below).
 """
 
@@ -16,7 +16,7 @@ from typing import Any
 from omegaconf import OmegaConf
 from torch import nn
 
-from rlfleet.plugins import resolve
+from rlfleet.envs.plugins import import_path, resolve
 
 ENTRY_POINT_GROUP = "rlfleet.policies"
 # name -> (policy class, settings dataclass) as import paths, imported on first use
@@ -32,8 +32,6 @@ BUILTIN_POLICIES: tuple[str, ...] = tuple(_BUILTIN)
 def policy_classes(name: str) -> tuple[type, type]:
     """(policy class, settings dataclass) of policy `name`; a one-line ValueError when unknown."""
     if name in _BUILTIN:
-        from rlfleet.plugins import import_path
-
         cls_path, cfg_path = _BUILTIN[name]
         return import_path(cls_path, "policy"), import_path(cfg_path, "policy")
     cls = resolve(name, "policy", ENTRY_POINT_GROUP, dict.fromkeys(_BUILTIN))

@@ -81,7 +81,7 @@ def scalar_gauges(role: str, scalars: Mapping[str, float], skip: Iterable[str] =
 
 
 class LearnerCollector(Collector):
-    """The learner's counters, queue and the scalars of its last update (a `rlfleet.learner.run.Learner`)."""
+    """The learner's counters, queue and the scalars of its last update (a `rlfleet.learner.main.Learner`)."""
 
     def __init__(self, learner: Any):
         self.learner = learner

@@ -10,6 +10,7 @@ while logging is warned about once and then skipped: a tracker outage never stop
 from __future__ import annotations
 
 import importlib.util
+import io
 import logging
 import os
 from collections.abc import Iterable, Mapping, Sequence
@@ -77,11 +78,9 @@ class TensorBoardBackend:
         self.writer.add_text(key, _markdown_table(columns, rows), step)
 
     def video(self, key: str, path: Path, step: int, fps: int) -> None:
-        import io
-
-        import imageio.v3 as iio
-        from PIL import Image
-        from tensorboard.compat.proto.summary_pb2 import Summary
+        import imageio.v3 as iio  # video logging only: its codecs, Pillow and the TensorBoard protos
+        from PIL import Image  # load when a video is first written
+        from tensorboard.compat.proto.summary_pb2 import Summary  # (see above)
 
         frames = iio.imread(path)
         if len(frames) == 0:

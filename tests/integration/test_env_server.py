@@ -165,7 +165,7 @@ def test_evaluation_runs_on_a_remote_env(env_server):
     """`evaluate_policy` (what `rlfleet eval` and the learner run) takes a remote env name too."""
     import torch
 
-    from rlfleet.evaluation import evaluate_policy
+    from rlfleet.eval.episodes import evaluate_policy
     from rlfleet.policies.registry import make_policy
 
     torch.manual_seed(0)

@@ -245,7 +245,7 @@ def test_zmq_inference_front_end_rejects_every_malformed_request(inference_serve
 @pytest.fixture(scope="module")
 def learner(tmp_path_factory):
     from rlfleet.config import load_config
-    from rlfleet.learner.run import Learner
+    from rlfleet.learner.main import Learner
 
     run = tmp_path_factory.mktemp("fuzz_learner")
     cfg = load_config("metaworld_reach_ppo", [*TINY, f"runner.logger.log_path={run}", "runner.total_env_steps=1000"])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from rlfleet.actor_supervisor import (
+from rlfleet.runs.supervisor import (
     ActorSupervisor,
     RestartBudget,
     RestartPolicy,
@@ -84,7 +84,7 @@ def test_the_console_says_why_an_actor_died(tmp_path, caplog):
         log_file=lambda i: tmp_path / f"actor{i}.log",
         clock=clock,
     )
-    with caplog.at_level(logging.WARNING, logger="rlfleet.actor_supervisor"):
+    with caplog.at_level(logging.WARNING, logger="rlfleet.runs.supervisor"):
         assert _crash_and_restart(sup, clock)
         assert not _crash_and_restart(sup, clock)
     died = [r.getMessage() for r in caplog.records if "died with exit code 1" in r.getMessage()]

@@ -15,11 +15,12 @@ import zmq
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
-from rlfleet import cli, launcher
+from rlfleet import cli
 from rlfleet.actors.inference_client import InferenceError, connect_inference, reachable_endpoint
 from rlfleet.inference_server.policy_runner import PolicyRunner
 from rlfleet.inference_server.server import InferenceServer
 from rlfleet.policies.gaussian_mlp import GaussianMLPPolicy, PolicyConfig
+from rlfleet.runs import launcher
 from rlfleet.wire import auth, codec
 from rlfleet.wire.auth import AuthConfig, AuthError, TokenAuthInterceptor, load_auth
 from rlfleet.wire.grpc_server import make_channel, start_grpc_server

@@ -1,4 +1,4 @@
-"""CALVIN's long-horizon metrics (rlfleet.chain_metrics) on hand-made chains, in the learner's
+"""CALVIN's long-horizon metrics (rlfleet.envs.chains) on hand-made chains, in the learner's
 episode window and in the registry."""
 
 from __future__ import annotations
@@ -8,8 +8,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from rlfleet.chain_metrics import chain_markdown, chain_metrics, chain_report
+from rlfleet.envs.chains import chain_metrics, chain_report
 from rlfleet.envs.registry import chain_length
+from rlfleet.eval.report import chain_markdown
 from rlfleet.learner.metrics import EpisodeWindow
 
 

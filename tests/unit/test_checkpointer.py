@@ -232,7 +232,7 @@ def test_missing_files_give_a_clear_file_not_found(tmp_path, present):
 
 
 def test_a_fresh_run_in_a_used_folder_moves_the_old_outputs_aside(tmp_path):
-    from rlfleet.learner.run import archive_previous_run
+    from rlfleet.learner.main import archive_previous_run
 
     assert archive_previous_run(tmp_path) is None
     (tmp_path / "checkpoints" / "update_000105").mkdir(parents=True)

@@ -75,7 +75,7 @@ _LOGS = textwrap.dedent("""
     logging.getLogger("OpenGL.acceleratesupport").info("third-party info")
     logging.getLogger("absl").info("absl info")
     logging.getLogger("OpenGL").warning("third-party warning")
-    logging.getLogger("rlfleet.learner.run").info("our info")
+    logging.getLogger("rlfleet.learner.main").info("our info")
     logging.getLogger("__main__").info("cli info")
 """)
 

@@ -19,9 +19,9 @@ from rlfleet.algorithms.dagger import (
     mix_policies,
 )
 from rlfleet.config import load_config
-from rlfleet.data.dagger_loop import collect_rollouts, train_on_dataset
 from rlfleet.envs.api import EnvConfig, EnvSpec, StepResult
 from rlfleet.envs.metaworld.env import MetaWorldEnv
+from rlfleet.runs.dagger import collect_rollouts, train_on_dataset
 
 D = 4
 

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from rlfleet.data.demos import DEMO_SEED_BASE, FORMAT, DemoEpisode, load_demos, read_index
-from rlfleet.data.env_demos import collect_env_demos
 from rlfleet.envs.api import EnvConfig, decode_instructions
 from rlfleet.envs.metaworld import TASK_DESCRIPTIONS
+from rlfleet.runs.collect import collect_env_demos
 
 TASKS = ["reach-v3", "drawer-close-v3"]
 SIZE = 32

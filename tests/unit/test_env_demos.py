@@ -1,4 +1,4 @@
-"""Demo collection from envs with built-in experts (`rlfleet.data.env_demos`), on the RoboTwin-style
+"""Demo collection from envs with built-in experts (`rlfleet.runs.collect`), on the RoboTwin-style
 env (state-only, so no renderer is needed), read back and turned into SFT samples."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 from rlfleet.data.demos import load_demos, read_index
-from rlfleet.data.env_demos import STOP_AFTER_SUCCESS, collect_env_demos
-from rlfleet.data.sft import build_sft_data
 from rlfleet.envs import registry
 from rlfleet.envs.api import ChunkedEnv, EnvConfig, EnvSpec, decode_instructions
+from rlfleet.runs.collect import STOP_AFTER_SUCCESS, collect_env_demos
+from rlfleet.runs.sft import build_sft_data
 
 pytest.importorskip("sapien")
 

@@ -1,4 +1,4 @@
-"""eval_report: groups the env declares (MetaWorld: difficulty, ML45 held-out), Markdown/JSON output, before/after."""
+"""rlfleet.eval.report: the groups the env declares (MetaWorld: difficulty, ML45), Markdown/JSON, before/after."""
 
 import json
 
@@ -7,7 +7,7 @@ from rich.console import Console
 
 from rlfleet.envs.metaworld import DIFFICULTY, TASK_SETS
 from rlfleet.envs.registry import task_groups
-from rlfleet.eval_report import (
+from rlfleet.eval.report import (
     compare,
     compare_markdown,
     compare_rich,

@@ -1,10 +1,11 @@
-"""eval_video: MP4s read back with the right frames and size, per-task quota, success/fail names."""
+"""rlfleet.eval.video: MP4s read back with the right frames and size, per-task quota, success/fail names."""
 
 import imageio.v2 as imageio
 import numpy as np
 import pytest
 
-from rlfleet.eval_video import EpisodeRecorder, VideoConfig, overlay, upscale
+from rlfleet.config import VideoConfig
+from rlfleet.eval.video import EpisodeRecorder, overlay, upscale
 
 TASKS = ["reach-v3", "reach-v3", "push-v3"]
 
@@ -118,7 +119,7 @@ def test_episodes_per_env_and_errors(tmp_path) -> None:
 @pytest.mark.parametrize("failures, expect_file", [(1, True), (2, False)])
 def test_a_failed_write_is_retried_once_then_skipped(tmp_path, monkeypatch, failures, expect_file) -> None:
     """An ffmpeg process that dies costs at most the video, never the evaluation."""
-    import rlfleet.eval_video as ev
+    import rlfleet.eval.video as ev
 
     real, calls = ev.write_mp4, []
 

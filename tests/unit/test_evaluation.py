@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from rlfleet.envs.api import EnvConfig
-from rlfleet.evaluation import evaluate_policy
+from rlfleet.eval.episodes import evaluate_policy
 from rlfleet.policies import GaussianMLPPolicy, PolicyConfig
 
 
@@ -25,7 +25,7 @@ def test_rounds_of_envs_give_the_same_result_as_one_batch():
 
 def test_rounds_reuse_one_env_batch_and_close_it(monkeypatch):
     """A new 50-env batch per round held ~2 GB each in the process: rounds of one size share one batch."""
-    import rlfleet.evaluation as evaluation
+    import rlfleet.eval.episodes as evaluation
 
     made, closed = [], []
     real_make_env = evaluation.make_env

@@ -1,4 +1,4 @@
-"""A killed launcher takes its fleet with it: children spawned by `rlfleet.launcher._spawn` get
+"""A killed launcher takes its fleet with it: children spawned by `rlfleet.runs.launcher._spawn` get
 SIGTERM when the launcher dies, even by SIGKILL (an orphaned actor would keep a sim and a port busy)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 
 PARENT = """
 import sys
-from rlfleet.launcher import _spawn
+from rlfleet.runs.launcher import _spawn
 child = _spawn([], launcher=("-c", "import time; time.sleep(120)"))
 print(child.pid, flush=True)
 import time; time.sleep(120)

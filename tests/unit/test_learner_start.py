@@ -3,7 +3,7 @@
 import grpc
 
 from rlfleet.config import load_config
-from rlfleet.learner.run import Learner
+from rlfleet.learner.main import Learner
 
 
 def test_learner_starts_nothing_until_start(tmp_path):

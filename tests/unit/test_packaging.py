@@ -21,8 +21,8 @@ _NO_SIM = textwrap.dedent(f"""
     import importlib
     core = ("rlfleet.wire.codec", "rlfleet.wire.gen.learner_pb2_grpc", "rlfleet.algorithms.ppo",
                 "rlfleet.policies.registry", "rlfleet.policies.vla", "rlfleet.envs.remote", "rlfleet.envs.env_server",
-                "rlfleet.actors.actor", "rlfleet.inference_server.server", "rlfleet.learner.run",
-                "rlfleet.launcher", "rlfleet.evaluation", "rlfleet.eval_report", "rlfleet.hub",
+                "rlfleet.actors.actor", "rlfleet.inference_server.server", "rlfleet.learner.main",
+                "rlfleet.runs.launcher", "rlfleet.eval.episodes", "rlfleet.eval.report", "rlfleet.policies.hub",
                 "rlfleet.telemetry.trackers")
     for mod in core if sys.argv[1] == "recipes" else ():
         importlib.import_module(mod)

@@ -2,8 +2,8 @@
 
 import pytest
 
-from rlfleet.config import load_config, resolve_placement
-from rlfleet.placement import PlacementError, parse_devices, plan_placement
+from rlfleet.config import load_config
+from rlfleet.runs.placement import PlacementError, parse_devices, plan_placement, resolve_placement
 
 
 @pytest.mark.parametrize(
@@ -44,7 +44,7 @@ def test_collocated():
     plan = plan_placement({"env,rollout,actor": "all"}, 8, "cuda")
     assert plan.mode == "collocated"
     assert (plan.num_actors, plan.num_inference_servers, plan.num_learner_ranks) == (8, 8, 8)
-    assert all(plan.shares_device(d) for d in plan.rollout)
+    assert all(plan.shares_device(d) for d in plan.inference)
     assert plan.visible_devices(3) == {"CUDA_VISIBLE_DEVICES": "3"}
     assert plan.device_name(3) == "cuda:3"
 
@@ -52,8 +52,8 @@ def test_collocated():
 def test_disaggregated():
     plan = plan_placement({"env": "0-1", "rollout": "2-5", "actor": "6-7"}, 8, "cuda")
     assert plan.mode == "disaggregated"
-    assert plan.rollout == [2, 3, 4, 5] and plan.actor == [6, 7]
-    assert not any(plan.shares_device(d) for d in plan.rollout)
+    assert plan.inference == [2, 3, 4, 5] and plan.learner == [6, 7]
+    assert not any(plan.shares_device(d) for d in plan.inference)
 
 
 def test_hybrid_is_the_issue_example():
@@ -84,22 +84,22 @@ def test_plan_errors(spec, msg):
         plan_placement(spec, 4, "cuda")
 
 
-def test_config_resolves_and_rejects_early():
+def test_a_run_resolves_its_placement_and_rejects_a_bad_one():
     cfg = load_config(
         "metaworld_reach_ppo", ["cluster.cpu_slots=4", "cluster.component_placement={env: 0-1, rollout: 2, actor: 3}"]
     )
     plan = resolve_placement(cfg)
     assert plan.num_actors == 2 and plan.num_inference_servers == 1 and plan.mode == "disaggregated"
     assert resolve_placement(load_config("metaworld_reach_ppo")) is None
+    bad = load_config(
+        "metaworld_reach_ppo", ["cluster.cpu_slots=2", "cluster.component_placement={env: 0-5, rollout: 0, actor: 0}"]
+    )
     with pytest.raises(PlacementError, match="does not exist"):
-        load_config(
-            "metaworld_reach_ppo",
-            ["cluster.cpu_slots=2", "cluster.component_placement={env: 0-5, rollout: 0, actor: 0}"],
-        )
+        resolve_placement(bad)
 
 
 def test_inference_addresses_start_with_the_actors_own_server():
-    from rlfleet.launcher import _inference_addresses
+    from rlfleet.runs.launcher import _inference_addresses
 
     addrs = ["a:1", "b:2", "c:3"]
     assert _inference_addresses(addrs, 0) == "a:1,b:2,c:3"
@@ -129,7 +129,7 @@ def test_visible_devices_honour_the_parents_mask(monkeypatch):
 
 def test_roles_get_the_config_without_the_placement_to_recheck():
     """A child sees only its own devices: it must not validate the whole plan again."""
-    from rlfleet.launcher import _child_config
+    from rlfleet.runs.launcher import _child_config
 
     cfg = load_config(
         "metaworld_reach_ppo", ["cluster.cpu_slots=4", "cluster.component_placement={env: 0-3, rollout: 0, actor: 1}"]

@@ -1,4 +1,4 @@
-"""Name resolution for envs and policies (rlfleet.plugins): built-ins, import paths, entry points,
+"""Name resolution for envs and policies (rlfleet.envs.plugins): built-ins, import paths, entry points,
 and the one-line error for a name nothing provides."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from importlib.metadata import EntryPoint
 
 import pytest
 
-from rlfleet import plugins
+from rlfleet.envs import plugins
 from rlfleet.envs.api import EnvConfig
 from rlfleet.envs.registry import chain_length, env_factory, make_env
 from rlfleet.policies.registry import make_policy

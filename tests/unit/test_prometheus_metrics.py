@@ -10,7 +10,7 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from rlfleet.launcher import metrics_ports
+from rlfleet.runs.launcher import metrics_ports
 from rlfleet.telemetry.prometheus import (
     LearnerCollector,
     MetricsPortError,

@@ -10,11 +10,11 @@ import torch
 
 from rlfleet.config import SFTConfig
 from rlfleet.data.demos import DemoEpisode
-from rlfleet.data.env_demos import collect_env_demos
-from rlfleet.data.sft import _shift, action_chunks, build_sft_data, run_sft
 from rlfleet.envs.api import EnvConfig, encode_instructions
 from rlfleet.policies.checkpoint_io import load_checkpoint, policy_from_config
 from rlfleet.policies.vla.normalization import load_norm_stats
+from rlfleet.runs.collect import collect_env_demos
+from rlfleet.runs.sft import _shift, action_chunks, build_sft_data, run_sft
 
 
 def _episode(i: int, L: int, size: int = 8) -> DemoEpisode:
@@ -99,7 +99,7 @@ def test_run_sft_writes_a_checkpoint_the_fleet_can_load(tmp_path):
 
 def test_sft_cache_is_shared_by_runs_that_differ_only_in_sampling():
     from rlfleet.config import load_config
-    from rlfleet.data.bootstrap import sft_folder
+    from rlfleet.runs.bootstrap import sft_folder
 
     base = sft_folder(load_config("metaworld_quickstart_tinyoft"))
     assert (
@@ -115,8 +115,8 @@ def test_sft_cache_is_shared_by_runs_that_differ_only_in_sampling():
 
 
 def test_mlp_sft_fits_observation_statistics_to_the_demos():
-    from rlfleet.data.sft import train_sft
     from rlfleet.policies import GaussianMLPPolicy, PolicyConfig
+    from rlfleet.runs.sft import train_sft
 
     data = build_sft_data([_episode(0, 30), _episode(1, 20)], chunk_size=1)
     data.obs["states"] = data.obs["states"] * 3.0 + 5.0

@@ -171,7 +171,7 @@ _LOG_SCRIPT = textwrap.dedent("""
     from pathlib import Path
     import numpy as np
     from rlfleet.config import load_config
-    from rlfleet.eval_video import write_mp4
+    from rlfleet.eval.video import write_mp4
     from rlfleet.learner.metrics import MetricsWriter
     from rlfleet.telemetry.trackers import log_eval
 

@@ -28,7 +28,7 @@ def make_model(seed: int) -> nn.Module:
 
 
 class Learner:
-    """The learner's side of publishing: digests that skip frozen tensors, as rlfleet.learner.run does."""
+    """The learner's side of publishing: digests that skip frozen tensors, as rlfleet.learner.main does."""
 
     def __init__(self, model: nn.Module, publisher: WeightPublisher):
         self.model, self.publisher = model, publisher

@@ -120,7 +120,7 @@ class MetaWorldEnv(EpisodeEnv):
     def expert_one(self, i: int) -> np.ndarray:
         """MetaWorld's scripted expert (`metaworld.policies.ENV_POLICY_MAP[task]`, stateless) on the
         same 39-dim observation as `obs["states"]` (float32, cast to float64), clipped, as
-        `rlfleet.data.env_demos` records demos."""
+        `rlfleet.runs.collect` records demos."""
         if self._experts is None:
             from metaworld.policies import ENV_POLICY_MAP  # after MUJOCO_GL is set (package __init__)
 

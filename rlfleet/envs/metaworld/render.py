@@ -16,7 +16,7 @@ class CameraRenderer:
     """
 
     def __init__(self, env: Any, size: int, camera: str) -> None:
-        import mujoco
+        import mujoco  # after MUJOCO_GL is set (the metaworld package __init__)
 
         model = env.model
         try:

@@ -64,7 +64,7 @@ def _panda_urdf(visual: bool) -> str:
 
     The file name is a hash of its text, written atomically, so processes share it and never litter.
     """
-    import pybullet_data
+    import pybullet_data  # robot/asset files only when a scene is built (the [robotwin] extra)
 
     src = os.path.join(pybullet_data.getDataPath(), "franka_panda", "panda.urdf")
     with open(src) as f:

@@ -17,6 +17,10 @@ from pathlib import Path
 
 import numpy as np
 
+from rlfleet.envs.api import EnvConfig
+from rlfleet.envs.robotwin.settings import SETTINGS
+from rlfleet.envs.robotwin.tasks import TASKS
+
 SEED_DIR = Path(__file__).parent / "seeds"
 SPLITS = ("train", "eval", "any")  # "any": raw seeds, not filtered by the expert
 SPLIT_BASE = {"train": 0, "eval": 1_000_000}
@@ -45,8 +49,7 @@ def load_seeds(task: str, split: str, setting: str) -> list[int]:
 
 def expert_solves(task: str, setting: str, seed: int, max_steps: int = EXPERT_STEPS) -> tuple[bool, int]:
     """Run the scripted expert on the episode of raw `seed`; (solved, steps it took)."""
-    from rlfleet.envs.api import EnvConfig
-    from rlfleet.envs.robotwin.env import RoboTwinEnv
+    from rlfleet.envs.robotwin.env import RoboTwinEnv  # robotwin.env imports this module
 
     cfg = EnvConfig(
         name="robotwin", task=f"{task}:{setting}:any", max_episode_steps=max_steps + 1, reward_type="success"
@@ -78,9 +81,6 @@ def find_solvable_seeds(
 
 
 def main(argv: list[str] | None = None) -> None:
-    from rlfleet.envs.robotwin.settings import SETTINGS
-    from rlfleet.envs.robotwin.tasks import TASKS
-
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tasks", default=",".join(TASKS))
     ap.add_argument("--settings", default=",".join(SETTINGS))

@@ -1,33 +1,46 @@
-"""The learner process: serve LearnerService, train on what arrives, publish, checkpoint, evaluate."""
+"""The learner role's main: serve LearnerService, train on what arrives, publish, checkpoint, evaluate.
+
+Evaluation is handed in (`Evaluation`): the eval layer sits above the roles, and the CLI passes
+`rlfleet.eval.episodes.RunEvaluation` when it starts this role (`rlfleet learner`, and
+`python -m rlfleet.learner` under torchrun). Without one the learner trains and skips evaluation.
+"""
 
 from __future__ import annotations
 
 import copy
-import dataclasses
 import json
 import logging
 import signal
 import threading
 import time
 import uuid
+from argparse import Namespace
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Protocol
 
 import torch
 from omegaconf import DictConfig, OmegaConf
 from safetensors.torch import save as st_save
 
 from rlfleet.algorithms.grpo import check_stage_rows, episode_rollout_len
-from rlfleet.chain_metrics import chain_markdown, chain_report
-from rlfleet.config import as_dict, eval_env_config, eval_seed_range, run_observation_spec, to_yaml
-from rlfleet.envs.api import EnvConfig
-from rlfleet.envs.registry import make_env, scored_chain_length
-from rlfleet.evaluation import evaluate_policy, task_list
+from rlfleet.config import (
+    as_dict,
+    eval_env_config,
+    eval_seed_range,
+    fill_model_dims,
+    load_config,
+    run_observation_spec,
+    to_yaml,
+)
+from rlfleet.envs.chains import chain_report
+from rlfleet.envs.registry import scored_chain_length, task_list
 from rlfleet.learner.checkpointer import Checkpointer, TrainerCounters, run_info
 from rlfleet.learner.distributed import Ranks, SingleRank, join_ranks
 from rlfleet.learner.follower import run_follower
 from rlfleet.learner.ingest import IngestQueue
 from rlfleet.learner.losses import LossLedger
-from rlfleet.learner.metrics import EpisodeWindow, MetricsWriter, TrainProgress
+from rlfleet.learner.metrics import EpisodeWindow, MetricsWriter, TrainProgress, print_summary
 from rlfleet.learner.service import LearnerServicer, segment_byte_limit
 from rlfleet.learner.trainer import PPOTrainer
 from rlfleet.learner.weight_publisher import WeightPublisher, tensor_digests
@@ -37,32 +50,16 @@ from rlfleet.telemetry.trackers import log_eval
 from rlfleet.wire.gen import learner_pb2_grpc
 from rlfleet.wire.grpc_decoding import add_servicer
 from rlfleet.wire.grpc_server import start_grpc_server
+from rlfleet.wire.join import write_address
 from rlfleet.wire.segment import Segment
 
 log = logging.getLogger(__name__)
-
-
-def fill_model_dims(cfg: DictConfig) -> EnvConfig:
-    """Probe one env for its dimensions and record them in the config the learner hands out."""
-    env_cfg = EnvConfig(**as_dict(cfg.env))
-    probe = make_env(dataclasses.replace(env_cfg, image_size=0), 1)  # shapes only: no renderer needed
-    cfg.model_dims.state_dim = probe.spec.state_dim
-    cfg.model_dims.action_dim = probe.spec.action_dim
-    probe.close()
-    return env_cfg
 
 
 def record_policy_outputs(cfg: DictConfig, policy: torch.nn.Module) -> None:
     """Log-prob shape and extra outputs size the actors' slots and the segments they push."""
     cfg.model_dims.logprob_shape = list(policy.logprob_shape)
     cfg.model_dims.extra_outputs = {name: list(shape) for name, (shape, _) in policy.extra_outputs.items()}
-
-
-def write_address(path: str | None, **addresses: str) -> None:
-    if path:
-        tmp = Path(path + ".tmp")
-        tmp.write_text(json.dumps(addresses))
-        tmp.replace(path)
 
 
 def archive_previous_run(run_dir: Path) -> Path | None:
@@ -78,9 +75,33 @@ def archive_previous_run(run_dir: Path) -> Path | None:
     return dest
 
 
+class Evaluation(Protocol):
+    """The run's evaluation episodes on the held-out eval seeds, and the report of the final one."""
+
+    def __call__(
+        self,
+        policy: torch.nn.Module,
+        episodes: int,
+        out_dir: Path,
+        *,
+        episode_returns: dict[str, list[float]],
+        progress: bool = True,
+        videos: list[Path] | None = None,
+    ) -> dict[str, float]:
+        """Success per task over `episodes` episodes per task; videos (eval.video_cfg) under `out_dir`."""
+        ...
+
+    def write_chains(self, run_dir: Path, chain: Mapping[str, Mapping[str, float]], chain_length: int) -> None:
+        """Chained envs: the final evaluation's chain table (eval_chain.md)."""
+        ...
+
+
 class Learner:
-    def __init__(self, cfg: DictConfig, run_dir: Path, ranks: Ranks | None = None):
+    def __init__(
+        self, cfg: DictConfig, run_dir: Path, ranks: Ranks | None = None, evaluation: Evaluation | None = None
+    ):
         self.cfg = cfg
+        self.evaluation = evaluation  # None: no periodic or final evaluation
         self.run_dir = run_dir
         self.ranks = ranks or SingleRank()  # under torchrun this is rank 0; the others follow it
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -179,7 +200,7 @@ class Learner:
         eval_tasks = self.episodes.task_names if not cfg.eval.task else task_list(eval_env_config(cfg))
         eval_seed_range(cfg, len(eval_tasks))
         self.last_stats: dict[str, float] = {}
-        self.eval_chain: dict[str, dict[str, float]] = {}  # chained envs: rlfleet.chain_metrics.chain_report
+        self.eval_chain: dict[str, dict[str, float]] = {}  # chained envs: rlfleet.envs.chains.chain_report
         self.writer: MetricsWriter | None = None  # opened by train()
 
     def start(self) -> str:
@@ -322,6 +343,8 @@ class Learner:
         return summary
 
     def _eval_due(self) -> bool:
+        if self.evaluation is None:
+            return False
         e = self.cfg.eval
         by_updates = e.every_updates > 0 and self.counters.update % e.every_updates == 0
         by_time = e.every_seconds > 0 and time.monotonic() - self._last_eval >= e.every_seconds
@@ -334,8 +357,10 @@ class Learner:
         eval/success_len_k. Videos (eval.video_cfg) go under periodic_eval/update_N/, and to
         TensorBoard as eval/video/<task> with video_cfg.tensorboard."""
         cfg = self.cfg
+        if self.evaluation is None:  # a learner started without one evaluates nothing
+            return {}
         episodes = cfg.eval.periodic_episodes_per_task or cfg.eval.episodes_per_task
-        video = OmegaConf.to_object(cfg.eval.video_cfg)
+        video = cfg.eval.video_cfg
         returns: dict[str, list[float]] = {}
         written: list[Path] = []
         # on an accelerator, a CPU copy: the envs hand over CPU tensors, and the trained module stays put
@@ -343,13 +368,10 @@ class Learner:
         policy = self.policy if on_cpu else copy.deepcopy(self.policy).cpu()
         was_training = policy.training
         try:
-            success = evaluate_policy(
+            success = self.evaluation(
                 policy,
-                eval_env_config(cfg),
                 episodes,
-                seed=cfg.eval.seed,
-                video_cfg=video,
-                out_dir=self.run_dir / "periodic_eval" / f"update_{self.counters.update:06d}",
+                self.run_dir / "periodic_eval" / f"update_{self.counters.update:06d}",
                 episode_returns=returns,
                 progress=False,
                 videos=written,
@@ -376,25 +398,16 @@ class Learner:
         return scalars
 
     def evaluate(self) -> dict[str, float]:
-        video = OmegaConf.to_object(self.cfg.eval.video_cfg)
+        """The final evaluation (eval.episodes_per_task on the eval seeds), to every tracker."""
+        if self.evaluation is None:
+            return {}
+        video = self.cfg.eval.video_cfg
         returns: dict[str, list[float]] = {}
         t0 = time.time()
-        success = evaluate_policy(
-            self.policy,
-            eval_env_config(self.cfg),
-            self.cfg.eval.episodes_per_task,
-            seed=self.cfg.eval.seed,
-            video_cfg=video,
-            out_dir=self.run_dir,
-            episode_returns=returns,
-        )
+        success = self.evaluation(self.policy, self.cfg.eval.episodes_per_task, self.run_dir, episode_returns=returns)
         if self.episodes.chain_length:  # CALVIN's table: success_len_1..5 and avg_num_subtasks
             self.eval_chain = chain_report(returns, self.episodes.chain_length)
-            (self.run_dir / "eval_chain.md").write_text(
-                chain_markdown(
-                    self.eval_chain, f"{self.cfg.runner.experiment_name}: chains", self.episodes.chain_length
-                )
-            )
+            self.evaluation.write_chains(self.run_dir, self.eval_chain, self.episodes.chain_length)
         if self.writer is not None:  # eval success, the before/after table and the videos, to every tracker
             video_dir = Path(video.video_base_dir)
             log_eval(
@@ -424,8 +437,14 @@ class Learner:
 
 
 def run_learner(
-    cfg: DictConfig, address_file: str | None = None, metrics_port: int = 0, metrics_host: str = "127.0.0.1"
+    cfg: DictConfig,
+    address_file: str | None = None,
+    metrics_port: int = 0,
+    metrics_host: str = "127.0.0.1",
+    evaluation: Evaluation | None = None,
 ) -> dict:
+    """Serve and train until the budget is spent or a signal arrives; returns the run summary
+    (also summary.json). Under torchrun only rank 0 serves; the other ranks follow it."""
     ranks = join_ranks(cfg.learner.distributed)
     if not ranks.is_main:  # torchrun rank > 0: trains in lockstep, serves and writes nothing
         try:
@@ -434,7 +453,7 @@ def run_learner(
             ranks.close()
         return {}
     run_dir = Path(cfg.runner.logger.log_path)
-    learner = Learner(cfg, run_dir, ranks)
+    learner = Learner(cfg, run_dir, ranks, evaluation)
     learner.start()
     ranks.send_config(to_yaml(learner.cfg))
     try:
@@ -452,7 +471,7 @@ def run_learner(
     signal.signal(signal.SIGTERM, on_signal)
     try:
         summary = learner.train()
-        if cfg.eval.at_end and not learner.stop_event.is_set():
+        if cfg.eval.at_end and evaluation is not None and not learner.stop_event.is_set():
             time.sleep(0.5)  # let actors see the stop flag and free the cores
             eval_success = learner.evaluate()
             summary["eval_success"] = eval_success
@@ -466,3 +485,17 @@ def run_learner(
         ranks.close()
         if metrics is not None:
             metrics.close()
+
+
+def main(args: Namespace, evaluation_for: Callable[[DictConfig], Evaluation] | None = None) -> int:
+    """`rlfleet learner RECIPE [overrides]` (parsed by rlfleet.cli); `evaluation_for(cfg)` builds
+    the run's evaluation (the CLI passes `rlfleet.eval.episodes.RunEvaluation`)."""
+    bind = ([f"learner.host={args.host}"] if args.host else []) + (
+        [f"learner.port={args.port}"] if args.port is not None else []
+    )
+    cfg = load_config(args.recipe, bind + args.overrides + (["runner.resume=true"] if args.resume else []))
+    evaluation = evaluation_for(cfg) if evaluation_for is not None else None
+    summary = run_learner(cfg, args.address_file, args.metrics_port, args.metrics_host, evaluation)
+    if summary and not args.address_file:  # started by hand: show the result here (torchrun: rank 0 only)
+        print_summary(summary)
+    return 0

@@ -12,11 +12,12 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from rlfleet.policies.checkpoint_io import is_hub_path, load_checkpoint, read_model_config, resolve_model_path
+from rlfleet.policies.vla.normalization import get_norm_stats
 
 TRAINING_INFO = "training.json"  # written by rlfleet.learner.checkpointer beside each checkpoint
 NORM_STATS = "norm_stats.json"
@@ -56,8 +57,6 @@ def _norm_stats(checkpoint: Path) -> dict[str, Any] | None:
         return json.loads((checkpoint / NORM_STATS).read_text())
     policy, cfg = load_checkpoint(checkpoint)
     try:
-        from rlfleet.policies.vla.normalization import get_norm_stats
-
         return {cfg["policy"].get("unnorm_key", "default"): get_norm_stats(policy)}
     except (TypeError, ValueError, LookupError):
         pass  # no VLA normaliser in this policy
@@ -71,21 +70,6 @@ def _norm_stats(checkpoint: Path) -> dict[str, Any] | None:
         if name.endswith(".mean") and name[: -len("mean")] + "var" in state
     }
     return {"observation": stats} if stats else None
-
-
-def _eval_markdown(summary: Mapping[str, Any], checkpoint: Path, env_name: str) -> str | None:
-    from rlfleet.envs.registry import task_groups
-    from rlfleet.eval_report import compare_markdown, success_table, to_markdown
-
-    after = summary.get("eval_success")
-    groups = task_groups(env_name)  # the env's own report groups (MetaWorld: difficulty levels)
-    if after and summary.get("eval_before"):
-        return compare_markdown(summary["eval_before"], after, "Success before / after RL fine-tuning", groups)
-    if after:
-        return to_markdown(success_table(after, groups=groups), "Evaluation (success_once, deterministic policy)")
-    if (checkpoint / "eval" / "eval.md").exists():  # `rlfleet eval CHECKPOINT` wrote one
-        return (checkpoint / "eval" / "eval.md").read_text()
-    return None
 
 
 def model_card(
@@ -154,8 +138,16 @@ def model_card(
     return "\n".join(lines)
 
 
-def export_checkpoint(checkpoint: str | Path, out: str | Path, repo_id: str | None = None) -> Path:
-    """Write a Hub-ready folder for `checkpoint` (a checkpoint folder, run folder or hf:// path) into `out`."""
+EvalMarkdown = Callable[[Mapping[str, Any], Path, str], "str | None"]
+"""(run summary, checkpoint folder, env name) -> the model card's evaluation section, or None."""
+
+
+def export_checkpoint(
+    checkpoint: str | Path, out: str | Path, repo_id: str | None = None, eval_markdown: EvalMarkdown | None = None
+) -> Path:
+    """Write a Hub-ready folder for `checkpoint` (a checkpoint folder, run folder or hf:// path) into
+    `out`. `eval_markdown` writes the card's evaluation section (the CLI passes
+    `rlfleet.eval.report.checkpoint_eval_markdown`; policies sit below the eval layer)."""
     src = checkpoint_folder(checkpoint)
     out = Path(out)
     if out.resolve() == src.resolve():
@@ -173,25 +165,28 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, repo_id: str | No
         (out / TRAINING_INFO).write_text(json.dumps(info, indent=2))
     run = _run_folder(src)
     summary = json.loads((run / "summary.json").read_text()) if run and (run / "summary.json").exists() else {}
-    (out / "README.md").write_text(
-        model_card(
-            config, info, summary, _eval_markdown(summary, src, (config.get("env") or {}).get("name", "")), repo_id
-        )
-    )
+    env_name = (config.get("env") or {}).get("name", "")
+    eval_md = eval_markdown(summary, src, env_name) if eval_markdown else None
+    (out / "README.md").write_text(model_card(config, info, summary, eval_md, repo_id))
     return out
 
 
 def push_checkpoint(
-    checkpoint: str | Path, repo_id: str, private: bool = False, revision: str | None = None, message: str | None = None
+    checkpoint: str | Path,
+    repo_id: str,
+    private: bool = False,
+    revision: str | None = None,
+    message: str | None = None,
+    eval_markdown: EvalMarkdown | None = None,
 ) -> str:
     """Export `checkpoint` and upload it to the Hub model repo `repo_id` (created if missing); the
     token comes from HF_TOKEN or `hf auth login`. Returns the commit URL."""
     from huggingface_hub import HfApi  # only pushing needs the network client
-    from huggingface_hub.errors import HfHubHTTPError
+    from huggingface_hub.errors import HfHubHTTPError  # the same
 
     api = HfApi()
     with tempfile.TemporaryDirectory() as tmp:
-        folder = export_checkpoint(checkpoint, Path(tmp) / "export", repo_id=repo_id)
+        folder = export_checkpoint(checkpoint, Path(tmp) / "export", repo_id=repo_id, eval_markdown=eval_markdown)
         try:
             api.create_repo(repo_id, repo_type="model", private=private, exist_ok=True)
             if revision:

@@ -9,7 +9,8 @@ RLinf's grammar, with RLinf's component names:
       (collocated)                  (disaggregated)               (hybrid)
 
 `env` are the simulator actors (rlfleet actor processes), `rollout` the inference servers and
-`actor` the learner ranks (RLinf's "actor" is the trained model, not an rlfleet actor). A value
+`actor` the learner ranks (RLinf's "actor" is the trained model, not an rlfleet actor);
+`RLINF_COMPONENTS` below is the one mapping, and `PlacementPlan` speaks rlfleet's role names. A value
 is `all`, one index, a range `a-b` (inclusive) or a comma list of those. Each listed device gets
 one instance of the role: `rollout: 4-7` starts four inference servers, `actor: 0-7` an
 8-rank learner under torchrun.
@@ -29,8 +30,17 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-COMPONENTS = ("env", "rollout", "actor")
-ROLE_OF = {"env": "actors", "rollout": "inference servers", "actor": "learner ranks"}
+import torch
+from omegaconf import DictConfig
+
+from rlfleet.config import as_dict
+
+# The one place RLinf's component names meet rlfleet's roles (docs/glossary.md): RLinf's key ->
+# the PlacementPlan field, named after the rlfleet role it places. RLinf's "actor" is the model
+# being trained (rlfleet's learner ranks); an rlfleet actor is an env-stepping process ("env").
+RLINF_COMPONENTS: dict[str, str] = {"env": "actors", "rollout": "inference", "actor": "learner"}
+COMPONENTS = tuple(RLINF_COMPONENTS)
+_ROLE_WORDS = {"actors": "actor processes", "inference": "inference servers", "learner": "learner ranks"}
 
 
 class PlacementError(ValueError):
@@ -76,16 +86,17 @@ def _parse_range(part: str, spec) -> range:
 
 @dataclass
 class PlacementPlan:
-    """Devices per role; `device_kind` is 'cuda' or 'cpu' (process slots)."""
+    """Devices per rlfleet role (one process per listed device); `device_kind` is 'cuda' or 'cpu'
+    (process slots)."""
 
-    env: list[int]
-    rollout: list[int]
-    actor: list[int]
+    actors: list[int]  # RLinf's `env`
+    inference: list[int]  # RLinf's `rollout`
+    learner: list[int]  # RLinf's `actor`
     device_kind: str
     mode: str = field(init=False)
 
     def __post_init__(self) -> None:
-        learner, inference = set(self.actor), set(self.rollout)
+        learner, inference = set(self.learner), set(self.inference)
         if not learner & inference:
             self.mode = "disaggregated"
         elif learner == inference:
@@ -95,19 +106,19 @@ class PlacementPlan:
 
     @property
     def num_learner_ranks(self) -> int:
-        return len(self.actor)
+        return len(self.learner)
 
     @property
     def num_inference_servers(self) -> int:
-        return len(self.rollout)
+        return len(self.inference)
 
     @property
     def num_actors(self) -> int:
-        return len(self.env)
+        return len(self.actors)
 
     def shares_device(self, inference_device: int) -> bool:
         """Whether an inference server's device is also a learner rank's (offload while idle)."""
-        return inference_device in self.actor
+        return inference_device in self.learner
 
     def device_name(self, index: int) -> str:
         return f"cuda:{index}" if self.device_kind == "cuda" else "cpu"
@@ -122,9 +133,9 @@ class PlacementPlan:
 
     def describe(self) -> str:
         lines = [f"placement: {self.mode}"]
-        for comp in COMPONENTS:
-            devs = getattr(self, comp)
-            lines.append(f"  {comp:8s} -> {len(devs)} {ROLE_OF[comp]} on {self.device_kind} {_ranges(devs)}")
+        for comp, role in RLINF_COMPONENTS.items():
+            devs = getattr(self, role)
+            lines.append(f"  {comp:8s} -> {len(devs)} {_ROLE_WORDS[role]} on {self.device_kind} {_ranges(devs)}")
         if self.device_kind == "cpu":
             lines.append(
                 "  no CUDA device here: device indices are process slots on this host "
@@ -167,13 +178,20 @@ def plan_placement(spec: Mapping[str, str | int], num_devices: int, device_kind:
             f"component_placement does not place {', '.join(missing)}; "
             "give every one of env, rollout, actor (e.g. 'env,rollout,actor: all')"
         )
-    return PlacementPlan(found["env"], found["rollout"], found["actor"], device_kind)
+    return PlacementPlan(**{RLINF_COMPONENTS[c]: devs for c, devs in found.items()}, device_kind=device_kind)
 
 
 def detect_devices(num_slots: int) -> tuple[int, str]:
     """(number of devices, kind): the CUDA devices if any, else `num_slots` CPU process slots."""
-    import torch
-
     if torch.cuda.is_available():
         return torch.cuda.device_count(), "cuda"
     return max(1, num_slots), "cpu"
+
+
+def resolve_placement(cfg: DictConfig) -> PlacementPlan | None:
+    """The run's PlacementPlan, or None without `cluster.component_placement`; a bad placement is
+    a PlacementError before anything is spawned."""
+    if not cfg.cluster.component_placement:
+        return None
+    num, kind = detect_devices(cfg.cluster.cpu_slots or os.cpu_count() or 1)
+    return plan_placement(as_dict(cfg.cluster.component_placement), num, kind)

@@ -10,7 +10,7 @@ One iteration i (formulas in `rlfleet.algorithms.dagger` and docs/algorithms.md)
    on the fly inside the chunk (`MetaWorldEnv.expert_chunk_step`). A sample is the observation at a
    chunk's first state s_t (the only states with a camera frame) and the chunk label
    (pi*(s_t), ..., pi*(s_{t+K-1})) of the K states the env went through, i.e. consecutive per-step
-   expert labels as `rlfleet.data.sft.action_chunks` builds them from demos. For an expert-executed
+   expert labels as `rlfleet.runs.sft.action_chunks` builds them from demos. For an expert-executed
    chunk this is exactly the chunk the expert ran; for a student chunk it is what the expert would
    have done at each state the student visited (the MetaWorld experts are stateless closed-loop
    controllers, so "what to do here" is well defined at every state).
@@ -48,9 +48,19 @@ from rlfleet.algorithms.dagger import (
     intervention_gate,
     mix_policies,
 )
-from rlfleet.config import as_dict, eval_env_config, to_yaml
+from rlfleet.config import as_dict, eval_env_config, fill_model_dims, to_yaml
+from rlfleet.data.demos import load_demos
 from rlfleet.envs.api import EnvConfig
-from rlfleet.evaluation import evaluate_policy, obs_tensors
+from rlfleet.envs.registry import make_env
+from rlfleet.eval.episodes import evaluate_policy, obs_tensors
+from rlfleet.learner.checkpointer import Checkpointer, TrainerCounters, run_info
+from rlfleet.learner.main import archive_previous_run
+from rlfleet.learner.metrics import MetricsWriter
+from rlfleet.policies.checkpoint_io import model_config, policy_from_config
+from rlfleet.policies.vla.normalization import compute_norm_stats, get_norm_stats, save_norm_stats, set_norm_stats
+from rlfleet.runs.bootstrap import demos_folder
+from rlfleet.runs.sft import _shift, build_sft_data
+from rlfleet.telemetry.trackers import log_eval
 
 log = logging.getLogger(__name__)
 
@@ -140,8 +150,6 @@ def train_on_dataset(
     gen: torch.Generator,
 ) -> float:
     """S = `cfg.train_steps` steps of min E_{(s, a*) ~ D} policy.sft_loss(s, a*); returns the mean loss."""
-    from rlfleet.data.sft import _shift
-
     obs_np, actions_np, _ = data.arrays()
     obs_t = {k: torch.from_numpy(v) for k, v in obs_np.items() if k in policy.obs_keys}
     actions_t = torch.from_numpy(actions_np)
@@ -168,10 +176,6 @@ def train_on_dataset(
 
 def _load_demos(cfg: DictConfig, obs_keys: tuple[str, ...], chunk_size: int) -> tuple[dict, np.ndarray] | None:
     """The run's demo dataset (the SFT data) as (obs, chunk labels), or None when there is none."""
-    from rlfleet.data.bootstrap import demos_folder
-    from rlfleet.data.demos import load_demos
-    from rlfleet.data.sft import build_sft_data
-
     folder = demos_folder(cfg)
     if not (folder / "index.json").exists():
         return None
@@ -201,8 +205,6 @@ def _save_checkpoint(
 ) -> Path:
     folder = checkpointer.save(policy, optimizer, counters, model_cfg)
     try:  # VLA policies: norm_stats.json beside the weights, as SFT checkpoints have
-        from rlfleet.policies.vla.normalization import get_norm_stats, save_norm_stats
-
         save_norm_stats(folder, unnorm_key, get_norm_stats(policy))
     except (TypeError, ValueError, LookupError):
         pass  # a policy without normalisation buffers (the MLP)
@@ -211,8 +213,6 @@ def _save_checkpoint(
 
 def _maybe_set_norm_stats(policy: torch.nn.Module, data: AggregatedDataset) -> bool:
     """A fresh policy (no checkpoint) takes its action/state normalisation from the first data of D."""
-    from rlfleet.policies.vla.normalization import compute_norm_stats, set_norm_stats
-
     obs, actions, _ = data.arrays()
     try:
         set_norm_stats(policy, compute_norm_stats(actions.reshape(-1, actions.shape[-1]), obs["states"]))
@@ -232,14 +232,6 @@ def _evaluate(policy: torch.nn.Module, env_cfg: EnvConfig, episodes: int, seed: 
 
 def run_dagger(cfg: DictConfig, progress: bool = True) -> dict[str, Any]:
     """Run DAgger / HG-DAgger as configured in `cfg.dagger`; returns (and writes) the run summary."""
-    from rlfleet.envs.registry import make_env, task_groups
-    from rlfleet.eval_report import compare_markdown
-    from rlfleet.learner.checkpointer import Checkpointer, TrainerCounters, run_info
-    from rlfleet.learner.metrics import MetricsWriter
-    from rlfleet.learner.run import archive_previous_run, fill_model_dims
-    from rlfleet.policies.checkpoint_io import model_config, policy_from_config
-    from rlfleet.telemetry.trackers import log_eval
-
     dcfg: DAggerConfig = OmegaConf.to_object(cfg.dagger)
     env = make_env(EnvConfig(**as_dict(cfg.env)), dcfg.num_envs)
     if not env.has_expert:
@@ -446,12 +438,4 @@ def run_dagger(cfg: DictConfig, progress: bool = True) -> dict[str, Any]:
         summary["eval_before"] = before
         summary["eval_before_mean"] = sum(before.values()) / len(before)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    if before is not None and "eval_success" in summary:
-        title = (
-            f"{cfg.runner.experiment_name}: success before / after {summary['method']} "
-            f"({summary['train_seconds']} s of training)"
-        )  # the same title `rlfleet train` writes
-        (run_dir / "before_after.md").write_text(
-            compare_markdown(before, summary["eval_success"], title, task_groups(cfg.env.name))
-        )
     return summary

@@ -1,17 +1,23 @@
-"""Evaluation: the policy (deterministic by default, or sampled as in training) on fresh episodes
-of every task, success_once per task."""
+"""Evaluation episodes: the policy (deterministic by default, or sampled as in training) on fresh
+episodes of every task, success_once per task; `RunEvaluation` is a run's evaluation as the
+learner role receives it (periodic and final)."""
 
 from __future__ import annotations
 
-import dataclasses
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
 import torch
+from omegaconf import DictConfig, OmegaConf
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from torch import nn
 
+from rlfleet.config import VideoConfig, eval_env_config
 from rlfleet.envs.api import ChunkedEnv, EnvConfig
-from rlfleet.envs.registry import env_factory, make_env
+from rlfleet.envs.registry import make_env, task_list
+from rlfleet.eval.report import chain_markdown
+from rlfleet.eval.video import EpisodeRecorder
 
 # A rendering env holds a ~60 MB offscreen context: evaluate in rounds of at most this many envs.
 MAX_EVAL_ENVS = 50
@@ -41,8 +47,6 @@ def evaluate_policy(
     `progress` shows a bar over episodes on the terminal (off where another live display runs,
     such as the training bar); `videos`, when given, receives the paths of the MP4s written.
     """
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
     tasks = task_list(env_cfg)
     per_round = max(1, min(episodes_per_task, max_envs // len(tasks)))
     results: dict[str, list[bool]] = {t: [] for t in tasks}
@@ -92,8 +96,6 @@ def _run_episodes(
 ) -> tuple[list[str], np.ndarray, np.ndarray, list[Path]]:
     """One episode per env of a batch reset with `seeds` (env i runs task i mod num_tasks);
     success_once and return per env, and the videos written. `on_done(n)`: n more episodes ended."""
-    from rlfleet.eval_video import EpisodeRecorder, VideoConfig
-
     n = len(seeds)
     recorder = None
     try:
@@ -135,13 +137,35 @@ def obs_tensors(obs: dict, keys: tuple[str, ...]) -> dict[str, torch.Tensor]:
     return {k: torch.from_numpy(np.ascontiguousarray(obs[k])) for k in keys}
 
 
-def task_list(env_cfg: EnvConfig) -> list[str]:
-    """The distinct tasks of a config, in order (envs are spread over them round-robin)."""
-    tasks = getattr(env_factory(env_cfg.name), "config_tasks", lambda cfg: None)(env_cfg)
-    if tasks is not None:
-        return list(tasks)
-    probe = make_env(dataclasses.replace(env_cfg, image_size=0), 1)  # other envs say themselves (no renderer)
-    try:
-        return probe.task_list
-    finally:
-        probe.close()
+class RunEvaluation:
+    """A run's evaluation (`rlfleet.learner.main.Evaluation`): `evaluate_policy` on the run's eval
+    env (`eval_env_config`) from `eval.seed`, with its `eval.video_cfg`, and the final chain table."""
+
+    def __init__(self, cfg: DictConfig):
+        self.cfg = cfg
+
+    def __call__(
+        self,
+        policy: nn.Module,
+        episodes: int,
+        out_dir: Path,
+        *,
+        episode_returns: dict[str, list[float]],
+        progress: bool = True,
+        videos: list[Path] | None = None,
+    ) -> dict[str, float]:
+        return evaluate_policy(
+            policy,
+            eval_env_config(self.cfg),
+            episodes,
+            seed=self.cfg.eval.seed,
+            video_cfg=OmegaConf.to_object(self.cfg.eval.video_cfg),
+            out_dir=out_dir,
+            episode_returns=episode_returns,
+            progress=progress,
+            videos=videos,
+        )
+
+    def write_chains(self, run_dir: Path, chain: Mapping[str, Mapping[str, float]], chain_length: int) -> None:
+        title = f"{self.cfg.runner.experiment_name}: chains"
+        (Path(run_dir) / "eval_chain.md").write_text(chain_markdown(chain, title, chain_length))

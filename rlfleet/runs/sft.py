@@ -12,18 +12,24 @@ from __future__ import annotations
 import json
 import logging
 import time
+from argparse import Namespace
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from rlfleet.config import SFTConfig
+from rlfleet.config import SFTConfig, as_dict, load_config, policy_settings
+from rlfleet.data.demos import load_demos
 from rlfleet.envs.api import EnvConfig
-from rlfleet.policies.checkpoint_io import model_config, save_checkpoint_folder
+from rlfleet.eval.episodes import evaluate_policy
+from rlfleet.learner.metrics import print_summary
+from rlfleet.policies.checkpoint_io import load_checkpoint, model_config, save_checkpoint_folder
 from rlfleet.policies.registry import make_policy
+from rlfleet.policies.vla.normalization import compute_norm_stats, save_norm_stats, set_norm_stats
 
 log = logging.getLogger(__name__)
 
@@ -152,10 +158,6 @@ def run_sft(
     progress: bool = True,
 ) -> dict[str, Any]:
     """Demos folder -> trained checkpoint folder (config.json, model.safetensors, norm_stats.json)."""
-    from rlfleet.data.demos import load_demos
-    from rlfleet.evaluation import evaluate_policy
-    from rlfleet.policies.vla.normalization import compute_norm_stats, save_norm_stats, set_norm_stats
-
     torch.set_num_threads(cfg.threads)
     t0 = time.monotonic()
     episodes = load_demos(demos, only_success=True)
@@ -201,3 +203,20 @@ def run_sft(
     }
     (out / "sft_log.json").write_text(json.dumps(summary, indent=2))
     return summary
+
+
+def main(args: Namespace) -> int:
+    """`rlfleet sft RECIPE --demos DIR --out DIR`: behaviour-clone the recipe's policy on a demo
+    dataset and write a checkpoint folder (evaluated with --eval-episodes)."""
+    cfg = load_config(args.recipe, args.overrides)
+    summary = run_sft(
+        args.demos, args.out, policy_settings(cfg), EnvConfig(**as_dict(cfg.env)), SFTConfig(**as_dict(cfg.sft))
+    )
+    if args.eval_episodes:
+        policy, _ = load_checkpoint(args.out)
+        success = evaluate_policy(policy, EnvConfig(**as_dict(cfg.env)), args.eval_episodes, seed=cfg.eval.seed)
+        summary.update(eval_success=success, eval_success_mean=sum(success.values()) / len(success))
+        print_summary(summary)
+    Console().print({k: summary[k] for k in ("samples", "episodes", "steps", "final_loss", "train_seconds")})
+    print(f"checkpoint: {args.out}")
+    return 0

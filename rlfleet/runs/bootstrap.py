@@ -15,8 +15,10 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from rlfleet.config import as_dict, policy_settings
+from rlfleet.config import SFTConfig, as_dict, policy_settings
 from rlfleet.envs.api import EnvConfig
+from rlfleet.runs.collect import collect_env_demos
+from rlfleet.runs.sft import run_sft
 
 log = logging.getLogger(__name__)
 
@@ -57,10 +59,6 @@ def sft_folder(cfg: DictConfig) -> Path:
 
 def ensure_sft_checkpoint(cfg: DictConfig, progress: bool = True) -> Path:
     """Collect demos and run SFT unless cached; returns the checkpoint folder."""
-    from rlfleet.config import SFTConfig
-    from rlfleet.data.env_demos import collect_env_demos
-    from rlfleet.data.sft import run_sft
-
     demos, ckpt = demos_folder(cfg), sft_folder(cfg)
     if (ckpt / "model.safetensors").exists():
         log.info("using the cached SFT checkpoint %s", ckpt)

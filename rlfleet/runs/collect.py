@@ -17,14 +17,18 @@ from evaluation seeds or pools.
 from __future__ import annotations
 
 import json
+import logging
 import shutil
+from argparse import Namespace
 from dataclasses import asdict, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
 
 from rlfleet.data.demos import ATTEMPTS_PER_EPISODE, DEMO_SEED_BASE, FORMAT
 from rlfleet.envs.api import EnvConfig, decode_instructions
@@ -208,3 +212,40 @@ def _write_episode(tmp: Path, ep_id: int, task: str, seed: int, attempt: int, ar
         "success": ok,
         "success_step": int(np.argmax(arrays["success"])) if ok else -1,
     }
+
+
+def main(args: Namespace) -> int:
+    """`rlfleet collect --tasks T --out DIR`: record scripted-expert demonstrations (the SFT data)."""
+    try:
+        cfg = EnvConfig(
+            name=args.env,
+            task=args.tasks,
+            max_episode_steps=args.max_episode_steps,
+            image_size=args.image_size,
+            camera=args.camera,
+        )
+        summary = collect_env_demos(
+            Path(args.out),
+            cfg,
+            args.episodes_per_task,
+            seed=args.seed,
+            keep_failed=args.keep_failed,
+            overwrite=args.overwrite,
+        )
+    except FileExistsError as exc:  # main() only maps FileNotFoundError / ValueError to exit code 2
+        logging.getLogger("rlfleet").error("%s", exc)
+        return 2
+    table = Table(title=f"scripted-expert demos in {args.out}")
+    table.add_column("task")
+    table.add_column("episodes", justify="right")
+    table.add_column("expert success", justify="right")
+    table.add_column("failed attempts", justify="right")
+    for task, s in summary.items():
+        table.add_row(task, str(s["episodes"]), f"{s['attempts'] - s['failed']}/{s['attempts']}", str(s["failed"]))
+    Console().print(table)
+    short = [t for t, s in summary.items() if s["attempts"] - s["failed"] < args.episodes_per_task]
+    if short:
+        logging.getLogger("rlfleet").warning(
+            "fewer than %d successful episodes for: %s", args.episodes_per_task, ", ".join(short)
+        )
+    return 0

@@ -1,36 +1,46 @@
-"""Local mode: one command spawns the learner, an inference server and the actors on this host.
+"""Local mode (`rlfleet train`): one command spawns the learner, an inference server and the actors on this host.
 
 Each role is the same `rlfleet` subcommand a user would start by hand in distributed mode;
 the launcher only wires their addresses together (through small address files) and makes
 sure that when the learner ends, or on Ctrl-C, every child stops and nothing is left behind.
-While the learner runs, an actor process that crashes is restarted (`rlfleet.actor_supervisor`).
+While the learner runs, an actor process that crashes is restarted (`rlfleet.runs.supervisor`).
+The starting policy's evaluation (eval.before) runs here, before the fleet; the before/after
+tables are written once the learner's summary is in (`rlfleet.eval.report.write_before_after`).
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from argparse import Namespace
 from pathlib import Path
 
+import torch
 from omegaconf import DictConfig
 
-from rlfleet.actor_supervisor import ActorSupervisor, RestartPolicy, last_error_line
 from rlfleet.actors.learner_client import LEDGER_DIR_VAR
-from rlfleet.config import resolve_placement, to_yaml
-from rlfleet.placement import PlacementPlan
+from rlfleet.config import as_dict, eval_env_config, fill_model_dims, load_config, to_yaml
+from rlfleet.envs.chains import chain_report
+from rlfleet.envs.registry import scored_chain_length, task_groups
+from rlfleet.eval.episodes import evaluate_policy
+from rlfleet.eval.report import success_table, write_before_after, write_report
+from rlfleet.learner.metrics import print_summary
+from rlfleet.policies.checkpoint_io import policy_from_config
+from rlfleet.runs.bootstrap import ensure_sft_checkpoint, needs_bootstrap
+from rlfleet.runs.dagger import run_dagger
+from rlfleet.runs.placement import PlacementPlan, resolve_placement
+from rlfleet.runs.supervisor import ActorSupervisor, RestartPolicy, last_error_line
 from rlfleet.wire.auth import current as current_auth
 
 
 def _die_with_parent() -> None:
     """In the child, before exec: SIGTERM it when the launcher dies, even by SIGKILL (Linux
     prctl PR_SET_PDEATHSIG), so a killed `rlfleet train` leaves no actors or servers behind."""
-    import ctypes
-    import signal
-
     PR_SET_PDEATHSIG = 1
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
@@ -56,9 +66,9 @@ def _spawn(
 def _learner_launcher(plan: PlacementPlan | None) -> tuple[tuple[str, ...], dict[str, str]]:
     """`rlfleet learner`, or torchrun over the placement's learner devices (DDP, rank 0 serves)."""
     if plan is None or plan.num_learner_ranks == 1:
-        env = plan.visible_devices(plan.actor[0]) if plan else {}
+        env = plan.visible_devices(plan.learner[0]) if plan else {}
         return ("-m", "rlfleet.cli", "learner"), env
-    env = plan.visible_devices(*plan.actor)
+    env = plan.visible_devices(*plan.learner)
     return (
         "-m",
         "torch.distributed.run",
@@ -124,13 +134,6 @@ def _stop_all(procs: list[subprocess.Popen], grace: float) -> None:
 def evaluate_start(cfg: DictConfig, episode_returns: dict[str, list[float]] | None = None) -> dict[str, float]:
     """Success of the policy the run starts from (fresh or `policy.model_path`), for before/after;
     `episode_returns` receives each task's returns (the chain metrics of chained envs)."""
-    import torch
-
-    from rlfleet.config import as_dict, eval_env_config
-    from rlfleet.evaluation import evaluate_policy
-    from rlfleet.learner.run import fill_model_dims
-    from rlfleet.policies.checkpoint_io import policy_from_config
-
     torch.manual_seed(cfg.runner.seed)
     fill_model_dims(cfg)
     d = cfg.model_dims
@@ -142,14 +145,10 @@ def evaluate_start(cfg: DictConfig, episode_returns: dict[str, list[float]] | No
 
 def evaluate_only(cfg: DictConfig, run_dir: Path) -> dict:
     """`runner.only_eval`: the success table of the starting policy, also as JSON and Markdown."""
-    from rlfleet.eval_report import success_table, write_report
-
     if not cfg.policy.get("model_path"):
         raise ValueError("runner.only_eval needs policy.model_path (or demos.bootstrap: true)")
     success = evaluate_start(cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
-    from rlfleet.envs.registry import task_groups
-
     write_report(
         success_table(success, groups=task_groups(cfg.env.name)),
         run_dir,
@@ -179,27 +178,44 @@ def _render_device(plan: PlacementPlan | None, index: int) -> dict[str, str] | N
     """MuJoCo's EGL renderer of actor `index` on its placed GPU (nothing to choose on CPU)."""
     if plan is None or plan.device_kind != "cuda":
         return None
-    return {"MUJOCO_EGL_DEVICE_ID": str(plan.env[index % len(plan.env)])}
+    return {"MUJOCO_EGL_DEVICE_ID": str(plan.actors[index % len(plan.actors)])}
 
 
 def _metrics_flags(ports: dict[str, int], name: str, host: str) -> list[str]:
     return ["--metrics-port", str(ports[name]), "--metrics-host", host]
 
 
-def train_local(cfg: DictConfig, metrics_port: int = 0, metrics_host: str = "127.0.0.1") -> dict:
-    """Bootstrap an SFT checkpoint if the recipe asks for one, then run the fleet on this host."""
-    from rlfleet.data.bootstrap import ensure_sft_checkpoint, needs_bootstrap
+def main(args: Namespace) -> int:
+    """`rlfleet train RECIPE [overrides]`: the whole run on this host, then its tables."""
+    cfg = load_config(args.recipe, args.overrides + (["runner.resume=true"] if args.resume else []))
+    os.environ["RLFLEET_LOG_FORMAT"] = args.log_format  # the roles it spawns log the same way
+    os.environ["RLFLEET_COMMAND"] = args.command_line  # the learner records it in each checkpoint
+    summary = train_local(cfg, metrics_port=args.metrics_port, metrics_host=args.metrics_host)
+    print_summary(summary)
+    print(f"run folder: {cfg.runner.logger.log_path}")
+    return 0
 
+
+def train_local(cfg: DictConfig, metrics_port: int = 0, metrics_host: str = "127.0.0.1") -> dict:
+    """Bootstrap an SFT checkpoint if the recipe asks for one, then run the fleet on this host
+    (or DAgger in this process); writes the before/after tables when the starting policy was evaluated."""
     run_dir = Path(cfg.runner.logger.log_path)
+    plan = resolve_placement(cfg)  # a bad placement fails now, before the bootstrap or any process
     if needs_bootstrap(cfg):
         cfg.policy.model_path = str(ensure_sft_checkpoint(cfg))
     if cfg.runner.only_eval:
         return evaluate_only(cfg, run_dir)
     if cfg.dagger.enabled:  # imitation with the scripted experts, in this process (no fleet)
-        from rlfleet.data.dagger_loop import run_dagger
+        summary = run_dagger(cfg)
+    else:
+        summary = _train_fleet(cfg, run_dir, plan, metrics_port, metrics_host)
+    write_before_after(run_dir, summary, cfg.runner.experiment_name, cfg.env.name, cfg.eval.episodes_per_task)
+    return summary
 
-        return run_dagger(cfg)
-    plan = resolve_placement(cfg)
+
+def _train_fleet(
+    cfg: DictConfig, run_dir: Path, plan: PlacementPlan | None, metrics_port: int, metrics_host: str
+) -> dict:
     if plan is not None:
         print(plan.describe(), file=sys.stderr, flush=True)
         cfg.actor.num_actors = plan.num_actors
@@ -213,8 +229,9 @@ def train_local(cfg: DictConfig, metrics_port: int = 0, metrics_host: str = "127
     if before is not None and summary:
         summary["eval_before"] = before
         summary["eval_before_mean"] = sum(before.values()) / len(before)
-        if summary.get("eval_chain"):
-            summary["eval_chain_before"] = _chain_before_after(cfg, run_dir, returns, summary["eval_chain"])
+        n = scored_chain_length(cfg.env.name, cfg.env.reward_type)
+        if summary.get("eval_chain") and n:  # chained envs (CALVIN): the starting policy's chain table too
+            summary["eval_chain_before"] = chain_report(returns, n)
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
 
@@ -230,29 +247,8 @@ def _keep_before(run_dir: Path, before: dict[str, float]) -> None:
     )
 
 
-def _chain_before_after(
-    cfg: DictConfig, run_dir: Path, returns: dict[str, list[float]], after: dict[str, dict[str, float]]
-) -> dict[str, dict[str, float]]:
-    """Chained envs (CALVIN): the starting policy's chain table next to the trained one's, as
-    RLinf's CALVIN table (before_after_chain.md)."""
-    from rlfleet.chain_metrics import chain_markdown, chain_report
-    from rlfleet.envs.registry import scored_chain_length
-
-    n = scored_chain_length(cfg.env.name, cfg.env.reward_type)
-    before = chain_report(returns, n)
-    rows = {f"{task} {when}": table[task] for task in before for when, table in (("before", before), ("after", after))}
-    text = chain_markdown(
-        rows,
-        f"{cfg.runner.experiment_name}: chains before / after RL ({cfg.eval.episodes_per_task} eval chains per scene)",
-        n,
-    )
-    (run_dir / "before_after_chain.md").write_text(text)
-    print(text, flush=True)
-    return before
-
-
 def _supervise(learner: subprocess.Popen, supervisor: ActorSupervisor, every_s: float = 0.5) -> None:
-    """Until the learner exits: restart crashed actors (see rlfleet.actor_supervisor)."""
+    """Until the learner exits: restart crashed actors (see rlfleet.runs.supervisor)."""
     while True:
         try:
             learner.wait(timeout=every_s)
@@ -300,7 +296,7 @@ def _run_fleet(
     try:
         learner_addr = _wait_address(addr_dir / "learner.json", learner, "learner")
         inference_addrs = []
-        for j, device in enumerate(plan.rollout if plan else [None]):
+        for j, device in enumerate(plan.inference if plan else [None]):
             name = "inference" if j == 0 else f"inference{j}"
             placed = (
                 [] if device is None else ["--device", plan.device_name(0 if plan.device_kind == "cuda" else device)]

@@ -17,11 +17,12 @@ import importlib.util
 import logging
 import math
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from rlfleet.config import VideoConfig
 
 log = logging.getLogger(__name__)
 
@@ -35,18 +36,6 @@ except ImportError:  # pragma: no cover - depends on the environment
 MIN_VIDEO_SIDE = 256  # frames are upscaled by an integer factor to at least this many pixels
 _GREEN = np.array([40, 190, 60], np.uint8)
 _RED = np.array([210, 50, 40], np.uint8)
-
-
-@dataclass
-class VideoConfig:
-    """Eval video settings (RLinf's key names); simple types so it works as an OmegaConf structured config."""
-
-    save_video: bool = False
-    video_base_dir: str = "videos"  # relative paths are resolved against the recorder's `root`
-    fps: int = 20
-    info_overlay: bool = True  # task, step, cumulative reward and success drawn on every frame
-    max_videos_per_task: int = 1
-    tensorboard: bool = False  # periodic evaluation during RL also logs the videos to TensorBoard (eval/video/<task>)
 
 
 # --- frames ----------------------------------------------------------------------------------

@@ -6,7 +6,8 @@ groups of tasks: VLA papers on MetaWorld (TinyVLA, SmolVLA, RLinf) over the easy
 exist is the env's to say (`ChunkedEnv.task_groups()`, read through
 `rlfleet.envs.registry.task_groups(name)`): this module knows no simulator. It turns
 `evaluate_policy`'s `{task: success}` into that summary (JSON + Markdown + a rich table) and
-prints before/after comparisons for fine-tuning runs.
+prints before/after comparisons for fine-tuning runs. `write_before_after` is the one place a
+run's before/after tables are written (local-mode RL and DAgger runs both call it).
 
 All success values are fractions in [0, 1]; means are unweighted over tasks (each task counts
 once, whatever its number of episodes), as in the published tables.
@@ -22,7 +23,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from rich.console import Console
 from rich.table import Table
+
+from rlfleet.envs.chains import CHAIN_LENGTH, chain_columns
+from rlfleet.envs.registry import task_groups
 
 Groups = Mapping[str, Sequence[str]]
 """Group title -> its tasks, in report order (a task may be in several groups)."""
@@ -244,3 +249,56 @@ def compare_rich(
     m = cmp["mean"]
     out.add_row(f"[bold]mean[/bold] ({m['tasks']} tasks)", _pct(m["before"]), _pct(m["after"]), coloured(m["delta"]))
     return out
+
+
+def chain_markdown(rows: Mapping[str, Mapping[str, Any]], title: str, chain_length: int = CHAIN_LENGTH) -> str:
+    """RLinf's CALVIN table: one row per model or setting, success_len_k in % and avg_num_subtasks."""
+    cols = chain_columns(chain_length)
+    lines = [f"# {title}", "", "| | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
+    for name, m in rows.items():
+        cells = [f"{100 * m[c]:.1f}%" for c in cols[:-1]] + [f"{m['avg_num_subtasks']:.2f}"]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write_before_after(
+    run_dir: Path, summary: Mapping[str, Any], experiment: str, env_name: str, chain_episodes: int = 0
+) -> None:
+    """A finished run's before/after tables, from its summary: `before_after.md` (per task and per
+    task group of env `env_name`, also printed) when it has `eval_before` and `eval_success`, and for
+    chained envs `before_after_chain.md` (RLinf's CALVIN table) when it has `eval_chain_before` and
+    `eval_chain`. `chain_episodes` (eval chains per scene) goes into that table's title."""
+    run_dir = Path(run_dir)
+    before, after = summary.get("eval_before"), summary.get("eval_success")
+    if not (before and after):
+        return
+    method = summary.get("method", "RL")  # DAgger runs name themselves
+    title = f"{experiment}: success before / after {method} ({summary.get('train_seconds')} s of training)"
+    _atomic_write(run_dir / "before_after.md", compare_markdown(before, after, title, task_groups(env_name)))
+    Console().print(compare_rich(before, after, title=f"success before / after {method} fine-tuning"))
+    chain_before, chain_after = summary.get("eval_chain_before"), summary.get("eval_chain")
+    if chain_before and chain_after:
+        n = len([k for k in chain_after["all"] if k.startswith("success_len_")])
+        rows = {
+            f"{task} {when}": table[task]
+            for task in chain_before
+            for when, table in (("before", chain_before), ("after", chain_after))
+        }
+        per_scene = f" ({chain_episodes} eval chains per scene)" if chain_episodes else ""
+        text = chain_markdown(rows, f"{experiment}: chains before / after {method}{per_scene}", n)
+        _atomic_write(run_dir / "before_after_chain.md", text)
+        print(text, flush=True)
+
+
+def checkpoint_eval_markdown(summary: Mapping[str, Any], checkpoint: Path, env_name: str) -> str | None:
+    """The evaluation section of an exported checkpoint's model card (`rlfleet.policies.hub`):
+    the run's before/after table, its final evaluation, or the report `rlfleet eval` left."""
+    after = summary.get("eval_success")
+    groups = task_groups(env_name)  # the env's own report groups (MetaWorld: difficulty levels)
+    if after and summary.get("eval_before"):
+        return compare_markdown(summary["eval_before"], after, "Success before / after RL fine-tuning", groups)
+    if after:
+        return to_markdown(success_table(after, groups=groups), "Evaluation (success_once, deterministic policy)")
+    if (checkpoint / "eval" / "eval.md").exists():  # `rlfleet eval CHECKPOINT` wrote one
+        return (checkpoint / "eval" / "eval.md").read_text()
+    return None

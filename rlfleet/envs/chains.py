@@ -1,4 +1,5 @@
-"""CALVIN's long-horizon metrics for envs whose episode is a chain of instructions.
+"""CALVIN's long-horizon metrics for envs whose episode is a chain of instructions (the math; the
+learner scores training episodes with it, `rlfleet.eval.report.chain_markdown` renders the table).
 
 An episode of such an env (`rlfleet.envs.calvin`) is a chain of `chain_length` subtasks that ends
 at the first failure; its sparse return is the number of subtasks completed in a row. CALVIN
@@ -11,7 +12,6 @@ at the first failure; its sparse return is the number of subtasks completed in a
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 import numpy as np
 
@@ -46,13 +46,3 @@ def chain_report(
 
 def chain_columns(chain_length: int = CHAIN_LENGTH) -> list[str]:
     return [f"success_len_{k}" for k in range(1, chain_length + 1)] + ["avg_num_subtasks"]
-
-
-def chain_markdown(rows: Mapping[str, Mapping[str, Any]], title: str, chain_length: int = CHAIN_LENGTH) -> str:
-    """RLinf's CALVIN table: one row per model or setting, success_len_k in % and avg_num_subtasks."""
-    cols = chain_columns(chain_length)
-    lines = [f"# {title}", "", "| | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
-    for name, m in rows.items():
-        cells = [f"{100 * m[c]:.1f}%" for c in cols[:-1]] + [f"{m['avg_num_subtasks']:.2f}"]
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"

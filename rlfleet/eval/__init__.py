@@ -1,0 +1,2 @@
+"""Evaluation: episodes on held-out seeds (`episodes`), reports and the one before/after writer
+(`report`), videos (`video`) and `rlfleet eval` (`main`)."""

@@ -1,0 +1,80 @@
+"""`rlfleet eval CHECKPOINT`: a checkpoint folder (or hf://ORG/NAME) on fresh episodes of its env,
+reported per task and per task group, as JSON, Markdown and a terminal table."""
+
+from __future__ import annotations
+
+import json
+from argparse import Namespace
+from pathlib import Path
+
+import torch
+from rich.console import Console
+
+from rlfleet.config import VideoConfig
+from rlfleet.envs.api import EnvConfig
+from rlfleet.envs.chains import chain_report
+from rlfleet.envs.registry import scored_chain_length, task_groups
+from rlfleet.eval.episodes import evaluate_policy
+from rlfleet.eval.report import chain_markdown, rich_table, success_table, write_report
+from rlfleet.policies.checkpoint_io import is_hub_path, load_checkpoint
+
+
+def main(args: Namespace) -> int:
+    """Success per task and per task group the env declares (MetaWorld: difficulty, ML45 held-out),
+    as JSON and Markdown."""
+    policy, meta = load_checkpoint(args.checkpoint)
+    env = dict(meta.get("env") or {})
+    if args.env_address:  # the same policy against another (or a restarted) env server
+        query = env.get("name", "").partition("?")[2] if str(env.get("name", "")).startswith("remote://") else ""
+        env["name"] = f"remote://{args.env_address}" + (f"?{query}" if query else "")
+    if args.task:
+        if str(env.get("name", "")).startswith("remote://"):  # the server decides its task: say so
+            raise ValueError(
+                f"--task {args.task} cannot apply to the remote env {env['name']}: its server decides "
+                f"the task (start `rlfleet env-server --task {args.task}` and pass --env-address)"
+            )
+        env["task"] = args.task
+    if not env:
+        raise SystemExit("the checkpoint does not name its env: pass --task")
+    env["pool"] = "eval"  # held-out episodes where an env keeps them apart (CALVIN's chain pools)
+    out = Path(args.out or _default_eval_dir(args.checkpoint))
+    video = VideoConfig(save_video=args.video, video_base_dir=str(out / "videos"))
+    if args.sample:
+        torch.manual_seed(args.seed)
+    returns: dict[str, list[float]] = {}
+    success = evaluate_policy(
+        policy,
+        EnvConfig(**env),
+        args.episodes,
+        seed=args.seed,
+        video_cfg=video,
+        out_dir=out,
+        deterministic=not args.sample,
+        episode_returns=returns,
+    )
+    table = success_table(success, {t: args.episodes for t in success}, task_groups(env.get("name", "metaworld")))
+    mode = "sampled" if args.sample else "deterministic"
+    Console().print(
+        rich_table(table, title=f"evaluation of {args.checkpoint} ({args.episodes} episodes per task, {mode})")
+    )
+    table["mean_return"] = {t: sum(r) / len(r) for t, r in returns.items() if r}  # envs judged by return (gym:...)
+    print("mean episode return: " + ", ".join(f"{t} {v:.1f}" for t, v in table["mean_return"].items()))
+    json_path, md_path = write_report(table, out, name="eval", title=f"Evaluation of {args.checkpoint}")
+    n = scored_chain_length(env.get("name", "metaworld"), env.get("reward_type", "dense"))
+    if n:
+        table["chains"] = chain_report(returns, n)  # CALVIN's columns, also in eval.json
+        write_report(table, out, name="eval", title=f"Evaluation of {args.checkpoint}")
+        text = chain_markdown(table["chains"], f"Chains of {args.checkpoint} ({mode})", n)
+        (out / "eval_chain.md").write_text(text)
+        print(text)
+    print(f"report: {json_path} {md_path}")
+    if args.json:
+        print(json.dumps(table))
+    return 0
+
+
+def _default_eval_dir(checkpoint: str) -> Path:
+    """CHECKPOINT/eval, or for a Hub checkpoint (read-only cache) eval/ORG--NAME[@REV] here."""
+    if is_hub_path(checkpoint):
+        return Path("eval") / checkpoint[len("hf://") :].replace("/", "--")
+    return Path(checkpoint) / "eval"
