@@ -693,20 +693,26 @@ def markdown(report: dict) -> str:
 
 
 def _bottleneck_text(ex: dict) -> str:
-    """What changes with scale, worded from the computed numbers."""
+    """What changes with scale, worded from the computed numbers (each claim follows from a comparison)."""
     out = []
     for name, v in ex["sims"].items():
-        b = v["first_bottleneck"]
-        ten, hundred = v["at"]["10"], v["at"]["100"]
-        out.append(
-            f"With the {name}, the {b} is the first limit ({_f(v['fleet_limit_env_steps_per_s'])} env steps/s, "
-            f"{_f(min(v['hosts_per_inference_server'], v['hosts_per_learner']), 2)} actor hosts of {ex['host_cores']} cores). At 10x the fleet "
-            f"needs {ten['inference_servers']} inference servers (the actors spread over them already) and "
-            f"{ten['learner_processes_for_ingest']} learner processes' worth of ingest, which one learner process "
-            f"does not have: segments would have to be received by several ingest processes (or the DDP ranks) "
-            f"instead of rank 0 alone; at 100x, {hundred['learner_ingress_gbit']:.1f} Gbit/s of segments reach "
-            f"the learner side against a {ex['nic_gbit']:g} Gbit/s NIC."
+        hosts = min(v["hosts_per_inference_server"], v["hosts_per_learner"])
+        text = (
+            f"With the {name}, the {v['first_bottleneck']} is the first limit "
+            f"({_f(v['fleet_limit_env_steps_per_s'])} env steps/s, {_f(hosts, 2)} actor hosts of "
+            f"{ex['host_cores']} cores)."
         )
+        for factor, a in v["at"].items():
+            parts = [f"{a['actor_hosts']} actor hosts", f"{a['inference_servers']} inference servers"]
+            if a["learner_processes_for_ingest"] > 1:
+                parts.append(
+                    f"{a['learner_processes_for_ingest']} learner processes' worth of ingest CPU (one learner "
+                    "process receives every segment: ingest must be split over several receivers)"
+                )
+            nic = a["learner_ingress_gbit"] / ex["nic_gbit"]
+            parts.append(f"{a['learner_ingress_gbit']:.2f} Gbit/s into the learner ({100 * nic:.0f} % of its NIC)")
+            text += f" At {factor}x: " + ", ".join(parts) + "."
+        out.append(text)
     return " ".join(out)
 
 
