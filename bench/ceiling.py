@@ -54,14 +54,14 @@ DEFAULT_OUT = REPO / "docs" / "performance"
 DOC = REPO / "docs" / "performance.md"
 DOC_BEGIN, DOC_END = "<!-- ceiling:begin -->", "<!-- ceiling:end -->"
 OBS = {"state": 0, "64px": 64, "224px": 224}  # observation -> env.image_size (the state is always there)
-FULL_SWEEP = {
+FULL_SWEEP: dict[str, list[Any]] = {
     "envs": [4, 16, 64],
     "actors": [1, 2, 4, 8, 16],
     "transport": ["shm", "zmq", "grpc"],
     "obs": ["state", "64px", "224px"],
     "max_batch": [8, 32, 256],
 }
-QUICK_SWEEP = {"actors": [1, 2], "transport": ["shm", "zmq"], "obs": ["state", "64px"]}
+QUICK_SWEEP: dict[str, list[Any]] = {"actors": [1, 2], "transport": ["shm", "zmq"], "obs": ["state", "64px"]}
 ROLES = ("actor", "env_workers", "inference", "learner_ingest", "learner_loop")
 
 
@@ -695,6 +695,7 @@ def markdown(report: dict) -> str:
 def _bottleneck_text(ex: dict) -> str:
     """What changes with scale, worded from the computed numbers (each claim follows from a comparison)."""
     out = []
+    split_ingest = False
     for name, v in ex["sims"].items():
         hosts = min(v["hosts_per_inference_server"], v["hosts_per_learner"])
         text = (
@@ -703,16 +704,19 @@ def _bottleneck_text(ex: dict) -> str:
             f"{ex['host_cores']} cores)."
         )
         for factor, a in v["at"].items():
-            parts = [f"{a['actor_hosts']} actor hosts", f"{a['inference_servers']} inference servers"]
-            if a["learner_processes_for_ingest"] > 1:
-                parts.append(
-                    f"{a['learner_processes_for_ingest']} learner processes' worth of ingest CPU (one learner "
-                    "process receives every segment: ingest must be split over several receivers)"
-                )
             nic = a["learner_ingress_gbit"] / ex["nic_gbit"]
-            parts.append(f"{a['learner_ingress_gbit']:.2f} Gbit/s into the learner ({100 * nic:.0f} % of its NIC)")
-            text += f" At {factor}x: " + ", ".join(parts) + "."
+            text += (
+                f" At {factor}x: {a['actor_hosts']} actor hosts, {a['inference_servers']} inference servers, "
+                f"{a['learner_processes_for_ingest']} learner processes' worth of ingest CPU, "
+                f"{a['learner_ingress_gbit']:.2f} Gbit/s into the learner ({100 * nic:.0f} % of its link)."
+            )
+            split_ingest |= a["learner_processes_for_ingest"] > 1
         out.append(text)
+    if split_ingest:
+        out.append(
+            "More than one learner process' worth of ingest means the single learner process that receives "
+            "every segment (DDP ranks only train) must be split into several receivers."
+        )
     return " ".join(out)
 
 
@@ -737,14 +741,14 @@ def plots(report: dict, out: Path) -> None:
         ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
     axes[0][0].legend()
-    fig.suptitle(report["meta"].get("label") or "fleet on the zero-cost env")
+    fig.suptitle(report["meta"].get("label") or "fleet on the zero-cost env", fontsize=9)
     fig.tight_layout()
     fig.savefig(out / "ceiling_sweep.png", dpi=110)
     plt.close(fig)
 
     ok = [r for r in results if not r.get("error") and "cpu_us_per_env_step" in r]
     if ok:
-        fig, ax = plt.subplots(figsize=(max(6, 0.5 * len(ok) + 2), 4))
+        fig, ax = plt.subplots(figsize=(max(7, 0.5 * len(ok) + 3), 4.5))
         names = [f"{Point(**r['point']).label()}\n{r['mode']}" for r in ok]
         bottom = [0.0] * len(ok)
         for role in ROLES:
@@ -753,8 +757,10 @@ def plots(report: dict, out: Path) -> None:
             bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
         ax.set_xticks(range(len(ok)), names, rotation=90, fontsize=6)
         ax.set_ylabel("CPU µs per env step")
-        ax.legend(fontsize=7)
-        ax.set_title(report["meta"].get("label") or "CPU per env step by role")
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+        ax.set_title("CPU per env step by role", fontsize=10)
+        if report["meta"].get("label"):
+            fig.suptitle(report["meta"]["label"], fontsize=7)
         fig.tight_layout()
         fig.savefig(out / "ceiling_cpu.png", dpi=110)
         plt.close(fig)
@@ -809,10 +815,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--nic-gbit", type=float, default=25.0, help="the learner's network link in the extrapolation")
     p.add_argument("--label", default="", help="a line at the top of the report (e.g. SMOKE: noisy machine)")
     p.add_argument("--no-doc", action="store_true", help="do not update docs/performance.md")
+    p.add_argument(
+        "--report-only", action="store_true", help="rebuild the report from --out/ceiling.json without running"
+    )
     p.add_argument("overrides", nargs="*", help="extra recipe overrides for every point")
     args = p.parse_args(argv)
+    if args.report_only:
+        return report_only(args)
 
-    sweep = QUICK_SWEEP if args.quick else FULL_SWEEP
+    sweep: dict[str, list[Any]] = QUICK_SWEEP if args.quick else FULL_SWEEP
     if args.factors == "none":
         sweep = {}
     elif args.factors != "all":
@@ -820,7 +831,8 @@ def main(argv: list[str] | None = None) -> int:
     base = Point()
     for item in filter(None, args.base.split(",")):
         k, _, v = item.partition("=")
-        base = replace(base, **{k: v if k in ("transport", "obs") else int(v)})
+        value: Any = v if k in ("transport", "obs") else int(v)
+        base = replace(base, **{k: value})
     modes = args.modes.split(",")
     settings = Settings(
         args.recipe,
@@ -861,7 +873,8 @@ def main(argv: list[str] | None = None) -> int:
             results.append(r)
             status = r["error"] or f"{r['env_steps_per_s']:,.0f} env steps/s"
             print(
-                f"[{i}/{len(runs)}] {factor:9s} {point.label():40s} {mode:8s} {status}  ({r['wall_s']:.0f} s)",
+                f"[{i}/{len(runs)}] {factor:9s} {point.label():40s} {mode:8s} {status}  "
+                f"(stepping after {r['start_s']:.0f} s, {r['wall_s']:.0f} s in all)",
                 flush=True,
             )
     sim_us = None
@@ -873,9 +886,19 @@ def main(argv: list[str] | None = None) -> int:
         "sweep": sweep,
         "points": [(f, asdict(pt)) for f, pt in points],
         "results": results,
-        "saturation": {m: saturation(results, base, m) for m in modes},
     }
-    report["extrapolation"] = extrapolate(results, base, settings, args.host_cores, args.nic_gbit, sim_us)
+    write_report(report, args, settings)
+    return 0 if all(not r.get("error") for r in results) else 1
+
+
+def write_report(report: dict[str, Any], args: argparse.Namespace, settings: Settings) -> None:
+    """Saturation and extrapolation from the results, then ceiling.json/.md, the plots and the doc."""
+    base, results = Point(**report["meta"]["base"]), report["results"]
+    modes = sorted({r["mode"] for r in results}, key=["sampling", "training"].index)
+    report["saturation"] = {m: saturation(results, base, m) for m in modes}
+    report["extrapolation"] = extrapolate(
+        results, base, settings, args.host_cores, args.nic_gbit, report["meta"].get("sim_us_per_env_step")
+    )
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "ceiling.json").write_text(json.dumps(report, indent=2, default=str))
     text = markdown(report)
@@ -885,7 +908,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"updated {DOC}")
     print(text)
     print(f"written to {args.out}")
-    return 0 if all(not r.get("error") for r in results) else 1
+
+
+def report_only(args: argparse.Namespace) -> int:
+    """Rebuild the page, plots and extrapolation from `--out`/ceiling.json (no fleet runs)."""
+    report = json.loads((args.out / "ceiling.json").read_text())
+    kept = dict(report["meta"]["settings"])
+    settings = Settings(**{k: v for k, v in kept.items() if k != "overrides"}, extra=kept.get("overrides", []))
+    write_report(report, args, settings)
+    return 0
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import psutil
 from prometheus_client import (
     CollectorRegistry,
     Counter,
@@ -33,8 +34,6 @@ from prometheus_client import (
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
-
-import psutil
 
 from rlfleet.wire.auth import is_loopback
 
@@ -232,9 +231,10 @@ class EnvServerCollector(Collector):
 
 
 def _thread_label(name: str) -> str:
-    """A Python thread name without its pool number: 'ThreadPoolExecutor-0_12' -> 'ThreadPoolExecutor'
-    (one series per kind of thread, not per thread)."""
-    return re.sub(r"[-_]\d+(_\d+)?$", "", name) or name
+    """A Python thread name without its number: 'ThreadPoolExecutor-0_12' -> 'ThreadPoolExecutor',
+    'Thread-3 (serve)' -> 'Thread' (one series per kind of thread, not per thread)."""
+    base = re.sub(r" \(.*\)$", "", name)  # 'Thread-3 (serve)': Python's name for an unnamed thread
+    return re.sub(r"[-_]\d+(_\d+)?$", "", base) or name
 
 
 class ThreadCpuCollector(Collector):

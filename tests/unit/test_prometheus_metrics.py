@@ -17,8 +17,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from rlfleet.launcher import metrics_ports
 from rlfleet.telemetry.prometheus import (
     LearnerCollector,
-    _thread_label,
     MetricsPortError,
+    _thread_label,
     batch_observer,
     batch_size_buckets,
     metric_name,
@@ -103,10 +103,8 @@ def test_batch_sizes_fill_powers_of_two_buckets_up_to_max_batch():
 def test_thread_and_child_process_cpu_seconds():
     """Every role's registry reports its threads' CPU by kind (main, named Python threads without
     their pool numbers, native) and its live child processes' CPU (an actor's env workers)."""
-    assert (
-        _thread_label("ThreadPoolExecutor-0_12") == "ThreadPoolExecutor"
-        and _thread_label("zmq-frontend") == "zmq-frontend"
-    )
+    assert _thread_label("ThreadPoolExecutor-0_12") == "ThreadPoolExecutor"
+    assert _thread_label("Thread-3 (serve)") == "Thread" and _thread_label("zmq-frontend") == "zmq-frontend"
     stop = threading.Event()
     spinner = threading.Thread(target=lambda: _spin(stop), name="spinner-3", daemon=True)
     spinner.start()
