@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import http.client
 import json
 import math
 import os
@@ -189,9 +190,14 @@ def histogram_quantile(q: float, buckets: list[tuple[float, float]]) -> float:
 
 
 def _free_port_base(n: int) -> int:
-    """A base port with n free ports above it (the launcher gives learner, inference, actors base+i)."""
+    """A base port with n free ports above it (the launcher gives learner, inference, actors base+i),
+    below the ephemeral range: a client connecting to a port there before its server listens can
+    be connected to itself by the kernel and read its own request back."""
+    low = 32768
+    with contextlib.suppress(OSError, ValueError):
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     for _ in range(200):
-        base = random.randint(20000, 60000 - n)
+        base = random.randint(min(10000, low // 2), low - n - 1)
         socks = []
         try:
             for p in range(base, base + n):
@@ -249,6 +255,7 @@ class Measurement(threading.Thread):
         self.error: str | None = None
         self.t0 = time.monotonic()
         self.started_s = math.nan
+        self.fleet_ended = threading.Event()  # set when train_local returned: never signal a later fleet
 
     def _addresses(self) -> dict[str, str] | None:
         path = self.run_dir / "addresses" / "metrics.json"
@@ -258,6 +265,8 @@ class Measurement(threading.Thread):
         """All endpoints up and every actor stepping (start-up and first inference behind it)."""
         deadline = self.t0 + self.s.start_timeout
         while time.monotonic() < deadline:
+            if self.fleet_ended.is_set():
+                raise RuntimeError("the fleet ended before every actor stepped")
             addrs = self._addresses()
             if addrs:
                 try:
@@ -267,7 +276,7 @@ class Measurement(threading.Thread):
                         r.get("rlfleet_actor_env_steps_total") > 0 for r in actors
                     ):
                         return addrs
-                except OSError:
+                except (OSError, http.client.HTTPException):
                     pass  # a role not serving yet
             time.sleep(0.5)
         raise TimeoutError(f"the fleet did not start stepping within {self.s.start_timeout:.0f}s")
@@ -279,8 +288,8 @@ class Measurement(threading.Thread):
             time.sleep(self.s.warmup)
             a = {k: scrape(v) for k, v in addrs.items()}
             depth, full, end = [], 0, time.monotonic() + self.s.seconds
-            while (left := end - time.monotonic()) > 0:  # the learner's queue, a few times a second
-                time.sleep(min(0.5, left))
+            while (left := end - time.monotonic()) > 0:  # the learner's queue, once a second
+                time.sleep(min(1.0, left))
                 r = scrape(addrs["learner"])
                 d, cap = r.get("rlfleet_learner_ingest_queue_depth"), r.get("rlfleet_learner_ingest_queue_capacity")
                 depth.append(d)
@@ -290,10 +299,17 @@ class Measurement(threading.Thread):
         except Exception as exc:  # reported with the point; the fleet is stopped either way
             self.error = f"{type(exc).__name__}: {exc}"
         finally:
-            pid = _learner_pid()
+            pid = None if self.fleet_ended.is_set() else _learner_pid()
             if pid is not None:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGINT)  # checkpoint and stop; the launcher stops the rest
+
+
+def _thread_deltas(a: Reading, b: Reading) -> dict[str, float]:
+    """CPU seconds of each kind of thread of one process in the window (rlfleet_thread_cpu_seconds_total)."""
+    before = a.series("rlfleet_thread_cpu_seconds_total", "thread")
+    after = b.series("rlfleet_thread_cpu_seconds_total", "thread")
+    return {k: v - before.get(k, 0.0) for k, v in sorted(after.items())}
 
 
 def _rate(a: Reading, b: Reading, name: str, **labels: str) -> tuple[float, float]:
@@ -313,9 +329,14 @@ def summarise(a: dict[str, Reading], b: dict[str, Reading], depth: list[float], 
         cpu["env_workers"] += _rate(a[k], b[k], "rlfleet_children_cpu_seconds_total")[0]
     la, lb = a["learner"], b["learner"]
     window = lb.at - la.at
-    learner_cpu = _rate(la, lb, "process_cpu_seconds_total")[0]
-    cpu["learner_loop"] = _rate(la, lb, "rlfleet_thread_cpu_seconds_total", thread="main")[0]
-    cpu["learner_ingest"] = learner_cpu - cpu["learner_loop"]
+    threads = {k: _thread_deltas(a[k], b[k]) for k in ("learner", "inference")}
+    cpu["learner_loop"] = threads["learner"].get("main", 0.0)
+    # the rest but the metrics endpoint's threads ('Thread': prometheus_client's HTTP server, whose
+    # scrape handlers are the bench's own reads): gRPC workers and gRPC's native I/O threads
+    cpu["learner_ingest"] = sum(v for k, v in threads["learner"].items() if k not in ("main", "Thread"))
+    threads["learner"]["ended threads"] = _rate(la, lb, "process_cpu_seconds_total")[0] - sum(
+        threads["learner"].values()
+    )
     ia, ib = a["inference"], b["inference"]
     cpu["inference"] = _rate(ia, ib, "process_cpu_seconds_total")[0]
     iwin = ib.at - ia.at
@@ -329,6 +350,7 @@ def summarise(a: dict[str, Reading], b: dict[str, Reading], depth: list[float], 
         "window_s": window,
         "cpu_us_per_env_step": {r: 1e6 * c / steps if steps else math.nan for r, c in cpu.items()},
         "cpu_cores": {r: c / window for r, c in cpu.items()},
+        "thread_cpu_seconds": threads,
         "inference": {
             "batches_per_s": batches / iwin,
             "requests_per_s": requests / iwin,
@@ -366,6 +388,7 @@ def run_point(point: Point, mode: str, settings: Settings, work: Path) -> dict[s
             train_local(cfg, metrics_port=_free_port_base(point.actors + 2))
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
+        measure.fleet_ended.set()
         measure.join(timeout=30)
     out: dict[str, Any] = {"point": asdict(point), "mode": mode, "wall_s": time.monotonic() - t0}
     out["start_s"] = measure.started_s
@@ -608,8 +631,9 @@ def markdown(report: dict) -> str:
         "### CPU per env step of each role (µs, read from the processes)",
         "",
         "actor = the actor process (pipeline loop, inference client, segment sender); env workers = its "
-        "child processes; learner loop = its main thread (gather + PPO update); learner ingest = its other "
-        "threads (gRPC: receive, decode and check segments, serve weights).",
+        "child processes; learner loop = its main thread (gather + PPO update + weight publication); learner "
+        "ingest = its gRPC threads (receive, decode and check segments, serve weights); cores busy = all of it "
+        "over wall time.",
         "",
         "| point | mode | " + " | ".join(ROLES) + " | total | cores busy |",
         "|---|---|" + "---:|" * (len(ROLES) + 2),

@@ -54,6 +54,7 @@ def test_a_tiny_ceiling_point_reports_per_role_cpu_and_inference_stats(tmp_path)
         assert set(us) == ROLES and all(math.isfinite(v) and v >= 0 for v in us.values())
         # each process does real work per step; the learner's loop only gathers when it only samples
         assert all(_positive(us[k]) for k in ("actor", "env_workers", "inference", "learner_ingest"))
+        assert {"main", "native"} <= set(r["thread_cpu_seconds"]["learner"])  # gRPC core runs native threads
         inf = r["inference"]
         assert _positive(inf["mean_batch"]) and inf["mean_batch"] <= 4  # one stage of 2 of 4 envs: 2 rows
         assert _positive(inf["latency_p50_ms"]) and inf["latency_p50_ms"] <= inf["latency_p99_ms"]
