@@ -248,9 +248,10 @@ def _console_to(path: Path) -> Iterator[None]:
 class Measurement(threading.Thread):
     """Waits for the fleet to run, reads every role's metrics twice, then stops the learner."""
 
-    def __init__(self, run_dir: Path, point: Point, settings: Settings):
+    def __init__(self, run_dir: Path, point: Point, settings: Settings, min_updates: int = 0):
         super().__init__(name="ceiling-measure", daemon=True)
         self.run_dir, self.point, self.s = run_dir, point, settings
+        self.min_updates = min_updates  # training: stretch the window (up to 4x) until this many updates ran
         self.result: dict[str, Any] | None = None
         self.error: str | None = None
         self.t0 = time.monotonic()
@@ -288,12 +289,19 @@ class Measurement(threading.Thread):
             time.sleep(self.s.warmup)
             a = {k: scrape(v) for k, v in addrs.items()}
             depth, full, end = [], 0, time.monotonic() + self.s.seconds
-            while (left := end - time.monotonic()) > 0:  # the learner's queue, once a second
+            updates0, last_stretch = a["learner"].get("rlfleet_learner_updates_total"), end + 3 * self.s.seconds
+            while True:  # the learner's queue, once a second
+                left = end - time.monotonic()
+                if left <= 0:
+                    break
                 time.sleep(min(1.0, left))
                 r = scrape(addrs["learner"])
                 d, cap = r.get("rlfleet_learner_ingest_queue_depth"), r.get("rlfleet_learner_ingest_queue_capacity")
                 depth.append(d)
                 full += d >= cap
+                updates = r.get("rlfleet_learner_updates_total") - updates0
+                if end - time.monotonic() <= 0 and updates < self.min_updates and end < last_stretch:
+                    end = min(last_stretch, time.monotonic() + 1.0)  # a window without an update says nothing of it
             b = {k: scrape(v) for k, v in addrs.items()}
             self.result = summarise(a, b, depth, full)
         except Exception as exc:  # reported with the point; the fleet is stopped either way
@@ -378,7 +386,7 @@ def run_point(point: Point, mode: str, settings: Settings, work: Path) -> dict[s
 
     run_dir = work / f"{mode}-{point.actors}a-{point.envs}e-{point.transport}-{point.obs}-{point.max_batch}"
     cfg = load_config(settings.recipe, settings.overrides(point, mode, run_dir))
-    measure = Measurement(run_dir, point, settings)
+    measure = Measurement(run_dir, point, settings, min_updates=2 if mode == "training" else 0)
     t0 = time.monotonic()
     error = None
     run_dir.mkdir(parents=True, exist_ok=True)
