@@ -78,6 +78,7 @@ class InferenceServer:
         self.on_batch: Callable[[list[InferenceRequest]], None] | None = None  # e.g. the metrics histogram
         self._stop = threading.Event()
         self.offload_idle_s = offload_idle_s
+        self.policy_seconds = 0.0  # wall time inside runner.run: its rate is the server's busy fraction
 
     def stop(self) -> None:
         self._stop.set()
@@ -108,8 +109,10 @@ class InferenceServer:
                         self.runner.load_update(pending)
                 batch = self.batcher.next_batch(timeout=0.05)
                 if batch:
+                    t0 = time.monotonic()
                     self.runner.run(batch)
                     last_batch = time.monotonic()
+                    self.policy_seconds += last_batch - t0
                     if self.on_batch is not None:
                         self.on_batch(batch)
                 elif self.offload_idle_s and time.monotonic() - last_batch > self.offload_idle_s:

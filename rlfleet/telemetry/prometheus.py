@@ -2,7 +2,10 @@
 
 The collectors read the counters a role already keeps, at scrape time, so the training,
 batching and stepping loops pay nothing for being observed; only the inference server's
-batch-size histogram is pushed (one observe() per batch). Metric names: `rlfleet_<role>_...`;
+batch-size and request-latency histograms are pushed (observe() calls once per batch). CPU time
+per thread and of child processes (env workers) is read from /proc at scrape time (psutil), so the
+cost of each role and of each thread in it (the learner's update loop vs its gRPC ingest) can be
+quoted per env step (bench/ceiling.py). Metric names: `rlfleet_<role>_...`;
 the learner mirrors its TensorBoard scalars as gauges (`train/actor/approx_kl` ->
 `rlfleet_learner_train_actor_approx_kl`). docs/operations.md lists them all.
 """
@@ -14,10 +17,12 @@ import logging
 import math
 import re
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import psutil
 from prometheus_client import (
     CollectorRegistry,
     Counter,
@@ -137,6 +142,11 @@ class InferenceCollector(Collector):
         yield _gauge("rlfleet_inference_pending_requests", "requests waiting for a batch", s.batcher.pending())
         yield _gauge("rlfleet_inference_policy_version", "version of the weights being served", s.runner.version)
         yield _gauge("rlfleet_inference_shm_clients", "actors attached through shared memory", len(s.zmq.blocks))
+        yield _counter(
+            "rlfleet_inference_policy_seconds",
+            "wall time spent running the policy on batches (busy fraction = its rate)",
+            s.policy_seconds,
+        )
 
 
 def batch_size_buckets(max_batch: int) -> tuple[float, ...]:
@@ -148,19 +158,33 @@ def batch_size_buckets(max_batch: int) -> tuple[float, ...]:
     return (*edges, float(max_batch), math.inf)
 
 
+# request latency edges, seconds: 50 us .. 2 s, about 1.5x apart, so p50/p99 read off them are within ~25 %
+LATENCY_BUCKETS = tuple(round(50e-6 * 1.5**i, 7) for i in range(27)) + (math.inf,)
+
+
 def batch_observer(registry: CollectorRegistry, max_batch: int) -> Callable[[list], None]:
-    """A callback for InferenceServer.on_batch: rows per batch as a histogram, and a request counter."""
+    """A callback for InferenceServer.on_batch: rows per batch and each request's latency (arrival at
+    the front end to answer handed back, server side) as histograms, and a request counter."""
     sizes = Histogram(
         "rlfleet_inference_batch_size",
         "rows per policy batch",
         registry=registry,
         buckets=batch_size_buckets(max_batch),
     )
+    latency = Histogram(
+        "rlfleet_inference_request_latency_seconds",
+        "arrival of a request at the server to its answer (queueing + batching + policy)",
+        registry=registry,
+        buckets=LATENCY_BUCKETS,
+    )
     requests = Counter("rlfleet_inference_requests", "requests answered in a batch", registry=registry)
 
     def observe(batch: list) -> None:
         sizes.observe(sum(r.rows for r in batch))
         requests.inc(len(batch))
+        now = time.monotonic()
+        for r in batch:
+            latency.observe(now - r.arrived)
 
     return observe
 
@@ -206,6 +230,66 @@ class EnvServerCollector(Collector):
         )
 
 
+def _thread_label(name: str) -> str:
+    """A Python thread name without its number: 'ThreadPoolExecutor-0_12' -> 'ThreadPoolExecutor',
+    'Thread-3 (serve)' -> 'Thread' (one series per kind of thread, not per thread)."""
+    base = re.sub(r" \(.*\)$", "", name)  # 'Thread-3 (serve)': Python's name for an unnamed thread
+    return re.sub(r"[-_]\d+(_\d+)?$", "", base) or name
+
+
+class ThreadCpuCollector(Collector):
+    """CPU seconds of this process's threads by kind: `main` (the role's own loop: the learner's
+    gather + update, the actor's pipeline, the inference batching loop), each named Python thread
+    (pool numbers dropped) and `native` (threads Python did not start: gRPC's and ZeroMQ's I/O
+    threads, torch workers). Threads that ended are no longer counted (their time stays in
+    process_cpu_seconds_total)."""
+
+    def __init__(self) -> None:
+        self._proc = psutil.Process()
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        names = {t.native_id: t.name for t in threading.enumerate() if t.native_id is not None}
+        main_id = threading.main_thread().native_id
+        totals: dict[str, float] = {}
+        try:
+            threads = self._proc.threads()
+        except psutil.Error:  # /proc unreadable (sandbox): no series rather than a failed scrape
+            threads = []
+        for t in threads:
+            label = "main" if t.id == main_id else _thread_label(names[t.id]) if t.id in names else "native"
+            totals[label] = totals.get(label, 0.0) + t.user_time + t.system_time
+        family = CounterMetricFamily(
+            "rlfleet_thread_cpu_seconds", "user + system CPU seconds of this process's live threads", labels=["thread"]
+        )
+        for label, seconds in sorted(totals.items()):
+            family.add_metric([label], seconds)
+        yield family
+
+
+class ChildrenCpuCollector(Collector):
+    """User + system CPU seconds of this process's live child processes, all generations (an actor's
+    env workers), and how many there are; not part of process_cpu_seconds_total."""
+
+    def __init__(self) -> None:
+        self._proc = psutil.Process()
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        seconds, count = 0.0, 0
+        try:
+            children = self._proc.children(recursive=True)
+        except psutil.Error:
+            children = []
+        for child in children:
+            try:
+                t = child.cpu_times()
+            except psutil.Error:  # it ended between the listing and the read
+                continue
+            seconds += t.user + t.system
+            count += 1
+        yield _counter("rlfleet_children_cpu_seconds", "user + system CPU seconds of live child processes", seconds)
+        yield _gauge("rlfleet_children_processes", "live child processes (env workers)", count)
+
+
 def _package_version() -> str:
     try:
         return importlib.metadata.version("rlfleet")
@@ -214,10 +298,13 @@ def _package_version() -> str:
 
 
 def role_registry(role: str, **info: str) -> CollectorRegistry:
-    """A private registry (never the global one) with process metrics and an rlfleet_info{role=...} line."""
+    """A private registry (never the global one) with process, thread and child-process CPU metrics
+    and an rlfleet_info{role=...} line."""
     registry = CollectorRegistry()
     ProcessCollector(registry=registry)
     PlatformCollector(registry=registry)
+    registry.register(ThreadCpuCollector())
+    registry.register(ChildrenCpuCollector())
     Info("rlfleet", "the role this process plays", registry=registry).info(
         {"role": role, "version": _package_version(), **{k: str(v) for k, v in info.items()}}
     )

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import math
 import socket
+import subprocess
+import sys
+import threading
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -14,6 +18,7 @@ from rlfleet.runs.launcher import metrics_ports
 from rlfleet.telemetry.prometheus import (
     LearnerCollector,
     MetricsPortError,
+    _thread_label,
     batch_observer,
     batch_size_buckets,
     metric_name,
@@ -76,14 +81,60 @@ def test_batch_sizes_fill_powers_of_two_buckets_up_to_max_batch():
     assert batch_size_buckets(1) == (1.0, math.inf)
     registry = role_registry("inference")
     observe = batch_observer(registry, 8)
-    observe([SimpleNamespace(rows=4), SimpleNamespace(rows=4)])
-    observe([SimpleNamespace(rows=1)])
+    now = time.monotonic()
+    observe([SimpleNamespace(rows=4, arrived=now), SimpleNamespace(rows=4, arrived=now - 0.01)])
+    observe([SimpleNamespace(rows=1, arrived=now - 5.0)])  # beyond the last finite edge
     fams = _families(registry)
     buckets = {
         s.labels["le"]: s.value for s in fams["rlfleet_inference_batch_size"].samples if s.name.endswith("_bucket")
     }
     assert buckets["1.0"] == 1 and buckets["4.0"] == 1 and buckets["8.0"] == 2
     assert fams["rlfleet_inference_requests"].samples[0].value == 3
+    latency = {s.name: s for s in fams["rlfleet_inference_request_latency_seconds"].samples if "le" not in s.labels}
+    assert latency["rlfleet_inference_request_latency_seconds_count"].value == 3
+    edges = {
+        float(s.labels["le"]): s.value
+        for s in fams["rlfleet_inference_request_latency_seconds"].samples
+        if "le" in s.labels
+    }
+    assert edges[max(e for e in edges if e < 1.0)] == 2 and edges[math.inf] == 3
+
+
+def test_thread_and_child_process_cpu_seconds():
+    """Every role's registry reports its threads' CPU by kind (main, named Python threads without
+    their pool numbers, native) and its live child processes' CPU (an actor's env workers)."""
+    assert _thread_label("ThreadPoolExecutor-0_12") == "ThreadPoolExecutor"
+    assert _thread_label("Thread-3 (serve)") == "Thread" and _thread_label("zmq-frontend") == "zmq-frontend"
+    stop = threading.Event()
+    spinner = threading.Thread(target=lambda: _spin(stop), name="spinner-3", daemon=True)
+    spinner.start()
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import time\nt=time.process_time()\nwhile time.process_time()-t<0.2: pass\ntime.sleep(30)",
+        ]
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            fams = _families(role_registry("actor"))
+            threads = {s.labels["thread"]: s.value for s in fams["rlfleet_thread_cpu_seconds"].samples}
+            children = fams["rlfleet_children_cpu_seconds"].samples[0].value
+            if threads.get("spinner", 0) > 0.05 and children >= 0.15:
+                break
+            time.sleep(0.2)
+        assert threads["main"] > 0 and threads["spinner"] > 0.05, threads
+        assert children >= 0.15 and fams["rlfleet_children_processes"].samples[0].value >= 1
+    finally:
+        stop.set()
+        child.kill()
+        child.wait()
+
+
+def _spin(stop: threading.Event) -> None:
+    while not stop.is_set():
+        sum(range(1000))
 
 
 def test_port_zero_means_no_endpoint_and_a_taken_port_is_a_clear_error():

@@ -1,0 +1,121 @@
+"""bench/ceiling.py's arithmetic on synthetic readings: histogram deltas and quantiles, the
+one-factor sweep, saturation, the cluster extrapolation and the generated page."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+_spec = importlib.util.spec_from_file_location("ceiling", Path(__file__).resolve().parents[2] / "bench" / "ceiling.py")
+ceiling = importlib.util.module_from_spec(_spec)
+sys.modules["ceiling"] = ceiling  # dataclasses look their module up by name
+_spec.loader.exec_module(ceiling)
+
+
+def _reading(at: float, buckets: dict[str, float], name: str = "h") -> object:
+    samples = {(f"{name}_bucket", (("le", le),)): v for le, v in buckets.items()}
+    return ceiling.Reading(at, samples)
+
+
+def test_histogram_delta_and_quantile_interpolate_inside_buckets():
+    a = _reading(0.0, {"1.0": 5, "2.0": 5, "4.0": 5, "+Inf": 5})
+    b = _reading(1.0, {"1.0": 5, "2.0": 15, "4.0": 25, "+Inf": 25})
+    delta = ceiling.histogram_delta(a, b, "h")
+    assert delta == [(1.0, 0.0), (2.0, 10.0), (4.0, 10.0), (math.inf, 0.0)]
+    assert ceiling.histogram_quantile(0.5, delta) == pytest.approx(2.0)  # 10th of 20: top of (1, 2]
+    assert ceiling.histogram_quantile(0.75, delta) == pytest.approx(3.0)  # halfway through (2, 4]
+    assert math.isnan(ceiling.histogram_quantile(0.5, [(1.0, 0.0)]))
+    assert ceiling.histogram_quantile(0.99, [(1.0, 1.0), (math.inf, 9.0)]) == 1.0  # past the last edge
+
+
+def test_one_factor_at_a_time_around_the_base():
+    base = ceiling.Point()
+    points = ceiling.sweep_points(base, {"actors": [1, 2, 4], "transport": ["shm", "zmq"]})
+    assert [f for f, _ in points] == ["base", "actors", "actors", "transport"]
+    assert points[0][1] == base and points[-1][1] == ceiling.Point(transport="zmq")
+    assert all(sum(getattr(p, k) != getattr(base, k) for k in vars(base)) <= 1 for _, p in points)
+
+
+def _result(point, mode: str, rate: float, us: dict[str, float], busy: float = 0.5, batch: float = 8.0) -> dict:
+    from dataclasses import asdict
+
+    return {
+        "point": asdict(point),
+        "mode": mode,
+        "error": None,
+        "env_steps_per_s": rate,
+        "cpu_us_per_env_step": us,
+        "cpu_cores": {k: v * rate / 1e6 for k, v in us.items()},
+        "inference": {
+            "mean_batch": batch,
+            "busy_fraction": busy,
+            "latency_p50_ms": 1.0,
+            "latency_p99_ms": 5.0,
+            "batch_size_distribution": {"8.0": 1.0},
+        },
+        "learner": {"segments_per_s": rate / 512, "queue_full_fraction": 0.0},
+    }
+
+
+US = {"actor": 40.0, "env_workers": 40.0, "inference": 100.0, "learner_ingest": 20.0, "learner_loop": 5.0}
+
+
+def test_saturation_extrapolation_and_page(tmp_path):
+    base = ceiling.Point()
+    results = [
+        _result(ceiling.Point(actors=n), "sampling", rate, dict(US, inference=100.0 / n), batch=8.0 * n)
+        for n, rate in ((1, 4000.0), (2, 7000.0), (4, 7300.0))
+    ]
+    results.append(_result(base, "training", 3500.0, dict(US, learner_loop=75.0)))
+    sat = ceiling.saturation(results, base, "sampling")
+    assert sat["actors_at_knee"] == 2 and sat["saturation_env_steps_per_s"] == 7300.0
+    settings = ceiling.Settings("metaworld_reach_ppo", 39, 4, 1, 150, 0, 1.0, 1.0, 60.0)
+    ex = ceiling.extrapolate(results, base, settings, host_cores=32, nic_gbit=25.0, sim_us=320.0)
+    assert ex["inference_us_per_env_step"] == 25.0  # the best-batched point, 4 actors
+    assert ex["inference_capacity_env_steps_per_s"] == pytest.approx(40_000)
+    assert ex["learner_ingest_capacity_env_steps_per_s"] == pytest.approx(1e6 / 25)
+    assert ex["learner_training_capacity_env_steps_per_s"] == pytest.approx(1e6 / 95)
+    zero, real = ex["sims"]["zero-cost env"], ex["sims"]["real simulator"]
+    assert zero["actor_host_env_steps_per_s"] == pytest.approx(32e6 / 80)
+    assert real["actor_host_env_steps_per_s"] == pytest.approx(32e6 / 400)
+    assert zero["first_bottleneck"] == "learner (training)"  # 10.5k < 40k inference < NIC
+    assert zero["at"]["100"]["inference_servers"] == math.ceil(100 * 1e6 / 95 / 40_000)
+    args = argparse.Namespace(out=tmp_path, host_cores=32, nic_gbit=25.0, no_doc=True)
+    report = {
+        "meta": {
+            "date": "d",
+            "machine": "m",
+            "cpus": 2,
+            "load_at_start": "0.0",
+            "commit": "c",
+            "command": "python bench/ceiling.py",
+            "label": "SYNTHETIC",
+            "base": vars(base),
+            "settings": {k: v for k, v in vars(settings).items() if k != "extra"},
+            "sim_us_per_env_step": 320.0,
+        },
+        "sweep": {"actors": [1, 2, 4]},
+        "points": [
+            ["base", vars(base)],
+            ["actors", vars(ceiling.Point(actors=2))],
+            ["actors", vars(ceiling.Point(actors=4))],
+        ],
+        "results": results,
+    }
+    ceiling.write_report(report, args, settings)
+    page = (tmp_path / "ceiling.md").read_text()
+    assert "SYNTHETIC" in page and "| base | 1a x 16e, shm, state, mb 256 | 4,000 | 3,500 | 0.88 |" in page
+    assert "learner (training)" in page and (tmp_path / "ceiling_sweep.png").exists()
+
+
+def test_the_doc_section_between_the_markers_is_replaced(tmp_path):
+    doc = tmp_path / "performance.md"
+    doc.write_text(f"# P\n\nintro\n\n{ceiling.DOC_BEGIN}\nold\n{ceiling.DOC_END}\n\nafter\n")
+    assert ceiling.update_doc(doc, "new table\n")
+    assert doc.read_text() == f"# P\n\nintro\n\n{ceiling.DOC_BEGIN}\nnew table\n{ceiling.DOC_END}\n\nafter\n"
+    assert not ceiling.update_doc(tmp_path / "missing.md", "x")
