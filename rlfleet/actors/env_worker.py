@@ -8,10 +8,12 @@ while stage s waits for inference the worker is already stepping stage s+1.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing as mp
 import os
 import traceback
+from collections.abc import Iterator
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
@@ -44,6 +46,29 @@ def stage_slices(num_envs: int, num_stages: int, num_workers: int, actor_offset:
             lo = s * per_stage + w * per_worker
             out[w].append(EnvSlice(s, lo, lo + per_worker, actor_offset + lo))
     return out
+
+
+PROFILE_DIR_VAR = "RLFLEET_PROFILE_DIR"
+
+
+@contextlib.contextmanager
+def profiled(name: str) -> Iterator[None]:
+    """cProfile the block into $RLFLEET_PROFILE_DIR/<name>-<pid>.prof when that variable is set
+    (bench/overhead.py --profile); otherwise nothing. Times are the calling thread's CPU time."""
+    folder = os.environ.get(PROFILE_DIR_VAR)
+    if not folder:
+        yield
+        return
+    import cProfile
+    import time
+
+    prof = cProfile.Profile(time.thread_time)  # CPU time: a blocking wait counts as what it costs
+    prof.enable()
+    try:
+        yield
+    finally:
+        prof.disable()
+        prof.dump_stats(os.path.join(folder, f"{name}-{os.getpid()}.prof"))
 
 
 def _send(conn: Connection, kind: str, arg: str = "") -> None:
@@ -79,11 +104,17 @@ def worker_main(
     env_cfg: dict, slices: list[EnvSlice], shm_name: str, layout_json: str, conn: Connection, auth=None
 ) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    from rlfleet.envs.api import EnvConfig
-    from rlfleet.envs.registry import make_env
     from rlfleet.wire.auth import configure
 
     configure(auth)  # the actor's token/TLS, for envs that are gRPC clients (env.name=remote://...)
+    with profiled("env_worker"):
+        _serve(env_cfg, slices, shm_name, layout_json, conn)
+
+
+def _serve(env_cfg: dict, slices: list[EnvSlice], shm_name: str, layout_json: str, conn: Connection) -> None:
+    from rlfleet.envs.api import EnvConfig
+    from rlfleet.envs.registry import make_env
+
 
     slots = SharedArrays.attach(shm_name, layout_from_json(layout_json), untrack=False)
     envs = {}
