@@ -184,7 +184,9 @@ def main() -> int:
         Path(args.profile).mkdir(parents=True, exist_ok=True)
         os.environ["RLFLEET_PROFILE_DIR"] = str(Path(args.profile).resolve())
     results = {}
-    print(f"{'case':6s} {'env steps/s':>11s}  " + "  ".join(f"{r:>11s}" for r in (*ROLES, "total")) + "   (us CPU/step)")
+    print(
+        f"{'case':6s} {'env steps/s':>11s}  " + "  ".join(f"{r:>11s}" for r in (*ROLES, "total")) + "   (us CPU/step)"
+    )
     for case in args.cases:
         r = measure(case, args.seconds, args.warmup, args.train, args.overrides)
         results[case] = r

@@ -71,14 +71,41 @@ def profiled(name: str) -> Iterator[None]:
         prof.dump_stats(os.path.join(folder, f"{name}-{os.getpid()}.prof"))
 
 
-def _send(conn: Connection, kind: str, arg: str = "") -> None:
-    """Worker pipe messages are short text lines ("step 1", "stepped 1"): cheaper than pickling."""
-    conn.send_bytes(f"{kind} {arg}".encode())
+class _Lines:
+    """Worker pipe messages: short text lines ("step 1", "stepped 1") on the pipe's raw fd.
+
+    One write and (usually) one read per message, without Connection's length header and its
+    second read; a read that brings two lines (the actor queues "step s+1" behind "step s")
+    keeps the second for the next call. Newlines inside a message (a traceback) travel as \x1e.
+    """
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn, self._fd, self._buf = conn, conn.fileno(), b""
+
+    def send(self, kind: str, arg: str = "") -> None:
+        data = memoryview(f"{kind} {arg.replace(chr(10), chr(30))}\n".encode())
+        while data:
+            data = data[os.write(self._fd, data) :]
+
+    def recv(self) -> tuple[str, str]:
+        while True:
+            end = self._buf.find(b"\n")
+            if end >= 0:
+                line, self._buf = self._buf[:end], self._buf[end + 1 :]
+                kind, _, arg = line.decode().partition(" ")
+                return kind, arg.replace(chr(30), chr(10))
+            chunk = os.read(self._fd, 1 << 16)
+            if not chunk:
+                raise EOFError
+            self._buf += chunk
 
 
-def _recv(conn: Connection) -> tuple[str, str]:
-    kind, _, arg = conn.recv_bytes().decode().partition(" ")
-    return kind, arg
+def _send(conn: _Lines, kind: str, arg: str = "") -> None:
+    conn.send(kind, arg)
+
+
+def _recv(conn: _Lines) -> tuple[str, str]:
+    return conn.recv()
 
 
 def _write_obs(slots: SharedArrays, rows: slice, obs: dict, keys: list[str], prefix: str = "") -> None:
@@ -111,11 +138,11 @@ def worker_main(
         _serve(env_cfg, slices, shm_name, layout_json, conn)
 
 
-def _serve(env_cfg: dict, slices: list[EnvSlice], shm_name: str, layout_json: str, conn: Connection) -> None:
+def _serve(env_cfg: dict, slices: list[EnvSlice], shm_name: str, layout_json: str, pipe: Connection) -> None:
     from rlfleet.envs.api import EnvConfig
     from rlfleet.envs.registry import make_env
 
-
+    conn = _Lines(pipe)
     slots = SharedArrays.attach(shm_name, layout_from_json(layout_json), untrack=False)
     envs = {}
     try:
@@ -176,7 +203,7 @@ class EnvWorkerPool:
         self.layout = layout
         self.slots = SharedArrays.create(self.layout)
         ctx = mp.get_context("spawn")  # never fork a process that may hold gRPC threads
-        self.conns: list[Connection] = []
+        self.conns: list[_Lines] = []
         self.procs: list[mp.Process] = []
         try:
             for slices in stage_slices(num_envs, num_stages, num_workers, env_offset):
@@ -188,7 +215,7 @@ class EnvWorkerPool:
                 )
                 proc.start()
                 child.close()
-                self.conns.append(parent)
+                self.conns.append(_Lines(parent))
                 self.procs.append(proc)
             self._gather("ready")
         except BaseException:
@@ -236,6 +263,6 @@ class EnvWorkerPool:
             if proc.is_alive():
                 proc.terminate()
         for conn in self.conns:
-            conn.close()
+            conn.conn.close()
         self.conns, self.procs = [], []
         self.slots.close()
