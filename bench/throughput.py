@@ -29,6 +29,7 @@ of (fleet / bare of the same repeat). Results also go to `--json` for docs/perfo
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import multiprocessing as mp
 import platform
@@ -167,6 +168,7 @@ def _frames_per_cpu_s(render, seconds: float) -> float:
 
 
 def render_part(task: str, sizes: list[int], seconds: float, repeats: int) -> dict:
+    importlib.import_module("rlfleet.envs.metaworld")  # chooses MuJoCo's GL backend before mujoco loads
     import mujoco
 
     from rlfleet.envs.api import EnvConfig
