@@ -170,6 +170,72 @@ def _port_free(port: int) -> bool:
     return True
 
 
+def _pipe_peer(conn) -> None:  # the env worker's end of a pipe: answer every "step"
+    from rlfleet.actors import env_worker
+
+    lines = env_worker._Lines(conn)  # noqa: SLF001
+    c0, n = time.thread_time(), 0
+    while True:
+        kind, arg = lines.recv()
+        if kind == "close":
+            break
+        lines.send("stepped", arg)
+        n += 1
+    lines.send("cpu", str((time.thread_time() - c0) / max(n, 1)))
+
+
+def micro(seconds: float) -> dict:
+    """Two actor-side costs in isolation, in one process's CPU time (steady on a shared machine):
+    SegmentBuilder per env step (record_policy + record_step + finish) and one worker-pipe round
+    trip ("step s" / "stepped s") on each side."""
+    import multiprocessing as mp
+
+    import numpy as np
+
+    from rlfleet.actors import env_worker
+    from rlfleet.actors.rollout import SegmentBuilder
+    from rlfleet.wire.shm import SharedArrays
+    from rlfleet.wire.slots import slot_layout
+
+    out: dict = {}
+    shapes = {
+        "state": (64, 64, 1, {"states": ((39,), "float32")}),
+        "64px": (20, 20, 8, {"states": ((39,), "float32"), "main_images": ((64, 64, 3), "uint8")}),
+    }
+    for case, (E, T, K, obs) in shapes.items():
+        layout = slot_layout(E, obs, 4, K)
+        slots = SharedArrays.create(layout)
+        B = E // 2  # one of two pipeline stages
+        builder = SegmentBuilder(T, 0, B, layout)
+        done = np.random.default_rng(0).random((1000, E)) < 0.01  # an episode end now and then
+        kept: list = []
+        n, c0, t0 = 0, time.thread_time(), time.monotonic()
+        while time.monotonic() - t0 < seconds:
+            builder.record_policy(slots, 1)
+            slots["episode_done"][:] = done[n % 1000]
+            builder.record_step(slots)
+            n += 1
+            if builder.full:
+                kept = [*kept[-3:], builder.finish(slots)]  # a few segments in flight, as in the send queue
+        out[f"segment_builder_us_per_env_step_{case}"] = (time.thread_time() - c0) / (n * B * K) * 1e6
+        slots.close()
+    ctx = mp.get_context("spawn")
+    here, there = ctx.Pipe()
+    peer = ctx.Process(target=_pipe_peer, args=(there,))
+    peer.start()
+    lines = env_worker._Lines(here)  # noqa: SLF001
+    n, c0, t0 = 0, time.thread_time(), time.monotonic()
+    while time.monotonic() - t0 < seconds:
+        lines.send("step", "1")
+        lines.recv()
+        n += 1
+    out["pipe_round_trip_us_actor_side"] = (time.thread_time() - c0) / n * 1e6
+    lines.send("close")
+    out["pipe_round_trip_us_worker_side"] = float(lines.recv()[1]) * 1e6
+    peer.join()
+    return out
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
@@ -177,12 +243,20 @@ def main() -> int:
     p.add_argument("--warmup", type=float, default=8.0, help="seconds after the first env step before measuring")
     p.add_argument("--train", action="store_true", help="PPO updates run (default: the learner only consumes)")
     p.add_argument("--profile", help="write cProfile output of the actor and env workers into this folder")
+    p.add_argument("--micro", action="store_true", help="only the isolated actor-side costs (no fleet)")
     p.add_argument("--json", help="also write the results here")
     p.add_argument("overrides", nargs="*", help="extra recipe overrides for every case")
     args = p.parse_args()
     if args.profile:
         Path(args.profile).mkdir(parents=True, exist_ok=True)
         os.environ["RLFLEET_PROFILE_DIR"] = str(Path(args.profile).resolve())
+    if args.micro:
+        res = micro(min(args.seconds, 5.0))
+        for k, v in res.items():
+            print(f"{k:45s} {v:7.2f} us CPU")
+        if args.json:
+            Path(args.json).write_text(json.dumps(res, indent=2))
+        return 0
     results = {}
     print(
         f"{'case':6s} {'env steps/s':>11s}  " + "  ".join(f"{r:>11s}" for r in (*ROLES, "total")) + "   (us CPU/step)"
