@@ -116,7 +116,12 @@ def _write_obs(slots: SharedArrays, rows: slice, obs: dict, keys: list[str], pre
 def _write_step(slots: SharedArrays, sl: EnvSlice, res, keys: list[str]) -> None:
     rows = slice(sl.lo, sl.hi)
     _write_obs(slots, rows, res.obs, keys)
-    _write_obs(slots, rows, res.final_obs, keys, prefix="final_")
+    # final observations only where an episode ended: the only rows anyone reads (the segment
+    # builder), and a frame-sized copy per env and step spared everywhere else
+    ended = np.flatnonzero(res.episode_done)
+    if len(ended):
+        for key in keys:
+            slots["final_" + key][sl.lo + ended] = res.final_obs[key][ended]
     slots["rewards"][rows] = res.rewards
     slots["terminated"][rows] = res.terminated
     slots["truncated"][rows] = res.truncated
