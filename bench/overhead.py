@@ -108,10 +108,16 @@ def _stop_learner() -> None:
 
 
 def measure(case: str, seconds: float, warmup: float, train: bool, extra: list[str]) -> dict:
+    recipe, overrides = CASES[case]
+    return fleet_window(recipe, [*overrides, *extra], seconds, warmup, train)
+
+
+def fleet_window(recipe: str, overrides: list[str], seconds: float, warmup: float, train: bool) -> dict:
+    """Run the local fleet; `warmup` s after the actor's first env step, count its env steps and
+    every role's CPU time for `seconds`, then stop the fleet. Also used by bench/throughput.py."""
     from rlfleet.config import load_config
     from rlfleet.launcher import train_local
 
-    recipe, overrides = CASES[case]
     base = _free_port()
     while base + 3 > 65535 or any(not _port_free(base + i) for i in range(3)):
         base = _free_port()
@@ -122,6 +128,7 @@ def measure(case: str, seconds: float, warmup: float, train: bool, extra: list[s
         while (_actor_env_steps(base + 2) or 0) <= 0:
             if time.monotonic() > deadline:
                 result["error"] = "the actor never reported env steps"
+                _stop_learner()
                 return
             time.sleep(0.5)
         time.sleep(warmup)
@@ -130,6 +137,7 @@ def measure(case: str, seconds: float, warmup: float, train: bool, extra: list[s
         s1, c1, t1 = _actor_env_steps(base + 2), _cpu_by_role(), time.monotonic()
         if s0 is None or s1 is None or s1 <= s0:
             result["error"] = "no env steps in the window"
+            _stop_learner()
             return
         steps = s1 - s0
         result["env_steps"] = steps
@@ -143,9 +151,8 @@ def measure(case: str, seconds: float, warmup: float, train: bool, extra: list[s
             recipe,
             [
                 *overrides,
-                *extra,
                 f"runner.logger.log_path={tmp}/run",
-                f"runner.max_wall_seconds={warmup + seconds + 60}",
+                f"runner.max_wall_seconds={warmup + seconds + 300}",  # stopped after the window
                 "runner.total_env_steps=1000000000",
                 "runner.checkpoint_every=1000000",
                 "eval.at_end=false",

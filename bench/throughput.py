@@ -18,12 +18,15 @@ render  frames per CPU-second (frames/s per core) at 64 and 224 px through rlfle
         driven bare beside it. Aim: >= 0.9. MuJoCo's defaults (shadows, reflections,
         multisampling) are printed too, for reference.
 
+A fleet's rate is its actor's env-step counter over a window of `--seconds`, `--warmup` s
+after its first env step (start-up and the first updates left out), the same length as the
+bare loop's window; bench/overhead.py's CPU us per env step of each role come along in the JSON.
 Each measurement is repeated 3 times, alternating (bare, sampling, training, bare, ...), so
 the machine's load drifts across all of them alike; a ratio is the median over the repeats
 of (fleet / bare of the same repeat). Results also go to `--json` for docs/performance.md.
 
     python bench/throughput.py                         # make bench
-    python bench/throughput.py --only pixels --seconds 30 --fleet-seconds 90
+    python bench/throughput.py --only pixels --seconds 60 --warmup 20
 """
 
 from __future__ import annotations
@@ -32,10 +35,10 @@ import argparse
 import importlib
 import json
 import multiprocessing as mp
+import os
 import platform
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -87,6 +90,8 @@ def bare_loop(cfg: Any, seconds: float) -> float:
     a = cfg.actor
     E = a.num_envs
     env_cfg = {**as_dict(cfg.env), "fleet_envs": max(cfg.env.get("fleet_envs", 0), a.num_actors * E)}
+    # single-threaded numerics, as the launcher gives every role (and so every env worker)
+    os.environ.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     ctx = mp.get_context("spawn")
     q, barrier = ctx.Queue(), ctx.Barrier(a.num_workers)
     procs = [
@@ -105,28 +110,19 @@ def bare_loop(cfg: Any, seconds: float) -> float:
     return float(sum(rates))
 
 
-def fleet(recipe: str, overrides: list[str], seconds: float, consume_only: bool) -> float:
-    """Env steps/s of the local fleet (counted by the learner from its first full batch)."""
-    from rlfleet.config import load_config
-    from rlfleet.launcher import train_local
+def fleet(recipe: str, overrides: list[str], seconds: float, warmup: float, consume_only: bool) -> dict:
+    """The local fleet's env steps/s (the actor's own counter) over `seconds`, `warmup` s after its
+    first env step, with every role's CPU us per env step (bench/overhead.py's measurement)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from overhead import fleet_window
 
-    with tempfile.TemporaryDirectory() as tmp:
-        cfg = load_config(
-            recipe,
-            [
-                *FLEET_OVERRIDES,
-                *overrides,
-                f"runner.logger.log_path={tmp}/run",
-                f"runner.max_wall_seconds={seconds}",
-                "runner.total_env_steps=1000000000",
-                f"learner.consume_only={str(consume_only).lower()}",
-            ],
-        )
-        summary = train_local(cfg)
-    return float(summary["throughput_env_steps_per_s"])
+    out = fleet_window(recipe, [*FLEET_OVERRIDES, *overrides], seconds, warmup, train=not consume_only)
+    if "error" in out:
+        raise RuntimeError(f"fleet run of {recipe} failed: {out['error']}")
+    return out
 
 
-def fleet_part(part: str, overrides: list[str], seconds: float, fleet_seconds: float, repeats: int) -> dict:
+def fleet_part(part: str, overrides: list[str], seconds: float, warmup: float, repeats: int) -> dict:
     from rlfleet.config import load_config
 
     recipe = RECIPES[part]
@@ -139,16 +135,19 @@ def fleet_part(part: str, overrides: list[str], seconds: float, fleet_seconds: f
         flush=True,
     )
     runs: dict[str, list[float]] = {"bare": [], "sampling": [], "training": []}
+    cpu: dict[str, list[dict]] = {"sampling": [], "training": []}
     for r in range(repeats):
         runs["bare"].append(bare_loop(cfg, seconds))
-        runs["sampling"].append(fleet(recipe, overrides, fleet_seconds, consume_only=True))
-        runs["training"].append(fleet(recipe, overrides, fleet_seconds, consume_only=False))
+        for kind in ("sampling", "training"):
+            got = fleet(recipe, overrides, seconds, warmup, consume_only=kind == "sampling")
+            runs[kind].append(got["env_steps_per_s_wall"])
+            cpu[kind].append(got["us_per_env_step"])
         print(
             f"[{part}] repeat {r + 1}: bare {runs['bare'][-1]:7.0f}  sampling {runs['sampling'][-1]:7.0f}  "
             f"training {runs['training'][-1]:7.0f} env steps/s",
             flush=True,
         )
-    out: dict[str, Any] = {"recipe": recipe, "env_steps_per_s": runs}
+    out: dict[str, Any] = {"recipe": recipe, "env_steps_per_s": runs, "cpu_us_per_env_step": cpu}
     for kind in ("sampling", "training"):
         ratios = [f / b for f, b in zip(runs[kind], runs["bare"])]
         out[f"{kind}/bare"] = statistics.median(ratios)
@@ -256,12 +255,11 @@ def _summary_lines(results: dict) -> list[str]:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--only", nargs="+", choices=PARTS, default=list(PARTS), help="parts to run")
-    p.add_argument("--seconds", type=float, default=20.0, help="per bare-loop measurement (render: per repeat)")
     p.add_argument(
-        "--fleet-seconds",
-        type=float,
-        default=60.0,
-        help="per fleet run, start-up included (its rate counts from the first full batch)",
+        "--seconds", type=float, default=30.0, help="per measurement: bare loop, fleet window (render: a quarter)"
+    )
+    p.add_argument(
+        "--warmup", type=float, default=15.0, help="a fleet's seconds after its first env step before its window"
     )
     p.add_argument("--repeats", type=int, default=3, help="alternating repeats; ratios are their median")
     p.add_argument("--render-sizes", type=int, nargs="+", default=[64, 224])
@@ -279,7 +277,7 @@ def main() -> int:
         if part == "render":
             results["render"] = render_part(args.render_task, args.render_sizes, render_seconds, args.repeats)
         else:
-            results[part] = fleet_part(part, args.overrides, args.seconds, args.fleet_seconds, args.repeats)
+            results[part] = fleet_part(part, args.overrides, args.seconds, args.warmup, args.repeats)
     print("\n".join(["", f"ratios (median of {args.repeats} alternating repeats):", *_summary_lines(results)]))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
