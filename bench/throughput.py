@@ -20,7 +20,9 @@ render  frames per CPU-second (frames/s per core) at 64 and 224 px through rlfle
 
 A fleet's rate is its actor's env-step counter over a window of `--seconds`, `--warmup` s
 after its first env step (start-up and the first updates left out), the same length as the
-bare loop's window; bench/overhead.py's CPU us per env step of each role come along in the JSON.
+bare loop's window; bench/overhead.py's CPU us per env step of each role come along in the JSON,
+and the env workers' CPU per env step in the fleet is set beside the bare loop's (a ratio that,
+unlike the rates, hardly moves when other work shares the cores).
 Each measurement is repeated 3 times, alternating (bare, sampling, training, bare, ...), so
 the machine's load drifts across all of them alike; a ratio is the median over the repeats
 of (fleet / bare of the same repeat). Results also go to `--json` for docs/performance.md.
@@ -71,19 +73,20 @@ def _bare_worker(
     sizes = [sl.hi - sl.lo for sl in slices]
     actions = [rng.uniform(-1, 1, (64, n, K, D)).astype(np.float32) for n in sizes]
     barrier.wait()  # every worker starts the clock together: the rates share the same cores
-    steps, i, t0 = 0, 0, time.monotonic()
+    steps, i, t0, c0 = 0, 0, time.monotonic(), time.process_time()
     while time.monotonic() - t0 < seconds:
         for env, acts, n in zip(envs, actions, sizes):  # stage by stage, as a worker steps its slices
             env.chunk_step(acts[i % 64])
             steps += n * K
         i += 1
-    out.put(steps / (time.monotonic() - t0))
+    out.put((steps / (time.monotonic() - t0), time.process_time() - c0, steps))
     for env in envs:
         env.close()
 
 
-def bare_loop(cfg: Any, seconds: float) -> float:
-    """Env steps/s of the fleet's env slices stepped in bare loops, one process per env worker."""
+def bare_loop(cfg: Any, seconds: float) -> tuple[float, float]:
+    """Env steps/s of the fleet's env slices stepped in bare loops, one process per env worker,
+    and their CPU us per env step (to set beside the fleet's env workers')."""
     from rlfleet.actors.env_worker import stage_slices
     from rlfleet.config import as_dict
 
@@ -101,13 +104,13 @@ def bare_loop(cfg: Any, seconds: float) -> float:
     for p in procs:
         p.start()
     try:
-        rates = [q.get(timeout=seconds + 300) for _ in procs]
+        got = [q.get(timeout=seconds + 300) for _ in procs]
     finally:
         for p in procs:
             p.join(timeout=30)
             if p.is_alive():
                 p.terminate()
-    return float(sum(rates))
+    return float(sum(g[0] for g in got)), sum(g[1] for g in got) / max(sum(g[2] for g in got), 1) * 1e6
 
 
 def fleet(recipe: str, overrides: list[str], seconds: float, warmup: float, consume_only: bool) -> dict:
@@ -135,16 +138,20 @@ def fleet_part(part: str, overrides: list[str], seconds: float, warmup: float, r
         flush=True,
     )
     runs: dict[str, list[float]] = {"bare": [], "sampling": [], "training": []}
-    cpu: dict[str, list[dict]] = {"sampling": [], "training": []}
+    cpu: dict[str, list] = {"bare": [], "sampling": [], "training": []}
     for r in range(repeats):
-        runs["bare"].append(bare_loop(cfg, seconds))
+        rate, us = bare_loop(cfg, seconds)
+        runs["bare"].append(rate)
+        cpu["bare"].append(us)
         for kind in ("sampling", "training"):
             got = fleet(recipe, overrides, seconds, warmup, consume_only=kind == "sampling")
             runs[kind].append(got["env_steps_per_s_wall"])
             cpu[kind].append(got["us_per_env_step"])
         print(
             f"[{part}] repeat {r + 1}: bare {runs['bare'][-1]:7.0f}  sampling {runs['sampling'][-1]:7.0f}  "
-            f"training {runs['training'][-1]:7.0f} env steps/s",
+            f"training {runs['training'][-1]:7.0f} env steps/s; env workers' CPU us per env step: bare "
+            f"{cpu['bare'][-1]:.0f}, sampling {cpu['sampling'][-1]['env workers']:.0f}, "
+            f"training {cpu['training'][-1]['env workers']:.0f}",
             flush=True,
         )
     out: dict[str, Any] = {"recipe": recipe, "env_steps_per_s": runs, "cpu_us_per_env_step": cpu}
@@ -153,6 +160,10 @@ def fleet_part(part: str, overrides: list[str], seconds: float, warmup: float, r
         out[f"{kind}/bare"] = statistics.median(ratios)
         out[f"{kind}/bare_repeats"] = ratios
     out["median_env_steps_per_s"] = {k: statistics.median(v) for k, v in runs.items()}
+    # load-robust companion: the env workers' CPU per env step in the fleet over the bare loop's
+    out["worker_cpu_per_step_sampling/bare"] = statistics.median(
+        c["env workers"] / b for c, b in zip(cpu["sampling"], cpu["bare"])
+    )
     return out
 
 
@@ -243,7 +254,8 @@ def _summary_lines(results: dict) -> list[str]:
             r = results[part]
             lines.append(
                 f"{part:6s} fleet sampling / bare = {r['sampling/bare']:.2f} (aim >= {AIMS[part]['sampling']})   "
-                f"fleet training / bare = {r['training/bare']:.2f} (aim >= {AIMS[part]['training']})"
+                f"fleet training / bare = {r['training/bare']:.2f} (aim >= {AIMS[part]['training']})   "
+                f"env-worker CPU per step, fleet / bare = {r['worker_cpu_per_step_sampling/bare']:.2f}"
             )
     for size, r in results.get("render", {}).items():
         lines.append(
