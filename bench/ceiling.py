@@ -1,6 +1,6 @@
 """The system's own ceiling: the whole fleet on the zero-cost env (`env.name=bench`).
 
-Each point starts a real local fleet (`rlfleet.launcher.train_local`: learner, one inference
+Each point starts a real local fleet (`rlfleet.runs.launcher.train_local`: learner, one inference
 server, N actor processes with their env workers) on the zero-cost simulator, lets it warm up,
 then reads every role's Prometheus endpoint twice, `--seconds` apart. Everything quoted comes
 from those two readings, taken from the processes themselves:
@@ -382,7 +382,7 @@ def summarise(a: dict[str, Reading], b: dict[str, Reading], depth: list[float], 
 
 def run_point(point: Point, mode: str, settings: Settings, work: Path) -> dict[str, Any]:
     from rlfleet.config import load_config
-    from rlfleet.launcher import train_local
+    from rlfleet.runs.launcher import train_local
 
     run_dir = work / f"{mode}-{point.actors}a-{point.envs}e-{point.transport}-{point.obs}-{point.max_batch}"
     cfg = load_config(settings.recipe, settings.overrides(point, mode, run_dir))

@@ -1,127 +1,296 @@
-"""Throughput benchmark, all four measurements in one run on the same cores.
+"""The fleet at the simulator limit: fleet throughput over the bare simulator loop, one run.
 
-(a) limit: the same envs stepped with random actions in bare loops, one process per worker;
-(b) fleet sampling: learner (consuming, not training) + inference server + actor;
-(c) synchronous baseline: one process steps all envs, runs the policy, steps again;
-(d) fleet training: the full fleet while PPO updates run.
-Prints each in env steps/s and the ratios b/a, b/c and d/a.
+Parts (`--only`, default all three):
+
+state   reach-v3 (metaworld_reach_ppo: 64 envs, 2 workers, 2 stages). The bare loop steps the
+        same env slices as the fleet's workers (one process per worker, same offsets, random
+        actions) with nothing else; beside it the fleet sampling only (the learner consumes
+        and drops segments) and the fleet while PPO trains. Aims: sampling >= 0.9, training
+        >= 0.85 of the bare loop.
+pixels  the quickstart's settings (metaworld_quickstart_tinyoft: 20 envs, 2 worker processes,
+        5 tasks, 64 px, chunk K = 8): a bare loop that steps and renders exactly as the
+        quickstart's workers do, beside fleet sampling and training with the quickstart's
+        policy (tiny_oft; freshly initialised weights, which cost the same as trained ones,
+        so no SFT bootstrap runs). Aims: sampling >= 0.95, training >= 0.9.
+render  frames per CPU-second (frames/s per core) at 64 and 224 px through rlfleet's render
+        path (a MetaWorld env's `render_one`, which is what the env workers call) against
+        MuJoCo's own offscreen renderer (`mujoco.Renderer`, same model, same scene settings)
+        driven bare beside it. Aim: >= 0.9. MuJoCo's defaults (shadows, reflections,
+        multisampling) are printed too, for reference.
+
+A fleet's rate is its actor's env-step counter over a window of `--seconds`, `--warmup` s
+after its first env step (start-up and the first updates left out), the same length as the
+bare loop's window; bench/overhead.py's CPU us per env step of each role come along in the JSON,
+and the env workers' CPU per env step in the fleet is set beside the bare loop's (a ratio that,
+unlike the rates, hardly moves when other work shares the cores).
+Each measurement is repeated 3 times, alternating (bare, sampling, training, bare, ...), so
+the machine's load drifts across all of them alike; a ratio is the median over the repeats
+of (fleet / bare of the same repeat). Results also go to `--json` for docs/performance.md.
+
+    python bench/throughput.py                         # make bench
+    python bench/throughput.py --only pixels --seconds 60 --warmup 20
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import multiprocessing as mp
+import os
+import platform
+import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+PARTS = ("state", "pixels", "render")
+RECIPES = {"state": "metaworld_reach_ppo", "pixels": "metaworld_quickstart_tinyoft"}
+AIMS = {
+    "state": {"sampling": 0.9, "training": 0.85},
+    "pixels": {"sampling": 0.95, "training": 0.9},
+    "render": 0.9,
+}
+# no before/after evaluation, no SFT bootstrap (a fresh policy costs what a trained one does)
+FLEET_OVERRIDES = ["eval.at_end=false", "eval.before=false", "demos.bootstrap=false", "runner.checkpoint_every=1000000"]
 
-def _bare_loop(task: str, num_envs: int, offset: int, seconds: float, out: mp.Queue) -> None:
+
+def _bare_worker(
+    env_cfg: dict, slices: list, seconds: float, barrier: Any, out: Any, seed: int
+) -> None:  # one env worker's job, without the fleet
     from rlfleet.envs.api import EnvConfig
     from rlfleet.envs.registry import make_env
 
-    env = make_env(EnvConfig(task=task), num_envs, env_offset=offset)
-    env.reset()
-    rng = np.random.default_rng(offset)
-    steps, t0 = 0, time.monotonic()
+    cfg = EnvConfig(**env_cfg)
+    envs = [make_env(cfg, sl.hi - sl.lo, env_offset=sl.global_offset) for sl in slices]
+    for env in envs:
+        env.reset()
+    rng = np.random.default_rng(seed)
+    K, D = cfg.chunk_size, envs[0].spec.action_dim
+    sizes = [sl.hi - sl.lo for sl in slices]
+    actions = [rng.uniform(-1, 1, (64, n, K, D)).astype(np.float32) for n in sizes]
+    barrier.wait()  # every worker starts the clock together: the rates share the same cores
+    steps, i, t0, c0 = 0, 0, time.monotonic(), time.process_time()
     while time.monotonic() - t0 < seconds:
-        env.chunk_step(rng.uniform(-1, 1, (num_envs, 1, env.spec.action_dim)).astype(np.float32))
-        steps += num_envs
-    out.put(steps / (time.monotonic() - t0))
-    env.close()
+        for env, acts, n in zip(envs, actions, sizes):  # stage by stage, as a worker steps its slices
+            env.chunk_step(acts[i % 64])
+            steps += n * K
+        i += 1
+    out.put((steps / (time.monotonic() - t0), time.process_time() - c0, steps))
+    for env in envs:
+        env.close()
 
 
-def limit(task: str, num_envs: int, workers: int, seconds: float) -> float:
+def bare_loop(cfg: Any, seconds: float) -> tuple[float, float]:
+    """Env steps/s of the fleet's env slices stepped in bare loops, one process per env worker,
+    and their CPU us per env step (to set beside the fleet's env workers')."""
+    from rlfleet.actors.env_worker import stage_slices
+    from rlfleet.config import as_dict
+
+    a = cfg.actor
+    E = a.num_envs
+    env_cfg = {**as_dict(cfg.env), "fleet_envs": max(cfg.env.get("fleet_envs", 0), a.num_actors * E)}
+    # single-threaded numerics, as the launcher gives every role (and so every env worker)
+    os.environ.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     ctx = mp.get_context("spawn")
-    q = ctx.Queue()
+    q, barrier = ctx.Queue(), ctx.Barrier(a.num_workers)
     procs = [
-        ctx.Process(target=_bare_loop, args=(task, num_envs // workers, w * (num_envs // workers), seconds, q))
-        for w in range(workers)
+        ctx.Process(target=_bare_worker, args=(env_cfg, slices, seconds, barrier, q, w))
+        for w, slices in enumerate(stage_slices(E, a.pipeline_stage_num, a.num_workers, 0))
     ]
     for p in procs:
         p.start()
-    rates = [q.get(timeout=seconds + 120) for _ in procs]
-    for p in procs:
-        p.join()
-    return float(sum(rates))
+    try:
+        got = [q.get(timeout=seconds + 300) for _ in procs]
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.terminate()
+    return float(sum(g[0] for g in got)), sum(g[1] for g in got) / max(sum(g[2] for g in got), 1) * 1e6
 
 
-def synchronous(task: str, num_envs: int, policy_cfg, seconds: float) -> float:
-    """One process, the recipe's own policy: step all envs, infer, step."""
-    import torch
+def fleet(recipe: str, overrides: list[str], seconds: float, warmup: float, consume_only: bool) -> dict:
+    """The local fleet's env steps/s (the actor's own counter) over `seconds`, `warmup` s after its
+    first env step, with every role's CPU us per env step (bench/overhead.py's measurement)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from overhead import fleet_window
+
+    out = fleet_window(recipe, [*FLEET_OVERRIDES, *overrides], seconds, warmup, train=not consume_only)
+    if "error" in out:
+        raise RuntimeError(f"fleet run of {recipe} failed: {out['error']}")
+    return out
+
+
+def fleet_part(part: str, overrides: list[str], seconds: float, warmup: float, repeats: int) -> dict:
+    from rlfleet.config import load_config
+
+    recipe = RECIPES[part]
+    cfg = load_config(recipe, [*FLEET_OVERRIDES, *overrides])
+    a = cfg.actor
+    print(
+        f"[{part}] {recipe}: {cfg.env.task}, {a.num_envs * a.num_actors} envs, {a.num_workers * a.num_actors} "
+        f"workers, {a.pipeline_stage_num} stages, image {cfg.env.image_size} px, chunk {cfg.env.chunk_size}, "
+        f"policy {cfg.policy.name}",
+        flush=True,
+    )
+    runs: dict[str, list[float]] = {"bare": [], "sampling": [], "training": []}
+    cpu: dict[str, list] = {"bare": [], "sampling": [], "training": []}
+    for r in range(repeats):
+        rate, us = bare_loop(cfg, seconds)
+        runs["bare"].append(rate)
+        cpu["bare"].append(us)
+        for kind in ("sampling", "training"):
+            got = fleet(recipe, overrides, seconds, warmup, consume_only=kind == "sampling")
+            runs[kind].append(got["env_steps_per_s_wall"])
+            cpu[kind].append(got["us_per_env_step"])
+        print(
+            f"[{part}] repeat {r + 1}: bare {runs['bare'][-1]:7.0f}  sampling {runs['sampling'][-1]:7.0f}  "
+            f"training {runs['training'][-1]:7.0f} env steps/s; env workers' CPU us per env step: bare "
+            f"{cpu['bare'][-1]:.0f}, sampling {cpu['sampling'][-1]['env workers']:.0f}, "
+            f"training {cpu['training'][-1]['env workers']:.0f}",
+            flush=True,
+        )
+    out: dict[str, Any] = {"recipe": recipe, "env_steps_per_s": runs, "cpu_us_per_env_step": cpu}
+    for kind in ("sampling", "training"):
+        ratios = [f / b for f, b in zip(runs[kind], runs["bare"])]
+        out[f"{kind}/bare"] = statistics.median(ratios)
+        out[f"{kind}/bare_repeats"] = ratios
+    out["median_env_steps_per_s"] = {k: statistics.median(v) for k, v in runs.items()}
+    # load-robust companion: the env workers' CPU per env step in the fleet over the bare loop's
+    out["worker_cpu_per_step_sampling/bare"] = statistics.median(
+        c["env workers"] / b for c, b in zip(cpu["sampling"], cpu["bare"])
+    )
+    return out
+
+
+def _frames_per_cpu_s(render, seconds: float) -> float:
+    """Frames per CPU-second of this process (all its threads: a software GL's too)."""
+    render()  # first frame: context and buffers
+    n, c0, t0 = 0, time.process_time(), time.monotonic()
+    while time.monotonic() - t0 < seconds:
+        render()
+        n += 1
+    return n / max(time.process_time() - c0, 1e-9)
+
+
+def render_part(task: str, sizes: list[int], seconds: float, repeats: int) -> dict:
+    importlib.import_module("rlfleet.envs.metaworld")  # chooses MuJoCo's GL backend before mujoco loads
+    import mujoco
 
     from rlfleet.envs.api import EnvConfig
     from rlfleet.envs.registry import make_env
-    from rlfleet.policies.registry import make_policy
 
-    torch.set_num_threads(1)
-    env = make_env(EnvConfig(task=task), num_envs)
-    policy = make_policy(policy_cfg, env.spec.state_dim, env.spec.action_dim, 1)
-    obs = env.reset()
-    steps, t0 = 0, time.monotonic()
-    while time.monotonic() - t0 < seconds:
-        out = policy.act({"states": torch.from_numpy(obs["states"])})
-        obs = env.chunk_step(out["actions"].numpy()).obs
-        steps += num_envs
-    env.close()
-    return steps / (time.monotonic() - t0)
+    out: dict[str, Any] = {}
+    for size in sizes:
+        env = make_env(EnvConfig(name="metaworld", task=task, image_size=size), 1)
+        env.reset()
+        inner = env._envs[0]  # noqa: SLF001  (the MuJoCo model and data the renderer draws)
+        ours = env._renderers[0]  # noqa: SLF001
+        # MuJoCo's renderer on the same model (rlfleet's scene settings) and one with MuJoCo's defaults
+        bare = mujoco.Renderer(inner.model, size, size)
+        bare.scene.flags[mujoco.mjtRndFlag.mjRND_SHADOW] = 0
+        bare.scene.flags[mujoco.mjtRndFlag.mjRND_REFLECTION] = 0
+        camera = ours._camera  # noqa: SLF001
 
+        def bare_frame(r=bare, data=inner.data, cam=camera) -> np.ndarray:
+            r.update_scene(data, camera=cam)
+            return r.render()
 
-def fleet(recipe: str, overrides: list[str], seconds: float, consume_only: bool) -> float:
-    from rlfleet.config import load_config
-    from rlfleet.runs.launcher import train_local
-
-    with tempfile.TemporaryDirectory() as tmp:
-        cfg = load_config(
-            recipe,
-            [
-                *overrides,
-                f"runner.logger.log_path={tmp}/run",
-                f"runner.max_wall_seconds={seconds}",
-                "runner.total_env_steps=100000000",
-                "eval.at_end=false",
-                f"learner.consume_only={str(consume_only).lower()}",
-            ],
+        runs: dict[str, list[float]] = {"rlfleet": [], "mujoco": []}
+        for _ in range(repeats):
+            runs["mujoco"].append(_frames_per_cpu_s(bare_frame, seconds))
+            runs["rlfleet"].append(_frames_per_cpu_s(lambda e=env: e.render_one(0), seconds))
+        bare.close()
+        env.close()
+        defaults = _mujoco_defaults_fps(task, size, seconds)
+        ratios = [o / b for o, b in zip(runs["rlfleet"], runs["mujoco"])]
+        out[f"{size}px"] = {
+            "frames_per_cpu_s": runs,
+            "rlfleet/mujoco": statistics.median(ratios),
+            "rlfleet/mujoco_repeats": ratios,
+            "mujoco_defaults_frames_per_cpu_s": defaults,
+        }
+        print(
+            f"[render] {size:3d} px: rlfleet {statistics.median(runs['rlfleet']):7.0f}  mujoco.Renderer "
+            f"{statistics.median(runs['mujoco']):7.0f}  (MuJoCo defaults {defaults:6.0f}) frames per CPU-second",
+            flush=True,
         )
-        summary = train_local(cfg)
-    return float(summary["throughput_env_steps_per_s"])
+    return out
+
+
+def _mujoco_defaults_fps(task: str, size: int, seconds: float) -> float:
+    """mujoco.Renderer with MuJoCo's default quality on a fresh copy of the task's model."""
+    import mujoco
+
+    from rlfleet.envs.api import EnvConfig
+    from rlfleet.envs.registry import make_env
+
+    env = make_env(EnvConfig(name="metaworld", task=task), 1)
+    env.reset()
+    inner = env._envs[0]  # noqa: SLF001
+    inner.model.vis.global_.offwidth = max(inner.model.vis.global_.offwidth, size)
+    inner.model.vis.global_.offheight = max(inner.model.vis.global_.offheight, size)
+    r = mujoco.Renderer(inner.model, size, size)
+    cam = inner.model.camera("corner").id
+
+    def frame() -> np.ndarray:
+        r.update_scene(inner.data, camera=cam)
+        return r.render()
+
+    fps = _frames_per_cpu_s(frame, seconds)
+    r.close()
+    env.close()
+    return fps
+
+
+def _summary_lines(results: dict) -> list[str]:
+    lines = []
+    for part in ("state", "pixels"):
+        if part in results:
+            r = results[part]
+            lines.append(
+                f"{part:6s} fleet sampling / bare = {r['sampling/bare']:.2f} (aim >= {AIMS[part]['sampling']})   "
+                f"fleet training / bare = {r['training/bare']:.2f} (aim >= {AIMS[part]['training']})   "
+                f"env-worker CPU per step, fleet / bare = {r['worker_cpu_per_step_sampling/bare']:.2f}"
+            )
+    for size, r in results.get("render", {}).items():
+        lines.append(
+            f"render {size:>5s} rlfleet / mujoco.Renderer = {r['rlfleet/mujoco']:.2f} (aim >= {AIMS['render']})"
+        )
+    return lines
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--recipe", default="metaworld_reach_ppo")
-    p.add_argument("--seconds", type=float, default=20.0, help="per bare/synchronous measurement")
+    p.add_argument("--only", nargs="+", choices=PARTS, default=list(PARTS), help="parts to run")
     p.add_argument(
-        "--fleet-seconds",
-        type=float,
-        default=60.0,
-        help="per fleet run, start-up included (throughput counts from the first full batch)",
+        "--seconds", type=float, default=30.0, help="per measurement: bare loop, fleet window (render: a quarter)"
     )
+    p.add_argument(
+        "--warmup", type=float, default=15.0, help="a fleet's seconds after its first env step before its window"
+    )
+    p.add_argument("--repeats", type=int, default=3, help="alternating repeats; ratios are their median")
+    p.add_argument("--render-sizes", type=int, nargs="+", default=[64, 224])
+    p.add_argument("--render-task", default="reach-v3")
     p.add_argument("--json", help="also write the results here")
-    p.add_argument("overrides", nargs="*", help="recipe overrides, e.g. actor.num_envs=32")
+    p.add_argument("overrides", nargs="*", help="recipe overrides for the state and pixels fleets")
     args = p.parse_args()
-
-    from rlfleet.config import load_config
-
-    cfg = load_config(args.recipe, args.overrides)
-    task, E, W = cfg.env.task, cfg.actor.num_envs * cfg.actor.num_actors, cfg.actor.num_workers * cfg.actor.num_actors
-    print(f"recipe {args.recipe}: task {task}, {E} envs, {W} workers", flush=True)
-    results = {}
-    results["a_limit"] = limit(task, E, W, args.seconds)
-    print(f"(a) bare env loop          {results['a_limit']:8.0f} env steps/s", flush=True)
-    results["c_synchronous"] = synchronous(task, E, cfg.policy, args.seconds)
-    print(f"(c) synchronous baseline   {results['c_synchronous']:8.0f} env steps/s", flush=True)
-    results["b_fleet_sampling"] = fleet(args.recipe, args.overrides, args.fleet_seconds, consume_only=True)
-    print(f"(b) fleet sampling         {results['b_fleet_sampling']:8.0f} env steps/s", flush=True)
-    results["d_fleet_training"] = fleet(args.recipe, args.overrides, args.fleet_seconds, consume_only=False)
-    print(f"(d) fleet training         {results['d_fleet_training']:8.0f} env steps/s", flush=True)
-    a, b, c, d = (results[k] for k in ("a_limit", "b_fleet_sampling", "c_synchronous", "d_fleet_training"))
-    results.update({"b/a": b / a, "b/c": b / c, "d/a": d / a})
-    print(f"b/a = {b / a:.2f} (aim >= 0.8)   b/c = {b / c:.2f} (aim >= 1.5)   d/a = {d / a:.2f} (aim >= 0.6)")
+    results: dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "machine": f"{platform.node()} {platform.machine()}, {mp.cpu_count()} CPUs",
+        "command": " ".join(sys.argv),
+    }
+    render_seconds = max(2.0, args.seconds / 4)
+    for part in args.only:
+        if part == "render":
+            results["render"] = render_part(args.render_task, args.render_sizes, render_seconds, args.repeats)
+        else:
+            results[part] = fleet_part(part, args.overrides, args.seconds, args.warmup, args.repeats)
+    print("\n".join(["", f"ratios (median of {args.repeats} alternating repeats):", *_summary_lines(results)]))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
     return 0

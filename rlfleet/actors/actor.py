@@ -14,12 +14,13 @@ from dataclasses import dataclass
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from rlfleet.actors.env_worker import EnvWorkerPool
-from rlfleet.actors.groups import GroupedResets, check_stage_rows, episode_rollout_len
+from rlfleet.actors.env_worker import EnvWorkerPool, profiled
+from rlfleet.actors.groups import GroupedResets
 from rlfleet.actors.inference_client import InferenceError, StopWaiting
 from rlfleet.actors.inference_failover import connect_fleet
 from rlfleet.actors.learner_client import LearnerClient
 from rlfleet.actors.rollout import SegmentBuilder
+from rlfleet.algorithms.grpo import check_stage_rows, episode_rollout_len
 from rlfleet.config import as_dict, run_slot_layout
 from rlfleet.wire.segment import Segment
 
@@ -56,6 +57,19 @@ def run_actor(
     inference_address: str,
     stop_event: threading.Event | None = None,
     counters: ActorCounters | None = None,
+) -> ActorStats:
+    with profiled("actor"):
+        return _run_actor(cfg, actor_index, client_id, learner_address, inference_address, stop_event, counters)
+
+
+def _run_actor(
+    cfg: DictConfig,
+    actor_index: int,
+    client_id: str,
+    learner_address: str,
+    inference_address: str,
+    stop_event: threading.Event | None,
+    counters: ActorCounters | None,
 ) -> ActorStats:
     a = cfg.actor
     E, S, T, K = a.num_envs, a.pipeline_stage_num, a.rollout_len, cfg.env.chunk_size

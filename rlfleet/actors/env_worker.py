@@ -8,10 +8,12 @@ while stage s waits for inference the worker is already stepping stage s+1.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing as mp
 import os
 import traceback
+from collections.abc import Iterator
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
@@ -49,14 +51,64 @@ def stage_slices(num_envs: int, num_stages: int, num_workers: int, actor_offset:
     return out
 
 
-def _send(conn: Connection, kind: str, arg: str = "") -> None:
-    """Worker pipe messages are short text lines ("step 1", "stepped 1"): cheaper than pickling."""
-    conn.send_bytes(f"{kind} {arg}".encode())
+PROFILE_DIR_VAR = "RLFLEET_PROFILE_DIR"
 
 
-def _recv(conn: Connection) -> tuple[str, str]:
-    kind, _, arg = conn.recv_bytes().decode().partition(" ")
-    return kind, arg
+@contextlib.contextmanager
+def profiled(name: str) -> Iterator[None]:
+    """cProfile the block into $RLFLEET_PROFILE_DIR/<name>-<pid>.prof when that variable is set
+    (bench/overhead.py --profile); otherwise nothing. Times are the calling thread's CPU time."""
+    folder = os.environ.get(PROFILE_DIR_VAR)
+    if not folder:
+        yield
+        return
+    import cProfile
+    import time
+
+    prof = cProfile.Profile(time.thread_time)  # CPU time: a blocking wait counts as what it costs
+    prof.enable()
+    try:
+        yield
+    finally:
+        prof.disable()
+        prof.dump_stats(os.path.join(folder, f"{name}-{os.getpid()}.prof"))
+
+
+class _Lines:
+    """Worker pipe messages: short text lines ("step 1", "stepped 1") on the pipe's raw fd.
+
+    One write and (usually) one read per message, without Connection's length header and its
+    second read; a read that brings two lines (the actor queues "step s+1" behind "step s")
+    keeps the second for the next call. Newlines inside a message (a traceback) travel as \x1e.
+    """
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn, self._fd, self._buf = conn, conn.fileno(), b""
+
+    def send(self, kind: str, arg: str = "") -> None:
+        data = memoryview(f"{kind} {arg.replace(chr(10), chr(30))}\n".encode())
+        while data:
+            data = data[os.write(self._fd, data) :]
+
+    def recv(self) -> tuple[str, str]:
+        while True:
+            end = self._buf.find(b"\n")
+            if end >= 0:
+                line, self._buf = self._buf[:end], self._buf[end + 1 :]
+                kind, _, arg = line.decode().partition(" ")
+                return kind, arg.replace(chr(30), chr(10))
+            chunk = os.read(self._fd, 1 << 16)
+            if not chunk:
+                raise EOFError
+            self._buf += chunk
+
+
+def _send(conn: _Lines, kind: str, arg: str = "") -> None:
+    conn.send(kind, arg)
+
+
+def _recv(conn: _Lines) -> tuple[str, str]:
+    return conn.recv()
 
 
 def _write_obs(slots: SharedArrays, rows: slice, obs: dict, keys: list[str], prefix: str = "") -> None:
@@ -67,7 +119,12 @@ def _write_obs(slots: SharedArrays, rows: slice, obs: dict, keys: list[str], pre
 def _write_step(slots: SharedArrays, sl: EnvSlice, res, keys: list[str]) -> None:
     rows = slice(sl.lo, sl.hi)
     _write_obs(slots, rows, res.obs, keys)
-    _write_obs(slots, rows, res.final_obs, keys, prefix="final_")
+    # final observations only where an episode ended: the only rows anyone reads (the segment
+    # builder), and a frame-sized copy per env and step spared everywhere else
+    ended = np.flatnonzero(res.episode_done)
+    if len(ended):
+        for key in keys:
+            slots["final_" + key][sl.lo + ended] = res.final_obs[key][ended]
     slots["rewards"][rows] = res.rewards
     slots["terminated"][rows] = res.terminated
     slots["truncated"][rows] = res.truncated
@@ -83,7 +140,12 @@ def worker_main(
 ) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     configure(auth)  # the actor's token/TLS, for envs that are gRPC clients (env.name=remote://...)
+    with profiled("env_worker"):
+        _serve(env_cfg, slices, shm_name, layout_json, conn)
 
+
+def _serve(env_cfg: dict, slices: list[EnvSlice], shm_name: str, layout_json: str, pipe: Connection) -> None:
+    conn = _Lines(pipe)
     slots = SharedArrays.attach(shm_name, layout_from_json(layout_json), untrack=False)
     envs = {}
     try:
@@ -144,7 +206,7 @@ class EnvWorkerPool:
         self.layout = layout
         self.slots = SharedArrays.create(self.layout)
         ctx = mp.get_context("spawn")  # never fork a process that may hold gRPC threads
-        self.conns: list[Connection] = []
+        self.conns: list[_Lines] = []
         self.procs: list[mp.Process] = []
         try:
             for slices in stage_slices(num_envs, num_stages, num_workers, env_offset):
@@ -156,7 +218,7 @@ class EnvWorkerPool:
                 )
                 proc.start()
                 child.close()
-                self.conns.append(parent)
+                self.conns.append(_Lines(parent))
                 self.procs.append(proc)
             self._gather("ready")
         except BaseException:
@@ -204,6 +266,6 @@ class EnvWorkerPool:
             if proc.is_alive():
                 proc.terminate()
         for conn in self.conns:
-            conn.close()
+            conn.conn.close()
         self.conns, self.procs = [], []
         self.slots.close()

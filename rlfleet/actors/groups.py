@@ -18,9 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rlfleet.algorithms.grpo import check_stage_rows, check_task_rows, episode_rollout_len
-
-__all__ = ["GroupedResets", "StageGroups", "check_stage_rows", "episode_rollout_len", "group_seeds", "stage_groups"]
+from rlfleet.algorithms.grpo import check_task_rows
 
 
 @dataclass

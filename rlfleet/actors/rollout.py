@@ -24,13 +24,22 @@ class SegmentBuilder:
         if len(self.group_ids) not in (0, B):
             raise ValueError(f"group_ids must have one label per env row ({B}), got {len(self.group_ids)}")
         self.in_episode = np.ones(B, bool)  # GRPO: the segment's episode has not ended yet
+        self._layout, self._B = layout, B
+        self.obs_keys = obs_keys(layout)
+        self.extra_slots = [k for k in layout if k.startswith("extra.")]
+        self._alloc()
+        self.t = 0
+        self._episodes: list[tuple[float, int, bool, int]] = []
+
+    def _alloc(self) -> None:
+        """Fresh buffers for the next segment: `finish` hands the filled ones to the Segment
+        instead of copying them, and fresh zeros spare zeroing `final_obs` step by step."""
+        T, B, layout = self.T, self._B, self._layout
 
         def rows(name: str) -> np.ndarray:
             spec = layout[name]
             return np.zeros((T, B, *spec.shape[1:]), spec.dtype)
 
-        self.obs_keys = obs_keys(layout)
-        self.extra_slots = [k for k in layout if k.startswith("extra.")]
         self.obs = {k: rows(k) for k in self.obs_keys}
         self.final_obs = {k: rows(k) for k in self.obs_keys}
         self.extras = {k: rows(k) for k in self.extra_slots}
@@ -41,8 +50,6 @@ class SegmentBuilder:
         self.terminated = np.zeros((T, B), bool)
         self.truncated = np.zeros((T, B), bool)
         self.versions = np.zeros((T,), np.int64)
-        self.t = 0
-        self._episodes: list[tuple[float, int, bool, int]] = []
 
     def record_policy(self, slots, version: int) -> None:
         t, r = self.t, slice(self.lo, self.hi)
@@ -64,22 +71,19 @@ class SegmentBuilder:
         if len(self.group_ids):
             done = done & self.in_episode
             self.in_episode &= ~done
-        for k in self.obs_keys:
-            self.final_obs[k][t] = 0
-        if done.any():
+        if done.any():  # final_obs rows stay zero elsewhere (fresh buffers each segment)
             idx = np.flatnonzero(done)
             for k in self.obs_keys:
                 self.final_obs[k][t, idx] = slots[f"final_{k}"][r][idx]
-            task_ids = slots["task_ids"][r]
-            for i in idx:
-                self._episodes.append(
-                    (
-                        float(slots["episode_return"][lo + i]),
-                        int(slots["episode_length"][lo + i]),
-                        bool(slots["episode_success_once"][lo + i]),
-                        int(task_ids[i]),
-                    )
+            rows = idx + lo
+            self._episodes.extend(
+                zip(
+                    slots["episode_return"][rows].astype(np.float64).tolist(),
+                    slots["episode_length"][rows].tolist(),
+                    slots["episode_success_once"][rows].tolist(),
+                    slots["task_ids"][rows].tolist(),
                 )
+            )
         self.t += 1
 
     @property
@@ -90,26 +94,27 @@ class SegmentBuilder:
         """Package the T recorded steps; the current observation becomes the bootstrap one."""
         eps, r = self._episodes, slice(self.lo, self.hi)
         K = self.actions.shape[2]
-        seg = Segment(
-            obs={k: v.copy() for k, v in self.obs.items()},
-            actions=self.actions.copy(),
-            logprobs=self.logprobs.copy(),
-            values=self.values.copy(),
-            rewards=self.rewards.copy(),
-            terminated=self.terminated.copy(),
-            truncated=self.truncated.copy(),
-            final_obs={k: v.copy() for k, v in self.final_obs.items()},
+        seg = Segment(  # the filled buffers themselves: _alloc gives the builder new ones
+            obs=self.obs,
+            actions=self.actions,
+            logprobs=self.logprobs,
+            values=self.values,
+            rewards=self.rewards,
+            terminated=self.terminated,
+            truncated=self.truncated,
+            final_obs=self.final_obs,
             next_obs={k: np.array(slots[k][r]) for k in self.obs_keys},
-            versions=self.versions.copy(),
+            versions=self.versions,
             task_ids=np.array(slots["task_ids"][r]),
             env_steps=np.array(self.T * (self.hi - self.lo) * K, np.int64),
             ep_returns=np.array([e[0] for e in eps], np.float32),
             ep_lengths=np.array([e[1] for e in eps], np.int32),
             ep_success=np.array([e[2] for e in eps], bool),
             ep_task_ids=np.array([e[3] for e in eps], np.int64),
-            extras={k[len("extra.") :]: v.copy() for k, v in self.extras.items()},
+            extras={k[len("extra.") :]: v for k, v in self.extras.items()},
             group_ids=self.group_ids.copy(),
         )
+        self._alloc()
         self.t, self._episodes = 0, []
         self.in_episode[:] = True
         return seg

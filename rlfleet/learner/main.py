@@ -17,10 +17,10 @@ import uuid
 from argparse import Namespace
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, cast
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from safetensors.torch import save as st_save
 
 from rlfleet.algorithms.grpo import check_stage_rows, episode_rollout_len
@@ -42,8 +42,9 @@ from rlfleet.learner.ingest import IngestQueue
 from rlfleet.learner.losses import LossLedger
 from rlfleet.learner.metrics import EpisodeWindow, MetricsWriter, TrainProgress, print_summary
 from rlfleet.learner.service import LearnerServicer, segment_byte_limit
-from rlfleet.learner.trainer import PPOTrainer
+from rlfleet.learner.trainer import PPOTrainer, ppo_config
 from rlfleet.learner.weight_publisher import WeightPublisher, tensor_digests
+from rlfleet.policies.base import Policy
 from rlfleet.policies.checkpoint_io import cpu_state_dict, model_config, policy_from_config, reference_policy
 from rlfleet.telemetry.prometheus import LearnerCollector, MetricsPortError, start_role_metrics
 from rlfleet.telemetry.trackers import log_eval
@@ -58,8 +59,9 @@ log = logging.getLogger(__name__)
 
 def record_policy_outputs(cfg: DictConfig, policy: torch.nn.Module) -> None:
     """Log-prob shape and extra outputs size the actors' slots and the segments they push."""
-    cfg.model_dims.logprob_shape = list(policy.logprob_shape)
-    cfg.model_dims.extra_outputs = {name: list(shape) for name, (shape, _) in policy.extra_outputs.items()}
+    declared = cast(Policy, policy)  # every registered policy implements the protocol; nn.Module cannot say so
+    cfg.model_dims.logprob_shape = list(declared.logprob_shape)
+    cfg.model_dims.extra_outputs = {name: list(shape) for name, (shape, _) in declared.extra_outputs.items()}
 
 
 def archive_previous_run(run_dir: Path) -> Path | None:
@@ -124,7 +126,7 @@ class Learner:
         )
         self.trainer = PPOTrainer(
             self.policy,
-            OmegaConf.to_object(cfg.algorithm),
+            ppo_config(cfg.algorithm),
             cfg.learner.reward_scale,
             self.ranks.device(cfg.learner.device),
             self.ranks,
@@ -323,6 +325,7 @@ class Learner:
             self.servicer.wait_clients_told(timeout=5.0)
             self.servicer.wait_lives_ended(timeout=10.0)  # actors' final accounts, for lost_env_steps
         steps = self.counters.env_steps - steps_at_start
+        acct = self.ingest.accounting()
         summary = {
             "version": self.counters.version,
             "updates": self.counters.update,
@@ -335,9 +338,8 @@ class Learner:
             "segments_by_client": dict(self.ingest.by_client),
             "rejected_segments": self.ingest.rejected,
             "rejected_by_reason": self.ingest.rejected_by_reason(),
-            "ingest": self.ingest.accounting(),  # accepted == consumed + queued: nothing counted twice
+            "ingest": acct,  # accepted == consumed + queued: nothing counted twice
         }
-        acct = summary["ingest"]
         # env steps taken by the actors == env_steps + sum(lost_env_steps) (rlfleet.learner.losses)
         summary["lost_env_steps"] = self.losses.by_cause(acct["accepted_env_steps"] - acct["consumed_env_steps"])
         return summary
