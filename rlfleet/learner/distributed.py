@@ -26,6 +26,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 from rlfleet.wire.codec import decode_frames, encode_frames
 from rlfleet.wire.segment import Segment
@@ -197,8 +198,6 @@ class DDPRanks:
         `some_unused`: some steps leave parameters out of the loss, so DDP must search the graph
         for them (unless learner.distributed.find_unused_parameters says otherwise).
         """
-        from torch.nn.parallel import DistributedDataParallel
-
         find_unused = some_unused if self.find_unused_parameters is None else self.find_unused_parameters
         ids = [torch.device(self._device).index] if self._device.startswith("cuda") else None
         # newer torch (2.13) calls broadcast_buffers forward_sync_buffers; neither stops the sync at init
