@@ -12,6 +12,7 @@ import contextlib
 import json
 import multiprocessing as mp
 import os
+import time
 import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -62,8 +63,7 @@ def profiled(name: str) -> Iterator[None]:
     if not folder:
         yield
         return
-    import cProfile
-    import time
+    import cProfile  # only when profiling is asked for
 
     prof = cProfile.Profile(time.thread_time)  # CPU time: a blocking wait counts as what it costs
     prof.enable()
