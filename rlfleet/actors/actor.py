@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from rlfleet.actors.env_worker import EnvWorkerPool, profiled
+from rlfleet.actors.env_worker import EnvWorkerPool
 from rlfleet.actors.groups import GroupedResets
 from rlfleet.actors.inference_client import InferenceError, StopWaiting
 from rlfleet.actors.inference_failover import connect_fleet
@@ -22,6 +22,7 @@ from rlfleet.actors.learner_client import LearnerClient
 from rlfleet.actors.rollout import SegmentBuilder
 from rlfleet.algorithms.grpo import check_stage_rows, episode_rollout_len
 from rlfleet.config import as_dict, run_slot_layout
+from rlfleet.telemetry.profiling import profiled
 from rlfleet.wire.segment import Segment
 
 log = logging.getLogger(__name__)

@@ -8,13 +8,10 @@ while stage s waits for inference the worker is already stepping stage s+1.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import multiprocessing as mp
 import os
-import time
 import traceback
-from collections.abc import Iterator
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
@@ -22,6 +19,7 @@ import numpy as np
 
 from rlfleet.envs.api import EnvConfig
 from rlfleet.envs.registry import make_env
+from rlfleet.telemetry.profiling import profiled
 from rlfleet.wire.auth import configure
 from rlfleet.wire.auth import current as current_auth
 from rlfleet.wire.shm import Layout, SharedArrays, layout_from_json, layout_to_json
@@ -50,28 +48,6 @@ def stage_slices(num_envs: int, num_stages: int, num_workers: int, actor_offset:
             lo = s * per_stage + w * per_worker
             out[w].append(EnvSlice(s, lo, lo + per_worker, actor_offset + lo))
     return out
-
-
-PROFILE_DIR_VAR = "RLFLEET_PROFILE_DIR"
-
-
-@contextlib.contextmanager
-def profiled(name: str) -> Iterator[None]:
-    """cProfile the block into $RLFLEET_PROFILE_DIR/<name>-<pid>.prof when that variable is set
-    (bench/overhead.py --profile); otherwise nothing. Times are the calling thread's CPU time."""
-    folder = os.environ.get(PROFILE_DIR_VAR)
-    if not folder:
-        yield
-        return
-    import cProfile  # only when profiling is asked for
-
-    prof = cProfile.Profile(time.thread_time)  # CPU time: a blocking wait counts as what it costs
-    prof.enable()
-    try:
-        yield
-    finally:
-        prof.disable()
-        prof.dump_stats(os.path.join(folder, f"{name}-{os.getpid()}.prof"))
 
 
 class _Lines:

@@ -1,6 +1,9 @@
 """Dynamic batching: take what has arrived, up to max_batch rows or max_wait_ms after the first.
 
 It never waits for a fixed number of actors, so an actor that dies cannot stall the others.
+With a `pump` (the ZeroMQ front end's receive loop), waiting for requests means receiving them
+on the serving thread itself: a request then reaches the policy without a hand-off between
+threads, and its answer leaves the same way.
 """
 
 from __future__ import annotations
@@ -21,10 +24,10 @@ class InferenceRequest:
     respond: Callable[[dict[str, np.ndarray], int], None]  # (outputs rows, policy version)
     fail: Callable[[str], None]
     arrived: float = field(default_factory=time.monotonic)
+    rows: int = field(init=False)  # read several times per batch: counted once
 
-    @property
-    def rows(self) -> int:
-        return int(next(iter(self.obs.values())).shape[0])
+    def __post_init__(self) -> None:
+        self.rows = int(next(iter(self.obs.values())).shape[0])
 
 
 MAX_PENDING_BYTES = 512 * 1024 * 1024  # observation bytes waiting for a batch, all requests together
@@ -32,7 +35,12 @@ MAX_PENDING_BYTES = 512 * 1024 * 1024  # observation bytes waiting for a batch, 
 
 class DynamicBatcher:
     def __init__(
-        self, max_batch: int, max_wait_ms: float, max_pending: int = 4096, max_pending_bytes: int = MAX_PENDING_BYTES
+        self,
+        max_batch: int,
+        max_wait_ms: float,
+        max_pending: int = 4096,
+        max_pending_bytes: int = MAX_PENDING_BYTES,
+        pump: Callable[[float], None] | None = None,
     ):
         if max_batch < 1:
             raise ValueError("max_batch must be >= 1")
@@ -44,6 +52,10 @@ class DynamicBatcher:
         self._bytes = 0  # held by queued requests (each is a private copy): bounded, not just counted
         self._bytes_lock = threading.Lock()
         self.overloaded = 0  # requests refused because max_pending (or max_pending_bytes) were already waiting
+        # Waits up to t seconds for messages and submits the requests among them (on the calling thread).
+        self.pump = pump
+        # Called after a request is queued, e.g. to wake a pump that waits on a socket.
+        self.on_submit: Callable[[], None] | None = None
 
     @staticmethod
     def _nbytes(req: InferenceRequest) -> int:
@@ -68,6 +80,9 @@ class DynamicBatcher:
             self._taken(req)
             self.overloaded += 1
             req.fail("inference server overloaded: too many pending requests")
+            return
+        if self.on_submit is not None:
+            self.on_submit()
 
     def _taken(self, req: InferenceRequest) -> None:
         with self._bytes_lock:
@@ -82,7 +97,7 @@ class DynamicBatcher:
             first, self._carry = self._carry, None
         else:
             try:
-                first = self._q.get(timeout=timeout)
+                first = self._get(timeout)
             except queue.Empty:
                 return []
             self._taken(first)
@@ -90,8 +105,7 @@ class DynamicBatcher:
         deadline = time.monotonic() + self.max_wait
         while rows < self.max_batch:
             try:
-                remaining = deadline - time.monotonic()
-                req = self._q.get_nowait() if remaining <= 0 else self._q.get(timeout=remaining)
+                req = self._get(deadline - time.monotonic())
             except queue.Empty:
                 break
             self._taken(req)
@@ -101,3 +115,16 @@ class DynamicBatcher:
             batch.append(req)
             rows += req.rows
         return batch
+
+    def _get(self, timeout: float) -> InferenceRequest:
+        """The next queued request within `timeout` (<= 0: only what has already arrived); raises queue.Empty."""
+        if self.pump is None:
+            return self._q.get(timeout=timeout) if timeout > 0 else self._q.get_nowait()
+        deadline = time.monotonic() + timeout
+        while True:
+            if self._q.qsize():  # cheaper than get_nowait's exception when nothing is queued
+                return self._q.get_nowait()
+            remaining = deadline - time.monotonic()
+            self.pump(max(remaining, 0.0))  # messages that are not requests (attach, ...) return early
+            if remaining <= 0:
+                return self._q.get_nowait()

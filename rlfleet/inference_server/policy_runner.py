@@ -101,7 +101,10 @@ class PolicyRunner:
             group = [r for r in batch if r.deterministic == deterministic]
             if not group:
                 continue
-            obs = {k: torch.from_numpy(np.concatenate([r.obs[k] for r in group])).to(self.device) for k in self.keys}
+            # one request's arrays are already private copies (validate): no need to copy them again
+            parts = {k: [r.obs[k] for r in group] for k in self.keys}
+            obs = {k: torch.from_numpy(v[0] if len(v) == 1 else np.concatenate(v)) for k, v in parts.items()}
+            obs = {k: v.to(self.device) for k, v in obs.items()}
             try:
                 out = self.policy.act(obs, deterministic=deterministic)
             except Exception as exc:  # a bug must answer the callers, not hang them

@@ -19,6 +19,7 @@ from rlfleet.inference_server.weight_subscriber import WeightSubscriber, pull_we
 from rlfleet.inference_server.zmq_frontend import ZmqFrontend
 from rlfleet.policies.checkpoint_io import load_state_dict_bytes
 from rlfleet.policies.registry import make_policy
+from rlfleet.telemetry.profiling import profiled
 from rlfleet.wire.auth import AuthConfig
 from rlfleet.wire.auth import resolve as resolve_auth
 from rlfleet.wire.gen import inference_pb2_grpc, learner_pb2_grpc
@@ -38,7 +39,8 @@ class InferenceStats:
 
 
 class InferenceServer:
-    """Owns the batching loop; runs until stop() or until the learner says training is over."""
+    """Owns the serving loop (ZeroMQ receive, batching, policy, answers on one thread); runs until
+    stop() or until the learner says training is over."""
 
     def __init__(
         self,
@@ -56,7 +58,11 @@ class InferenceServer:
         self.runner = runner
         self.batcher = DynamicBatcher(max_batch, max_wait_ms)
         self.ctx = zmq.Context()
-        self.zmq = ZmqFrontend(self.ctx, host, zmq_port, self.batcher, runner.validate, auth).start()
+        self.zmq = ZmqFrontend(self.ctx, host, zmq_port, self.batcher, runner.validate, auth)
+        # The serving thread receives ZeroMQ requests itself while it waits for a batch; gRPC
+        # requests arrive on gRPC's threads and wake that wait.
+        self.batcher.pump = self.zmq.pump
+        self.batcher.on_submit = self.zmq.wake
         self.servicer = InferenceServicer(self.batcher, runner, self.zmq.endpoint)
         self.grpc_server, self.grpc_port = start_grpc_server(
             host,
@@ -97,34 +103,38 @@ class InferenceServer:
         )
 
     def serve(self) -> None:
-        last_batch = time.monotonic()
         try:
-            while not self._stop.is_set():
-                if self.subscriber is not None:
-                    if self.subscriber.finished.is_set():
-                        log.info("learner finished training; inference server exits")
-                        break
-                    pending = self.subscriber.take()
-                    if pending is not None:
-                        self.runner.load_update(pending)
-                batch = self.batcher.next_batch(timeout=0.05)
-                if batch:
-                    t0 = time.monotonic()
-                    self.runner.run(batch)
-                    last_batch = time.monotonic()
-                    self.policy_seconds += last_batch - t0
-                    if self.on_batch is not None:
-                        self.on_batch(batch)
-                elif self.offload_idle_s and time.monotonic() - last_batch > self.offload_idle_s:
-                    self.runner.offload()  # the actors wait on the learner's update: lend it the memory
+            with profiled("inference"):
+                self._serve()
         finally:
             self.close()
+
+    def _serve(self) -> None:
+        last_batch = time.monotonic()
+        while not self._stop.is_set():
+            if self.subscriber is not None:
+                if self.subscriber.finished.is_set():
+                    log.info("learner finished training; inference server exits")
+                    break
+                pending = self.subscriber.take()
+                if pending is not None:
+                    self.runner.load_update(pending)
+            batch = self.batcher.next_batch(timeout=0.05)
+            if batch:
+                t0 = time.monotonic()
+                self.runner.run(batch)
+                last_batch = time.monotonic()
+                self.policy_seconds += last_batch - t0
+                if self.on_batch is not None:
+                    self.on_batch(batch)
+            elif self.offload_idle_s and time.monotonic() - last_batch > self.offload_idle_s:
+                self.runner.offload()  # the actors wait on the learner's update: lend it the memory
 
     def close(self) -> None:
         if self.subscriber is not None:
             self.subscriber.stop()
         self.grpc_server.stop(grace=0.5)
-        self.zmq.stop()
+        self.zmq.close()
         self.ctx.term()
 
 

@@ -47,6 +47,7 @@ class _Attached:
         self.pending = 0
         self.retired = False
         self.last_used = time.monotonic()
+        self.fitting: set[tuple] = set()  # answer shapes already checked against the layout
 
 
 class ZmqFrontend:
@@ -76,28 +77,74 @@ class ZmqFrontend:
         self.outbox.bind(self._outbox_addr)
         self._local = threading.local()
         self._pushers: list[zmq.Socket] = []
-        self.blocks: dict[bytes, _Attached] = {}  # by connection identity; touched by the socket thread only
+        self.blocks: dict[bytes, _Attached] = {}  # by connection identity; touched by the pumping thread only
         self._blocks_lock = threading.Lock()  # pending/retired, shared with the batching thread
         self.released_blocks = 0  # blocks unmapped after a detach, re-attach, owner gone, or eviction
         self.errors = 0  # every error answer, batch-stage failures (overload, policy) included
         self.rejections = RejectionCounter()  # requests refused here, by reason
         self.auth_rejected = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="zmq-frontend", daemon=True)
+        self._owner: int | None = None  # the thread that pumps: the sockets are its own
+        self._poller = zmq.Poller()
+        self._poller.register(self.router, zmq.POLLIN)
+        self._poller.register(self.outbox, zmq.POLLIN)
+        self._next_sweep = time.monotonic() + _SWEEP_S
 
-    def start(self) -> ZmqFrontend:
-        self._thread.start()
-        return self
+    def pump(self, timeout: float) -> None:
+        """Wait up to `timeout` seconds for messages, then handle every one that has arrived:
+        requests go to the batcher, answers queued by other threads leave.
 
-    def stop(self) -> None:
-        """Call from the batching thread once it has stopped using `_reply`."""
-        self._stop.set()
-        self._thread.join(timeout=2)
+        Called by the serving thread only (it is the batcher's pump), so a shared-memory request
+        is received, batched, run and answered on one thread, without a hand-off per request.
+        ZeroMQ polls in whole milliseconds: the part of a wait under 1 ms is slept, then what has
+        arrived is taken, so a sub-millisecond `max_wait_ms` keeps its meaning without spinning.
+        """
+        self._owner = threading.get_ident()
+        now = time.monotonic()
+        if now >= self._next_sweep:
+            self._sweep()
+            self._next_sweep = now + _SWEEP_S
+        ms = int(timeout * 1000)
+        if ms == 0 and timeout > 0:
+            time.sleep(timeout)
+        for sock, _ in self._poller.poll(ms):
+            if sock is self.outbox:
+                while True:
+                    try:
+                        frames = self.outbox.recv_multipart(zmq.NOBLOCK, copy=False)
+                    except zmq.Again:
+                        break
+                    if len(frames) > 1:  # a one-frame message only wakes this wait
+                        self.router.send_multipart(frames, copy=False)
+            else:
+                while True:
+                    try:
+                        frames = self.router.recv_multipart(zmq.NOBLOCK, copy=False)
+                    except zmq.Again:
+                        break
+                    self._handle(frames)
+
+    def wake(self) -> None:
+        """Cut the pump's wait short, from another thread (a gRPC request was queued)."""
+        if threading.get_ident() != self._owner:
+            self._push([b""])
+
+    def close(self) -> None:
+        """Release the blocks and sockets; call from the pumping thread once it has stopped."""
+        for ident in list(self.blocks):
+            self._retire(ident)
+        self.router.close()
+        self.outbox.close()
         for sock in self._pushers:
             sock.close()
 
     def _reply(self, frames: list) -> None:
-        """Called from the batching thread: hand the reply to the socket's own thread."""
+        """On the pumping thread the answer leaves at once; another thread queues it for the pump."""
+        if threading.get_ident() == self._owner:
+            self.router.send_multipart(frames, copy=False)
+        else:
+            self._push(frames)
+
+    def _push(self, frames: list) -> None:
         sock = getattr(self._local, "push", None)
         if sock is None:
             sock = self._local.push = self.ctx.socket(zmq.PUSH)
@@ -105,34 +152,6 @@ class ZmqFrontend:
             sock.connect(self._outbox_addr)
             self._pushers.append(sock)
         sock.send_multipart(frames, copy=False)
-
-    def _loop(self) -> None:
-        poller = zmq.Poller()
-        poller.register(self.router, zmq.POLLIN)
-        poller.register(self.outbox, zmq.POLLIN)
-        next_sweep = time.monotonic() + _SWEEP_S
-        while not self._stop.is_set():
-            if time.monotonic() >= next_sweep:
-                self._sweep()
-                next_sweep = time.monotonic() + _SWEEP_S
-            for sock, _ in poller.poll(100):
-                if sock is self.outbox:
-                    while True:
-                        try:
-                            self.router.send_multipart(self.outbox.recv_multipart(zmq.NOBLOCK, copy=False), copy=False)
-                        except zmq.Again:
-                            break
-                else:
-                    while True:
-                        try:
-                            frames = self.router.recv_multipart(zmq.NOBLOCK, copy=False)
-                        except zmq.Again:
-                            break
-                        self._handle(frames)
-        for ident in list(self.blocks):
-            self._retire(ident)
-        self.router.close()
-        self.outbox.close()
 
     def _error(self, ident, req_id: bytes, msg: str, reason: str = "protocol") -> None:
         self.errors += 1
@@ -167,7 +186,7 @@ class ZmqFrontend:
                 raise codec.WireFormatError(f"unknown message kind {kind[:32]!r}", reason="protocol")
         except (codec.WireFormatError, ValueError, KeyError, OSError) as exc:
             self._error(ident, req_id, str(exc), getattr(exc, "reason", "malformed"))
-        except Exception as exc:  # whatever a message does, the socket thread must keep serving
+        except Exception as exc:  # whatever a message does, the pump must keep serving
             log.exception("unexpected error on an inference request")
             self._error(ident, req_id, f"request could not be processed: {type(exc).__name__}: {exc}", "internal")
 
@@ -249,9 +268,10 @@ class ZmqFrontend:
                     self._done_with(entry)
 
         def respond(out: dict[str, np.ndarray], version: int) -> None:
-            # Runs in the batching thread: any mismatch must become this request's error, never an exception.
+            # Runs in the serving thread: any mismatch must become this request's error, never an exception.
             problem = None
-            for key, value in out.items():
+            shapes = tuple((key, value.dtype, value.shape) for key, value in out.items())
+            for key, value in () if shapes in entry.fitting else out.items():
                 slot = output_slot(key)
                 if slot not in blk.layout:
                     problem = f"the actor's shared block has no slot {slot!r} for the policy's outputs"
@@ -267,6 +287,7 @@ class ZmqFrontend:
                 self.rejections.count("slot_mismatch")
                 fail(problem)
                 return
+            entry.fitting.add(shapes)  # answers of these keys, dtypes and shapes fit this block
             if answered.is_set():
                 return
             answered.set()

@@ -154,3 +154,53 @@ def test_pending_requests_are_bounded_by_bytes_not_only_by_count():
     late = Recorder()
     b.submit(make_req(100, rec=late))
     assert not late.failures and b.pending() == 8
+
+
+class ScriptedPump:
+    """Stands in for the ZeroMQ front end: each call delivers the next scripted arrival (or
+    nothing) and records how long it was allowed to wait."""
+
+    def __init__(self, batcher: DynamicBatcher, arrivals: list[list[InferenceRequest]]):
+        self.batcher, self.arrivals, self.waits = batcher, list(arrivals), []
+
+    def __call__(self, timeout: float) -> None:
+        self.waits.append(timeout)
+        if self.arrivals:
+            for req in self.arrivals.pop(0):
+                self.batcher.submit(req)
+        else:
+            time.sleep(timeout)
+
+
+def test_pump_receives_on_the_calling_thread_and_gathers_until_max_batch():
+    b = DynamicBatcher(max_batch=4, max_wait_ms=2000.0)
+    # the second arrival is not a request (an attach message): the wait goes on
+    pump = ScriptedPump(b, [[make_req(1, tag=0)], [], [make_req(2, tag=1)], [make_req(1, tag=2), make_req(1, tag=3)]])
+    b.pump = pump
+    batch = b.next_batch(timeout=1.0)
+    assert tags(batch) == [0, 1, 2]
+    assert sum(r.rows for r in batch) == 4
+    assert b.pending() == 1  # the request that did not fit waits for the next batch
+    assert len(pump.waits) == 4 and all(0 <= w <= 2.0 for w in pump.waits)
+
+
+def test_pump_gives_up_at_max_wait_and_at_the_first_request_timeout():
+    b = DynamicBatcher(max_batch=8, max_wait_ms=30.0)
+    pump = ScriptedPump(b, [[make_req(1, tag=7)]])
+    b.pump = pump
+    t0 = time.monotonic()
+    assert tags(b.next_batch(timeout=1.0)) == [7]
+    assert time.monotonic() - t0 >= 0.03  # waited out max_wait for more
+    t0 = time.monotonic()
+    assert b.next_batch(timeout=0.05) == []
+    assert 0.05 <= time.monotonic() - t0 < 1.0
+
+
+def test_on_submit_runs_after_a_request_is_queued_only():
+    b = DynamicBatcher(max_batch=8, max_wait_ms=1.0, max_pending=1)
+    woken = []
+    b.on_submit = lambda: woken.append(b.pending())
+    b.submit(make_req(1))
+    rec = Recorder()
+    b.submit(make_req(1, rec=rec))  # refused: the queue is full
+    assert woken == [1] and rec.failures
