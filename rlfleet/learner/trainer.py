@@ -23,6 +23,8 @@ one-process gradient.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -426,6 +428,14 @@ class PPOTrainer:
             perm = torch.empty(n, dtype=torch.long, device=self.device)
         return self.ranks.broadcast_(perm)
 
+    @staticmethod
+    def _epoch_rows(shard: RowShard, where: torch.Tensor, perm: torch.Tensor, mb_size: int) -> Iterable[torch.Tensor]:
+        """This rank's local rows of each minibatch of one epoch (`minibatch_rows`). A rank that holds
+        every row (one process) has where = identity, so its minibatches are slices of the permutation."""
+        if len(shard.row_ids) == shard.num_rows:
+            return perm.split(mb_size)[: shard.num_rows // mb_size]  # a remainder is left out, as there
+        return minibatch_rows(where, perm, mb_size)
+
     def _minibatch_step(
         self, mb: Batch, mb_size: int, warmup: bool, sums: dict[str, list[float]], stand_in: Batch
     ) -> None:
@@ -462,8 +472,10 @@ class PPOTrainer:
         loss.backward()
         # Each group on its own: a separate critic group (critic_lr) must not be left unclipped, nor
         # shrink the actor's step when the value loss is large. The first group's norm is reported.
-        norms = [nn.utils.clip_grad_norm_(g["params"], self.cfg.max_grad_norm) for g in self.optimizer.param_groups]
-        if not all(torch.isfinite(n) for n in norms):  # a NaN/inf loss must never reach the weights (the
+        norms = [
+            float(nn.utils.clip_grad_norm_(g["params"], self.cfg.max_grad_norm)) for g in self.optimizer.param_groups
+        ]
+        if not all(math.isfinite(n) for n in norms):  # a NaN/inf loss must never reach the weights (the
             # norm is of DDP's all-reduced gradients, so every rank skips the same steps)
             self.optimizer.zero_grad(set_to_none=True)
             self.nonfinite_steps += 1
@@ -474,7 +486,7 @@ class PPOTrainer:
                 "train/actor/approx_kl": pg_stats["approx_kl"],
                 "train/actor/clip_fraction": pg_stats["clip_fraction"],
                 "train/actor/dual_clip_fraction": pg_stats.get("dual_clip_fraction", 0.0),
-                "train/actor/grad_norm": float(norms[0]),
+                "train/actor/grad_norm": norms[0],
                 "train/actor/entropy": entropy.mean().item(),
             }
             if self.objective.critic:
@@ -559,7 +571,7 @@ class PPOTrainer:
         sums: dict[str, list[float]] = {}
         for _ in range(self.cfg.update_epochs):
             perm = self._shared_permutation(shard.num_rows)
-            for local in minibatch_rows(where, perm, mb_size):
+            for local in self._epoch_rows(shard, where, perm, mb_size):
                 self._minibatch_step(batch.select(local), mb_size, warmup, sums, stand_in)
         # Whitening stats move after the update, so the log-probs above were computed with the
         # same normalisation the behaviour policy used (lag-0 ratios start at exactly 1).
