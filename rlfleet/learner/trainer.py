@@ -188,6 +188,21 @@ def _param_groups(policy: nn.Module, cfg: PPOConfig) -> list[dict[str, Any]]:
     return [{"params": rest, "name": "actor"}, {"params": critic, "name": "critic", "lr": cfg.critic_lr}]
 
 
+def _read_keys(*policies: nn.Module | None) -> frozenset[str] | None:
+    """The observation keys the policies read: a policy reads only its `obs_keys` (the Policy
+    contract), so the other keys (images an MLP does not look at) are never copied or indexed.
+    None when a policy does not say: then every key is kept."""
+    keys: set[str] = set()
+    for policy in policies:
+        if policy is None:
+            continue
+        own = getattr(policy, "obs_keys", None)
+        if own is None:
+            return None
+        keys.update(own)
+    return frozenset(keys)
+
+
 def _adam(groups: list[dict[str, Any]], lr: float) -> torch.optim.Adam:
     """Adam, with torch's fused kernel where every parameter allows it: one kernel per parameter
     instead of about ten tensor ops, the same update up to float rounding (about 4x cheaper per
@@ -231,6 +246,7 @@ class PPOTrainer:
         self.device = device
         self.ranks = ranks or SingleRank()
         self.optimizer = _adam(_param_groups(policy, cfg), cfg.lr)
+        self.obs_keys = _read_keys(self.policy, self.reference)
         self.updates = 0  # this process's updates, for the critic warm-up
         self.nonfinite_steps = 0  # optimiser steps skipped for a non-finite gradient (train/nonfinite_steps)
         self._model: nn.Module | None = None  # PolicyEvaluator, DDP-wrapped at the first update
@@ -257,7 +273,12 @@ class PPOTrainer:
         return torch.tensor(np.asarray(arr), device=self.device)
 
     def _obs(self, obs: dict[str, np.ndarray], flat: bool = True) -> Obs:
-        return {k: _flat(self._t(v)) if flat else self._t(v) for k, v in obs.items()}
+        """The observation keys the policies read, as tensors ([T*B, ...] when flat)."""
+        keys = self.obs_keys
+        return {k: _flat(self._t(v)) if flat else self._t(v) for k, v in obs.items() if keys is None or k in keys}
+
+    def _extras(self, extras: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+        return {k: _flat(self._t(v)) for k, v in extras.items()}
 
     def _evaluate(
         self, obs: Obs, actions: torch.Tensor, extras: dict[str, torch.Tensor], policy: nn.Module
@@ -316,7 +337,11 @@ class PPOTrainer:
         ended = (truncated & ~terminated).reshape(-1).nonzero().squeeze(-1)
         if len(ended):
             rows = ended.cpu().numpy()  # only these rows are copied (final_obs is all of [T, B], images too)
-            final_obs = {k: self._t(np.asarray(v).reshape(T * B, *v.shape[2:])[rows]) for k, v in seg.final_obs.items()}
+            final_obs = {
+                k: self._t(np.asarray(v).reshape(T * B, *v.shape[2:])[rows])
+                for k, v in seg.final_obs.items()
+                if self.obs_keys is None or k in self.obs_keys
+            }
             final_values[ended] = self._value(final_obs)
         next_values = bootstrap_next_values(values, last_value, terminated, truncated, final_values.reshape(T, B))
         rewards = self._t(seg.rewards) * self.reward_scale
@@ -332,7 +357,7 @@ class PPOTrainer:
         T, B = seg.num_steps, seg.num_envs
         obs = self._obs(seg.obs)
         actions = _flat(self._t(seg.actions))
-        extras = self._obs(seg.extras)
+        extras = self._extras(seg.extras)
         behaviour_logp = _flat(self._t(seg.logprobs))
 
         logp_old, _, values = self._evaluate(obs, actions, extras, self.policy)
