@@ -23,6 +23,8 @@ one-process gradient.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -87,6 +89,8 @@ class Batch:
 
     @staticmethod
     def cat(parts: list[Batch]) -> Batch:
+        if len(parts) == 1:  # nothing to join: the rows as they are, not a copy
+            return parts[0]
         return Batch(**{f: _cat([getattr(p, f) for p in parts]) for f in Batch.__dataclass_fields__})
 
 
@@ -96,11 +100,19 @@ def _as_policy(module: nn.Module) -> Policy:
     return cast(Policy, module)
 
 
+def _rows(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """x[idx] along the first dim. index_select for integer indices: the same rows, without advanced
+    indexing's general path (4x cheaper for a minibatch of states on CPU, 20x for uint8 images)."""
+    return x[idx] if idx.dtype == torch.bool else x.index_select(0, idx)
+
+
 def _index(x: Any, idx: torch.Tensor) -> Any:
-    return {k: v[idx] for k, v in x.items()} if isinstance(x, dict) else x[idx]
+    return {k: _rows(v, idx) for k, v in x.items()} if isinstance(x, dict) else _rows(x, idx)
 
 
 def _cat(xs: list[Any]) -> Any:
+    if len(xs) == 1:
+        return xs[0]
     return {k: torch.cat([x[k] for x in xs]) for k in xs[0]} if isinstance(xs[0], dict) else torch.cat(xs)
 
 
@@ -176,6 +188,30 @@ def _param_groups(policy: nn.Module, cfg: PPOConfig) -> list[dict[str, Any]]:
     return [{"params": rest, "name": "actor"}, {"params": critic, "name": "critic", "lr": cfg.critic_lr}]
 
 
+def _read_keys(*policies: nn.Module | None) -> frozenset[str] | None:
+    """The observation keys the policies read: a policy reads only its `obs_keys` (the Policy
+    contract), so the other keys (images an MLP does not look at) are never copied or indexed.
+    None when a policy does not say: then every key is kept."""
+    keys: set[str] = set()
+    for policy in policies:
+        if policy is None:
+            continue
+        own = getattr(policy, "obs_keys", None)
+        if own is None:
+            return None
+        keys.update(own)
+    return frozenset(keys)
+
+
+def _adam(groups: list[dict[str, Any]], lr: float) -> torch.optim.Adam:
+    """Adam, with torch's fused kernel where every parameter allows it: one kernel per parameter
+    instead of about ten tensor ops, the same update up to float rounding (about 4x cheaper per
+    step for a small MLP on CPU)."""
+    params = [p for g in groups for p in g["params"]]
+    fused = bool(params) and all(torch.is_floating_point(p) and p.device.type in ("cpu", "cuda") for p in params)
+    return torch.optim.Adam(groups, lr=lr, eps=1e-5, fused=fused or None)
+
+
 class PPOTrainer:
     # Forward passes over a whole update's samples run in pieces of this many rows, so pixel
     # policies do not hold activations for thousands of images at once.
@@ -209,7 +245,8 @@ class PPOTrainer:
         self.reward_scale = reward_scale
         self.device = device
         self.ranks = ranks or SingleRank()
-        self.optimizer = torch.optim.Adam(_param_groups(policy, cfg), lr=cfg.lr, eps=1e-5)
+        self.optimizer = _adam(_param_groups(policy, cfg), cfg.lr)
+        self.obs_keys = _read_keys(self.policy, self.reference)
         self.updates = 0  # this process's updates, for the critic warm-up
         self.nonfinite_steps = 0  # optimiser steps skipped for a non-finite gradient (train/nonfinite_steps)
         self._model: nn.Module | None = None  # PolicyEvaluator, DDP-wrapped at the first update
@@ -236,7 +273,12 @@ class PPOTrainer:
         return torch.tensor(np.asarray(arr), device=self.device)
 
     def _obs(self, obs: dict[str, np.ndarray], flat: bool = True) -> Obs:
-        return {k: _flat(self._t(v)) if flat else self._t(v) for k, v in obs.items()}
+        """The observation keys the policies read, as tensors ([T*B, ...] when flat)."""
+        keys = self.obs_keys
+        return {k: _flat(self._t(v)) if flat else self._t(v) for k, v in obs.items() if keys is None or k in keys}
+
+    def _extras(self, extras: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+        return {k: _flat(self._t(v)) for k, v in extras.items()}
 
     def _evaluate(
         self, obs: Obs, actions: torch.Tensor, extras: dict[str, torch.Tensor], policy: nn.Module
@@ -294,7 +336,13 @@ class PPOTrainer:
         final_values = torch.zeros(T * B, device=self.device)
         ended = (truncated & ~terminated).reshape(-1).nonzero().squeeze(-1)
         if len(ended):
-            final_values[ended] = self._value({k: _flat(self._t(v))[ended] for k, v in seg.final_obs.items()})
+            rows = ended.cpu().numpy()  # only these rows are copied (final_obs is all of [T, B], images too)
+            final_obs = {
+                k: self._t(np.asarray(v).reshape(T * B, *v.shape[2:])[rows])
+                for k, v in seg.final_obs.items()
+                if self.obs_keys is None or k in self.obs_keys
+            }
+            final_values[ended] = self._value(final_obs)
         next_values = bootstrap_next_values(values, last_value, terminated, truncated, final_values.reshape(T, B))
         rewards = self._t(seg.rewards) * self.reward_scale
         return AdvantageInputs(rewards, terminated, truncated, values, next_values)
@@ -309,7 +357,7 @@ class PPOTrainer:
         T, B = seg.num_steps, seg.num_envs
         obs = self._obs(seg.obs)
         actions = _flat(self._t(seg.actions))
-        extras = self._obs(seg.extras)
+        extras = self._extras(seg.extras)
         behaviour_logp = _flat(self._t(seg.logprobs))
 
         logp_old, _, values = self._evaluate(obs, actions, extras, self.policy)
@@ -359,7 +407,9 @@ class PPOTrainer:
             for j, seg in enumerate(segments)
         ]
         batch = Batch.cat([b for b, _ in parts])
-        keep = lag_mask(batch.lags, self.cfg.max_policy_lag) & torch.cat([k for _, k in parts])
+        keep = lag_mask(batch.lags, self.cfg.max_policy_lag) & _cat([k for _, k in parts])
+        if bool(keep.all()):  # the usual case: every row kept, nothing to copy
+            return batch
         return batch.select(keep.nonzero().squeeze(-1))
 
     def _prepare_shard(
@@ -403,6 +453,14 @@ class PPOTrainer:
             perm = torch.empty(n, dtype=torch.long, device=self.device)
         return self.ranks.broadcast_(perm)
 
+    @staticmethod
+    def _epoch_rows(shard: RowShard, where: torch.Tensor, perm: torch.Tensor, mb_size: int) -> Iterable[torch.Tensor]:
+        """This rank's local rows of each minibatch of one epoch (`minibatch_rows`). A rank that holds
+        every row (one process) has where = identity, so its minibatches are slices of the permutation."""
+        if len(shard.row_ids) == shard.num_rows:
+            return perm.split(mb_size)[: shard.num_rows // mb_size]  # a remainder is left out, as there
+        return minibatch_rows(where, perm, mb_size)
+
     def _minibatch_step(
         self, mb: Batch, mb_size: int, warmup: bool, sums: dict[str, list[float]], stand_in: Batch
     ) -> None:
@@ -439,8 +497,10 @@ class PPOTrainer:
         loss.backward()
         # Each group on its own: a separate critic group (critic_lr) must not be left unclipped, nor
         # shrink the actor's step when the value loss is large. The first group's norm is reported.
-        norms = [nn.utils.clip_grad_norm_(g["params"], self.cfg.max_grad_norm) for g in self.optimizer.param_groups]
-        if not all(torch.isfinite(n) for n in norms):  # a NaN/inf loss must never reach the weights (the
+        norms = [
+            float(nn.utils.clip_grad_norm_(g["params"], self.cfg.max_grad_norm)) for g in self.optimizer.param_groups
+        ]
+        if not all(math.isfinite(n) for n in norms):  # a NaN/inf loss must never reach the weights (the
             # norm is of DDP's all-reduced gradients, so every rank skips the same steps)
             self.optimizer.zero_grad(set_to_none=True)
             self.nonfinite_steps += 1
@@ -451,7 +511,7 @@ class PPOTrainer:
                 "train/actor/approx_kl": pg_stats["approx_kl"],
                 "train/actor/clip_fraction": pg_stats["clip_fraction"],
                 "train/actor/dual_clip_fraction": pg_stats.get("dual_clip_fraction", 0.0),
-                "train/actor/grad_norm": float(norms[0]),
+                "train/actor/grad_norm": norms[0],
                 "train/actor/entropy": entropy.mean().item(),
             }
             if self.objective.critic:
@@ -536,7 +596,7 @@ class PPOTrainer:
         sums: dict[str, list[float]] = {}
         for _ in range(self.cfg.update_epochs):
             perm = self._shared_permutation(shard.num_rows)
-            for local in minibatch_rows(where, perm, mb_size):
+            for local in self._epoch_rows(shard, where, perm, mb_size):
                 self._minibatch_step(batch.select(local), mb_size, warmup, sums, stand_in)
         # Whitening stats move after the update, so the log-probs above were computed with the
         # same normalisation the behaviour policy used (lag-0 ratios start at exactly 1).

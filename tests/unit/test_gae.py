@@ -174,3 +174,21 @@ def test_float32_and_no_grad():
 def test_shape_mismatch_raises():
     with pytest.raises(ValueError):
         compute_gae(torch.zeros(3, 2), torch.zeros(3, 2), torch.zeros(3, 1), torch.zeros(3, 2), 0.9, 0.9)
+
+
+def test_same_bits_as_the_per_step_recursion():
+    """The vectorised deltas change no number: the per-step form, op for op, gives the same bits."""
+    g = torch.Generator().manual_seed(3)
+    T, B, gamma, lam = 17, 6, 0.99, 0.95
+    rewards, values, next_values = (torch.randn(T, B, generator=g) for _ in range(3))
+    dones = torch.rand(T, B, generator=g) < 0.2
+    not_done = 1.0 - dones.float()
+    expected = torch.zeros(T, B)
+    last = torch.zeros(B)
+    for t in reversed(range(T)):
+        delta = rewards[t] + gamma * next_values[t] - values[t]
+        last = delta + gamma * lam * not_done[t] * last
+        expected[t] = last
+    adv, ret = compute_gae(rewards, values, next_values, dones, gamma, lam)
+    assert torch.equal(adv, expected)
+    assert torch.equal(ret, expected + values)

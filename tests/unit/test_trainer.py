@@ -1,4 +1,5 @@
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -291,3 +292,52 @@ def test_ppo_learns_a_contextual_bandit():
 
     assert start < -0.2  # the untrained policy outputs ~0, far from the target
     assert end > 0.25 * start  # squared error cut by more than 4x (in practice ~50x)
+
+
+def test_fused_adam_gives_the_plain_adam_update():
+    """The trainer's fused Adam is a speed choice: after several updates the weights are those of
+    torch's per-tensor Adam up to float rounding."""
+    policies = [make_policy(0), make_policy(0)]
+    trainers = [PPOTrainer(p, PPOConfig(update_epochs=3, num_minibatches=4, lr=1e-3)) for p in policies]
+    assert trainers[0].optimizer.param_groups[0]["fused"]
+    groups = trainers[1].optimizer.param_groups
+    trainers[1].optimizer = torch.optim.Adam(
+        [{k: v for k, v in g.items() if k not in ("fused", "foreach")} for g in groups], foreach=False
+    )
+    for version in range(4):
+        segs = [make_segment(policies[0], 8, 4, [version] * 8, seed=10 * version + i) for i in range(2)]
+        for trainer in trainers:
+            torch.manual_seed(version)  # the same minibatch order for both
+            trainer.update(segs, version)
+    for (name, a), b in zip(policies[0].named_parameters(), policies[1].parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_observation_keys_the_policy_does_not_read_change_nothing():
+    """Keys outside the policy's obs_keys (images an MLP does not look at) are left out of the
+    update's tensors; the update is the same as without them."""
+    policies = [make_policy(0), make_policy(0)]
+    trainers = [PPOTrainer(p, PPOConfig(update_epochs=2, num_minibatches=2)) for p in policies]
+    assert trainers[0].obs_keys == frozenset({"states"})
+    trunc = np.zeros((8, 4), bool)
+    trunc[5, 2] = True
+    plain = [make_segment(policies[0], 8, 4, [0] * 8, seed=i, truncated=trunc) for i in range(2)]
+    rng = np.random.default_rng(0)
+    with_images = [
+        replace(
+            s,
+            obs={**s.obs, "main_images": rng.integers(0, 255, (8, 4, 6, 6, 3), dtype=np.uint8)},
+            final_obs={**s.final_obs, "main_images": np.zeros((8, 4, 6, 6, 3), np.uint8)},
+            next_obs={**s.next_obs, "main_images": np.zeros((4, 6, 6, 3), np.uint8)},
+        )
+        for s in plain
+    ]
+    batch = trainers[0].prepare(with_images, 0)
+    assert set(batch.obs) == {"states"}
+    outs = []
+    for trainer, segs in zip(trainers, (plain, with_images)):
+        torch.manual_seed(0)
+        outs.append(trainer.update(segs, 0))
+    assert outs[0] == outs[1]
+    for a, b in zip(policies[0].parameters(), policies[1].parameters()):
+        assert torch.equal(a, b)
