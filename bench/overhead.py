@@ -240,7 +240,54 @@ def micro(seconds: float) -> dict:
     lines.send("close")
     out["pipe_round_trip_us_worker_side"] = float(lines.recv()[1]) * 1e6
     peer.join()
+    out.update(_inference_round_trip(seconds))
     return out
+
+
+def _inference_round_trip(seconds: float) -> dict:
+    """One actor's shared-memory request (32 rows, the reach recipe's 64x64 MLP) against a real
+    inference server in this process: wall time per round trip, and the server's CPU per request
+    (process CPU minus the client thread's)."""
+    import threading
+
+    import numpy as np
+    import torch
+
+    from rlfleet.actors.inference_client import connect_inference
+    from rlfleet.inference_server.policy_runner import PolicyRunner
+    from rlfleet.inference_server.server import InferenceServer
+    from rlfleet.policies.gaussian_mlp import GaussianMLPPolicy, PolicyConfig
+    from rlfleet.wire.shm import SharedArrays
+    from rlfleet.wire.slots import slot_layout
+
+    torch.set_num_threads(1)
+    rows, state_dim, action_dim = 32, 39, 4
+    policy = GaussianMLPPolicy(state_dim, action_dim, 1, PolicyConfig(hidden_sizes=[64, 64]))
+    server = InferenceServer(PolicyRunner(policy, version=1), "127.0.0.1", 0, 0, max_batch=256, max_wait_ms=0.5)
+    serving = threading.Thread(target=server.serve, daemon=True)
+    serving.start()
+    block = SharedArrays.create(slot_layout(rows, {"states": ((state_dim,), "float32")}, action_dim, 1))
+    block["states"][:] = np.random.default_rng(0).standard_normal((rows, state_dim))
+    client = connect_inference("shm", server.address, block)
+    try:
+        for _ in range(200):  # warm-up
+            client.submit(0, 0, rows, deterministic=False)
+            client.wait(0)
+        n, c0, p0, t0 = 0, time.thread_time(), time.process_time(), time.monotonic()
+        while time.monotonic() - t0 < seconds:
+            client.submit(0, 0, rows, deterministic=False)
+            client.wait(0)
+            n += 1
+        wall, client_cpu, cpu = time.monotonic() - t0, time.thread_time() - c0, time.process_time() - p0
+    finally:
+        client.close()
+        server.stop()
+        serving.join(5)
+        block.close()
+    return {
+        "inference_round_trip_us_wall": wall / n * 1e6,
+        "inference_server_us_cpu_per_request": (cpu - client_cpu) / n * 1e6,
+    }
 
 
 def main() -> int:
@@ -250,7 +297,9 @@ def main() -> int:
     p.add_argument("--warmup", type=float, default=8.0, help="seconds after the first env step before measuring")
     p.add_argument("--train", action="store_true", help="PPO updates run (default: the learner only consumes)")
     p.add_argument("--profile", help="write cProfile output of the actor and env workers into this folder")
-    p.add_argument("--micro", action="store_true", help="only the isolated actor-side costs (no fleet)")
+    p.add_argument(
+        "--micro", action="store_true", help="only isolated costs (no fleet): actor pieces, an inference round trip"
+    )
     p.add_argument("--json", help="also write the results here")
     p.add_argument("overrides", nargs="*", help="extra recipe overrides for every case")
     args = p.parse_args()
@@ -260,7 +309,7 @@ def main() -> int:
     if args.micro:
         res = micro(min(args.seconds, 5.0))
         for k, v in res.items():
-            print(f"{k:45s} {v:7.2f} us CPU")
+            print(f"{k:45s} {v:9.2f}")
         if args.json:
             Path(args.json).write_text(json.dumps(res, indent=2))
         return 0

@@ -78,7 +78,6 @@ class ZmqFrontend:
         self._local = threading.local()
         self._pushers: list[zmq.Socket] = []
         self.blocks: dict[bytes, _Attached] = {}  # by connection identity; touched by the pumping thread only
-        self._blocks_lock = threading.Lock()  # pending/retired, shared with the batching thread
         self.released_blocks = 0  # blocks unmapped after a detach, re-attach, owner gone, or eviction
         self.errors = 0  # every error answer, batch-stage failures (overload, policy) included
         self.rejections = RejectionCounter()  # requests refused here, by reason
@@ -217,10 +216,8 @@ class ZmqFrontend:
         entry = self.blocks.pop(ident, None)
         if entry is None:
             return
-        with self._blocks_lock:
-            entry.retired = True
-            idle = entry.pending == 0
-        if idle:
+        entry.retired = True
+        if entry.pending == 0:
             self._unmap(entry)
 
     def _unmap(self, entry: _Attached) -> None:
@@ -228,10 +225,8 @@ class ZmqFrontend:
         self.released_blocks += 1
 
     def _done_with(self, entry: _Attached) -> None:
-        with self._blocks_lock:
-            entry.pending -= 1
-            idle = entry.retired and entry.pending == 0
-        if idle:
+        entry.pending -= 1
+        if entry.retired and entry.pending == 0:
             self._unmap(entry)
 
     def _sweep(self) -> None:
@@ -303,8 +298,7 @@ class ZmqFrontend:
             finally:
                 self._done_with(entry)
 
-        with self._blocks_lock:
-            entry.pending += 1
+        entry.pending += 1
         self.batcher.submit(InferenceRequest(obs, bool(det), respond, fail))
 
     def _act_frames(self, ident, req_id: bytes, rest: list) -> None:

@@ -35,8 +35,11 @@ class RowShard:
     row_ids: np.ndarray  # [local rows] int64: position of each local row in the one-process batch
     num_rows: int  # rows kept on all ranks together
 
-    def local_positions(self, device: str | torch.device = "cpu") -> torch.Tensor:
-        """where[i]: the local position of one-process row i, or -1 where another rank holds it."""
+    def local_positions(self, device: str | torch.device = "cpu") -> torch.Tensor | None:
+        """where[i]: the local position of one-process row i, or -1 where another rank holds it.
+        None when this rank holds every row in order (one process): positions are the row ids."""
+        if len(self.row_ids) == self.num_rows and np.array_equal(self.row_ids, np.arange(self.num_rows)):
+            return None
         where = torch.full((self.num_rows,), -1, dtype=torch.long, device=device)
         where[torch.as_tensor(self.row_ids, device=device)] = torch.arange(len(self.row_ids), device=device)
         return where
@@ -118,16 +121,20 @@ def minibatch_size(num_rows: int, num_minibatches: int) -> int:
     return max(1, num_rows // num_minibatches)
 
 
-def minibatch_rows(where: torch.Tensor, perm: torch.Tensor, mb_size: int) -> Iterator[torch.Tensor]:
+def minibatch_rows(where: torch.Tensor | None, perm: torch.Tensor, mb_size: int) -> Iterator[torch.Tensor]:
     """This rank's local rows of each minibatch of one epoch.
 
     ``perm`` orders the one-process rows (the same on every rank); minibatch m is its slice
     [m * mb_size, (m + 1) * mb_size), and each rank keeps the rows it holds (``where`` from
     :meth:`RowShard.local_positions`). Every rank yields the same number of minibatches, some
-    possibly empty.
+    possibly empty. ``where`` None (the rank holds every row): the slices of ``perm`` themselves.
     """
     for start in range(0, len(perm) - mb_size + 1, mb_size):
-        local = where[perm[start : start + mb_size]]
+        rows = perm[start : start + mb_size]
+        if where is None:
+            yield rows
+            continue
+        local = where[rows]
         yield local[local >= 0]
 
 

@@ -24,7 +24,6 @@ one-process gradient.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -274,8 +273,10 @@ class PPOTrainer:
 
     def _obs(self, obs: dict[str, np.ndarray], flat: bool = True) -> Obs:
         """The observation keys the policies read, as tensors ([T*B, ...] when flat)."""
-        keys = self.obs_keys
-        return {k: _flat(self._t(v)) if flat else self._t(v) for k, v in obs.items() if keys is None or k in keys}
+        return {k: _flat(self._t(v)) if flat else self._t(v) for k, v in obs.items() if self._reads(k)}
+
+    def _reads(self, key: str) -> bool:
+        return self.obs_keys is None or key in self.obs_keys
 
     def _extras(self, extras: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
         return {k: _flat(self._t(v)) for k, v in extras.items()}
@@ -340,7 +341,7 @@ class PPOTrainer:
             final_obs = {
                 k: self._t(np.asarray(v).reshape(T * B, *v.shape[2:])[rows])
                 for k, v in seg.final_obs.items()
-                if self.obs_keys is None or k in self.obs_keys
+                if self._reads(k)
             }
             final_values[ended] = self._value(final_obs)
         next_values = bootstrap_next_values(values, last_value, terminated, truncated, final_values.reshape(T, B))
@@ -452,14 +453,6 @@ class PPOTrainer:
         else:
             perm = torch.empty(n, dtype=torch.long, device=self.device)
         return self.ranks.broadcast_(perm)
-
-    @staticmethod
-    def _epoch_rows(shard: RowShard, where: torch.Tensor, perm: torch.Tensor, mb_size: int) -> Iterable[torch.Tensor]:
-        """This rank's local rows of each minibatch of one epoch (`minibatch_rows`). A rank that holds
-        every row (one process) has where = identity, so its minibatches are slices of the permutation."""
-        if len(shard.row_ids) == shard.num_rows:
-            return perm.split(mb_size)[: shard.num_rows // mb_size]  # a remainder is left out, as there
-        return minibatch_rows(where, perm, mb_size)
 
     def _minibatch_step(
         self, mb: Batch, mb_size: int, warmup: bool, sums: dict[str, list[float]], stand_in: Batch
@@ -596,7 +589,7 @@ class PPOTrainer:
         sums: dict[str, list[float]] = {}
         for _ in range(self.cfg.update_epochs):
             perm = self._shared_permutation(shard.num_rows)
-            for local in self._epoch_rows(shard, where, perm, mb_size):
+            for local in minibatch_rows(where, perm, mb_size):
                 self._minibatch_step(batch.select(local), mb_size, warmup, sums, stand_in)
         # Whitening stats move after the update, so the log-probs above were computed with the
         # same normalisation the behaviour policy used (lag-0 ratios start at exactly 1).

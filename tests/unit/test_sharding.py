@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from rlfleet.learner.sharding import (
+    RowShard,
     loss_share,
     minibatch_rows,
     minibatch_size,
@@ -146,3 +147,17 @@ def test_segment_envs_takes_the_columns_of_every_per_env_field():
     np.testing.assert_array_equal(sub.versions, seg.versions)  # per step: shared by every column
     assert segment_envs(seg, np.arange(5)) is seg
     assert segment_envs(seg, stand_in_columns()).num_envs == 1
+
+
+def test_a_rank_holding_every_row_in_order_slices_the_permutation_itself():
+    """One process: no position map is built, and its minibatches are the same rows the map gives."""
+    n, mb_size = 10, 4
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(0))
+    whole = RowShard([], np.arange(n), n)
+    assert whole.local_positions() is None
+    mapped = torch.arange(n)  # what the map would be: local position = row id
+    got = [m.tolist() for m in minibatch_rows(whole.local_positions(), perm, mb_size)]
+    assert got == [m.tolist() for m in minibatch_rows(mapped, perm, mb_size)]
+    assert len(got) == n // mb_size  # the remainder is left out on every path
+    shuffled = RowShard([], np.array([1, 0, *range(2, n)]), n)  # every row, not in order: a real map
+    assert shuffled.local_positions()[:2].tolist() == [1, 0]
