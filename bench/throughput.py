@@ -27,6 +27,11 @@ Each measurement is repeated 3 times, alternating (bare, sampling, training, bar
 the machine's load drifts across all of them alike; a ratio is the median over the repeats
 of (fleet / bare of the same repeat). Results also go to `--json` for docs/performance.md.
 
+Each fleet ratio is also split into its two factors (`decompose`): the CPU one env step costs
+in the bare loop over what it costs the whole fleet, and how busy the fleet keeps the cores
+compared with the bare loop; plus the fleet's CPU per env step beyond the bare loop's, by role.
+`--report FILE` prints the summary of an earlier `--json` again (adding that split if missing).
+
     python bench/throughput.py                         # make bench
     python bench/throughput.py --only pixels --seconds 60 --warmup 20
 """
@@ -164,7 +169,32 @@ def fleet_part(part: str, overrides: list[str], seconds: float, warmup: float, r
     out["worker_cpu_per_step_sampling/bare"] = statistics.median(
         c["env workers"] / b for c, b in zip(cpu["sampling"], cpu["bare"])
     )
+    for kind in ("sampling", "training"):
+        out[f"{kind}/why"] = decompose(runs["bare"], cpu["bare"], runs[kind], cpu[kind])
     return out
+
+
+def decompose(bare_rates: list[float], bare_cpu: list[float], rates: list[float], cpu: list[dict]) -> dict:
+    """Why a fleet's ratio is what it is, from the same repeats (medians over them).
+
+    A rate is the cores kept busy over the CPU one env step costs, so for every repeat exactly
+        fleet / bare = (bare CPU per step / fleet CPU per step) x (fleet's busy cores / bare's).
+    The first factor is what the fleet's own work costs, the second is idle time (waits, wake-ups);
+    `extra_us` splits the fleet's CPU per step beyond the bare loop's by role.
+    """
+    cost, busy, extra = [], [], []
+    for b_rate, b_us, f_rate, f_us in zip(bare_rates, bare_cpu, rates, cpu):
+        cost.append(b_us / f_us["total"])
+        busy.append((f_us["total"] * f_rate) / (b_us * b_rate))
+        extra.append(
+            {"env workers": f_us["env workers"] - b_us, **{r: f_us[r] for r in ("actor", "inference", "learner")}}
+        )
+    return {
+        "cpu_cost": statistics.median(cost),
+        "busy": statistics.median(busy),
+        "bare_busy_cores": statistics.median(u * r / 1e6 for u, r in zip(bare_cpu, bare_rates)),
+        "extra_us": {role: statistics.median(e[role] for e in extra) for role in extra[0]},
+    }
 
 
 def _frames_per_cpu_s(render, seconds: float) -> float:
@@ -257,11 +287,33 @@ def _summary_lines(results: dict) -> list[str]:
                 f"fleet training / bare = {r['training/bare']:.2f} (aim >= {AIMS[part]['training']})   "
                 f"env-worker CPU per step, fleet / bare = {r['worker_cpu_per_step_sampling/bare']:.2f}"
             )
+            for kind in ("sampling", "training"):
+                why = r[f"{kind}/why"]
+                roles = ", ".join(f"{role} {us:+.0f}" for role, us in why["extra_us"].items())
+                lines.append(
+                    f"       {kind:8s} = CPU cost {why['cpu_cost']:.2f} x busy {why['busy']:.2f}; "
+                    f"CPU us per env step beyond the bare loop's: {roles}"
+                )
     for size, r in results.get("render", {}).items():
         lines.append(
             f"render {size:>5s} rlfleet / mujoco.Renderer = {r['rlfleet/mujoco']:.2f} (aim >= {AIMS['render']})"
         )
     return lines
+
+
+def report(path: Path) -> int:
+    """The summary of an earlier run's JSON; the ratios' split is computed from it if missing."""
+    results = json.loads(path.read_text())
+    for part in ("state", "pixels"):
+        r = results.get(part)
+        if r is None:
+            continue
+        runs, cpu = r["env_steps_per_s"], r["cpu_us_per_env_step"]
+        for kind in ("sampling", "training"):
+            r.setdefault(f"{kind}/why", decompose(runs["bare"], cpu["bare"], runs[kind], cpu[kind]))
+    print(f"{path} ({results.get('date', '?')}, {results.get('machine', '?')}):")
+    print("\n".join(_summary_lines(results)))
+    return 0
 
 
 def main() -> int:
@@ -277,8 +329,11 @@ def main() -> int:
     p.add_argument("--render-sizes", type=int, nargs="+", default=[64, 224])
     p.add_argument("--render-task", default="reach-v3")
     p.add_argument("--json", help="also write the results here")
+    p.add_argument("--report", metavar="FILE", help="only print the summary of an earlier --json")
     p.add_argument("overrides", nargs="*", help="recipe overrides for the state and pixels fleets")
     args = p.parse_args()
+    if args.report:
+        return report(Path(args.report))
     results: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "machine": f"{platform.node()} {platform.machine()}, {mp.cpu_count()} CPUs",
