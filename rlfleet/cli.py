@@ -384,11 +384,12 @@ def build_parser() -> argparse.ArgumentParser:
     co.add_argument("--camera", default="corner", help="camera for main_images (MetaWorld)")
     co.add_argument("--max-episode-steps", type=int, default=150, help="episode limit (calvin chains: 1800)")
     co.add_argument(
-        "--workers",
+        "--envs-per-task",
         type=int,
-        default=min(8, os.cpu_count() or 1),
-        help="unused (kept for old scripts): one env batch steps every expert in lockstep",
+        default=1,
+        help="envs per task stepped together in one batch (more: faster collection, more memory)",
     )
+    co.add_argument("--workers", type=int, default=None, help=argparse.SUPPRESS)  # old scripts: warned, ignored
     co.add_argument("--seed", type=int, default=0, help="seed block (demo seeds never overlap eval seeds)")
     co.add_argument("--keep-failed", action="store_true", help="also write failed expert episodes, flagged")
     co.add_argument("--overwrite", action="store_true", help="replace an existing --out folder")

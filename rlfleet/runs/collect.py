@@ -216,6 +216,10 @@ def _write_episode(tmp: Path, ep_id: int, task: str, seed: int, attempt: int, ar
 
 def main(args: Namespace) -> int:
     """`rlfleet collect --tasks T --out DIR`: record scripted-expert demonstrations (the SFT data)."""
+    if getattr(args, "workers", None) is not None:
+        logging.getLogger("rlfleet").warning(
+            "--workers is ignored: one env batch steps every expert in lockstep (see --envs-per-task)"
+        )
     try:
         cfg = EnvConfig(
             name=args.env,
@@ -228,6 +232,7 @@ def main(args: Namespace) -> int:
             Path(args.out),
             cfg,
             args.episodes_per_task,
+            envs_per_task=getattr(args, "envs_per_task", 1),
             seed=args.seed,
             keep_failed=args.keep_failed,
             overwrite=args.overwrite,
