@@ -120,7 +120,15 @@ class LearnerCollector(Collector):
         yield _gauge(
             "rlfleet_learner_actors_alive", "actors that sent a heartbeat recently", lr.servicer.alive_clients("actor")
         )
-        yield from scalar_gauges("learner", lr.last_stats, skip=LEARNER_LIVE_KEYS)
+        yield _by_label(
+            "rlfleet_learner_lost_env_steps",
+            "env steps taken by actors but never trained on, by cause (docs/fault_tolerance.md)",
+            "cause",
+            lr.losses.by_cause(),
+        )
+        # lost_env_steps/* of the last update: live, labelled, just above
+        last = {k: v for k, v in lr.last_stats.items() if not k.startswith("lost_env_steps/")}
+        yield from scalar_gauges("learner", last, skip=LEARNER_LIVE_KEYS)
 
 
 class InferenceCollector(Collector):

@@ -47,6 +47,7 @@ def _fake_learner(last_stats: dict) -> SimpleNamespace:
         cfg=SimpleNamespace(learner=SimpleNamespace(ingest_queue_size=16)),
         servicer=SimpleNamespace(alive_clients=lambda role: 2, rejected_calls=lambda: {"unknown_client": 1}),
         last_stats=last_stats,
+        losses=SimpleNamespace(by_cause=lambda: {"actor_crashed": 160, "resume_rollback": 40}),
     )
 
 
@@ -58,6 +59,7 @@ def test_learner_collector_mirrors_scalars_and_exports_live_counters():
         "env/success_once/reach-v3": 0.5,
         "env/success_once/push-v3": 0.25,
         "queue/ingest_depth": 99.0,
+        "lost_env_steps/actor_crashed": 80.0,  # as of the last update; the live count is newer
     }
     registry.register(LearnerCollector(_fake_learner(stats)))
     fams = _families(registry)
@@ -74,6 +76,13 @@ def test_learner_collector_mirrors_scalars_and_exports_live_counters():
         "schema": 1,
     }
     assert fams["rlfleet_learner_policy_version"].samples[0].value == 5
+    lost = fams["rlfleet_learner_lost_env_steps"]
+    assert lost.type == "counter"
+    assert {s.labels["cause"]: s.value for s in lost.samples if s.name.endswith("_total")} == {
+        "actor_crashed": 160,
+        "resume_rollback": 40,
+    }
+    assert "rlfleet_learner_lost_env_steps_actor_crashed" not in fams  # the last update's copy is not mirrored
 
 
 def test_batch_sizes_fill_powers_of_two_buckets_up_to_max_batch():
