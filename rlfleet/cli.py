@@ -366,6 +366,11 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="sample actions as in training (seeded) instead of the deterministic policy",
     )
+    ev.add_argument(
+        "--decode",
+        choices=("argmax", "median", "mean"),
+        help="tiny_oft's deterministic action from its bin distributions (default: the checkpoint's policy.decode)",
+    )
     ev.set_defaults(func=cmd_eval)
 
     co = sub.add_parser("collect", help="record scripted-expert demonstrations to a dataset folder")

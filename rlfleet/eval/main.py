@@ -22,7 +22,8 @@ from rlfleet.policies.checkpoint_io import is_hub_path, load_checkpoint
 def main(args: Namespace) -> int:
     """Success per task and per task group the env declares (MetaWorld: difficulty, ML45 held-out),
     as JSON and Markdown."""
-    policy, meta = load_checkpoint(args.checkpoint)
+    decode = getattr(args, "decode", None)
+    policy, meta = load_checkpoint(args.checkpoint, overrides={"decode": decode} if decode else None)
     env = dict(meta.get("env") or {})
     if args.env_address:  # the same policy against another (or a restarted) env server
         query = env.get("name", "").partition("?")[2] if str(env.get("name", "")).startswith("remote://") else ""
@@ -54,6 +55,8 @@ def main(args: Namespace) -> int:
     )
     table = success_table(success, {t: args.episodes for t in success}, task_groups(env.get("name", "metaworld")))
     mode = "sampled" if args.sample else "deterministic"
+    if not args.sample and meta["policy"].get("name") == "tiny_oft":  # how the action is read from its bins
+        mode += f", {meta['policy'].get('decode', 'argmax')} decoding"
     Console().print(
         rich_table(table, title=f"evaluation of {args.checkpoint} ({args.episodes} episodes per task, {mode})")
     )

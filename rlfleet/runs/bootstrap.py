@@ -37,9 +37,10 @@ def demos_folder(cfg: DictConfig) -> Path:
     return Path(d.cache_dir) / f"demos-{key}"
 
 
-# Policy settings that only change how RL samples and scores actions (applied when the checkpoint
-# is loaded; SFT does not train the exploration parameters some of them add, see
-# checkpoint_io.exploration_only), so runs that differ only in them share one SFT checkpoint.
+# Policy settings that only change how RL samples and scores actions, or how evaluation decodes
+# them (applied when the checkpoint is loaded; SFT does not train the exploration parameters some
+# of them add, see checkpoint_io.exploration_only), so runs that differ only in them share one
+# SFT checkpoint.
 SAMPLING_ONLY_KEYS = (
     "temperature",
     "logprob_type",
@@ -48,6 +49,7 @@ SAMPLING_ONLY_KEYS = (
     "noise_min_std",
     "noise_max_std",
     "init_log_std",
+    "decode",
 )
 
 

@@ -167,6 +167,51 @@ def test_oft_actions_are_bin_centres_in_env_units():
     torch.testing.assert_close(bins, bins.round(), atol=1e-4, rtol=0)
 
 
+def _reference_decode(probs, mode: str, centres):
+    """Per token, by a plain loop over the bins (numpy-free of the policy's vectorised code)."""
+    out = torch.empty(probs.shape[:-1], dtype=torch.float64)
+    for idx in torch.cartesian_prod(*[torch.arange(n) for n in probs.shape[:-1]]):
+        p = probs[tuple(idx)].double()
+        if mode == "argmax":
+            out[tuple(idx)] = centres[int(p.argmax())]
+        elif mode == "median":  # the first bin whose running total reaches half the mass
+            total, run = float(p.sum()), 0.0
+            for i, pi in enumerate(p.tolist()):
+                run += pi
+                if run >= 0.5 * total:
+                    out[tuple(idx)] = centres[i]
+                    break
+        else:
+            out[tuple(idx)] = float((p * centres.double()).sum())
+    return out
+
+
+@pytest.mark.parametrize("mode", ["argmax", "median", "mean"])
+def test_oft_deterministic_decoders_match_a_reference(mode):
+    policy = build("tiny_oft", num_bins=8, decode=mode, temperature=0.7).eval()
+    set_norm_stats(policy, NORM_STATS)
+    obs = make_obs(batch=2)
+    with torch.no_grad():
+        logits, _ = policy._logits_and_feature(obs)
+    probs = torch.softmax(logits / 0.7, dim=-1)
+    out = policy.act(obs, deterministic=True)
+    want = policy.norm.unnormalize_action(_reference_decode(probs, mode, policy.bin_centres).float().reshape(2, K, D))
+    torch.testing.assert_close(out["actions"], want, atol=1e-5, rtol=0)
+    # the reported log-prob is the tempered policy's at the decoded bins, as the learner computes it
+    logp, _, _ = policy.evaluate(obs, out["actions"])
+    torch.testing.assert_close(logp, out["logprobs"], atol=1e-5, rtol=0)
+
+
+def test_oft_median_decoder_differs_from_argmax_on_a_skewed_distribution():
+    """A token whose single most likely bin sits at one end while most of the mass is elsewhere."""
+    policy = build("tiny_oft", num_bins=8, decode="median")
+    probs = torch.tensor([0.30, 0.0, 0.0, 0.0, 0.0, 0.25, 0.25, 0.20])
+    logp_all = probs.clamp_min(1e-12).log().expand(1, K * D, 8)
+    actions, bins = policy.decode(logp_all)
+    assert (bins == 5).all()  # 0.30 + 0.25 >= 0.5 at bin 5; argmax would pick bin 0
+    torch.testing.assert_close(actions, policy.bins_to_actions(bins))
+
+
 @pytest.mark.parametrize("name", list(CLASSES))
 def test_deterministic_act_is_deterministic(name):
     policy = build(name).eval()
@@ -361,6 +406,8 @@ def test_make_policy_builds_each_by_name():
         ({"num_bins": 1}, "num_bins"),
         ({"init_log_std": 3.0}, "init_log_std"),
         ({"image_encoder": "resnet"}, "image_encoder"),
+        ({"decode": "mode"}, "decode must be one of"),
+        ({"name": "tiny_pi0", "decode": "median"}, "tiny_oft's action bins"),
     ],
 )
 def test_config_validation(bad, match):

@@ -23,6 +23,7 @@ _IMAGE_ENCODERS = ("cnn", "vit")
 _TEXT_ENCODERS = ("builtin", "minilm")
 LOGPROB_TYPES = ("token", "action", "chunk")
 FLOW_RL_MODES = ("gaussian", "sde", "noise")  # see rlfleet/algorithms/flow.py
+OFT_DECODERS = ("argmax", "median", "mean")  # tiny_oft's deterministic action, see TinyOFTPolicy.decode
 CNN_GRID = 4  # the CNN pools to a 4x4 grid: 16 image tokens at any image size
 VIT_PATCH = 16
 MINILM_DIM = 384
@@ -43,6 +44,9 @@ class VLAConfig:
     proprio_dims: int = 4  # RLinf reads the first 4 state dims: hand xyz + gripper
     num_bins: int = 256  # OFT action bins; pi05 proprio bins
     temperature: float = 1.0  # OFT sampling temperature (log-probs are of the tempered policy)
+    # OFT's deterministic action (evaluation): each token's argmax bin, the median of its tempered
+    # bin distribution, or that distribution's mean (docs/algorithms.md "Deterministic decoding")
+    decode: str = "argmax"
     logprob_type: str = "action"  # token: (K*D,) | action: (K,) | chunk: ()
     num_denoise_steps: int = 4  # flow policies: Euler steps from noise to action
     flow_hidden: int = 128  # flow policies: width of the action expert
@@ -73,6 +77,7 @@ class VLAConfig:
         choice("text_encoder", _TEXT_ENCODERS)
         choice("logprob_type", LOGPROB_TYPES)
         choice("flow_rl", FLOW_RL_MODES)
+        choice("decode", OFT_DECODERS)
         for field in ("dim", "depth", "heads", "max_text_len", "num_denoise_steps", "flow_hidden"):
             if getattr(self, field) < 1:
                 raise ValueError(f"{field} must be >= 1, got {getattr(self, field)}")
@@ -96,6 +101,8 @@ class VLAConfig:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
         if not self.unnorm_key:
             raise ValueError("unnorm_key must be a non-empty string")
+        if self.decode != "argmax" and self.name != "tiny_oft":
+            raise ValueError(f"decode={self.decode} is for tiny_oft's action bins; {self.name} acts by its ODE")
         if self.name == "tiny_pi05":
             self.value_after_vlm = True  # pi0.5's critic reads the VLM output (RLinf)
 

@@ -59,17 +59,39 @@ class TinyOFTPolicy(VLAPolicyBase):
         """Bin ids [N, K*D] -> env-unit actions [N, K, D] (bin centres, un-normalised)."""
         return self.norm.unnormalize_action(self.bin_centres[bins].reshape(-1, self.chunk_size, self.action_dim))
 
+    def decode(self, logp_all: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The deterministic action [N, K, D] and its bins [N, K*D] from the tempered log-probs
+        [N, K*D, num_bins], by `cfg.decode`:
+
+        argmax  each token's most likely bin;
+        median  the bin where each token's CDF reaches 1/2: the sample `_sample_categorical`
+                draws at u = 1/2, so a central value of the distribution RL trains;
+        mean    sum_i p_i c_i over the bin centres c_i (normalised units), un-normalised; its
+                bins are the ones that action falls in (for the reported log-prob).
+        """
+        if self.cfg.decode == "argmax":
+            bins = logp_all.argmax(-1)
+        elif self.cfg.decode == "median":
+            cdf = logp_all.exp().cumsum(-1)
+            bins = torch.searchsorted(cdf, 0.5 * cdf[..., -1:]).squeeze(-1).clamp_max_(self.cfg.num_bins - 1)
+        else:
+            mean = (logp_all.exp() * self.bin_centres).sum(-1)
+            actions = self.norm.unnormalize_action(mean.reshape(-1, self.chunk_size, self.action_dim))
+            return actions, self.actions_to_bins(actions)
+        return self.bins_to_actions(bins), bins
+
     @torch.no_grad()
     def act(self, obs: dict[str, torch.Tensor], deterministic: bool = False) -> dict[str, torch.Tensor]:
-        """Sample one bin per token (argmax if deterministic); log-probs of the tempered policy."""
+        """Sample one bin per token (deterministic: `decode`); log-probs of the tempered policy."""
         logits, feature = self._logits_and_feature(obs)
         logp_all = F.log_softmax(logits / self.cfg.temperature, dim=-1)
         if deterministic:
-            bins = logp_all.argmax(-1)
+            actions, bins = self.decode(logp_all)
         else:
             bins = _sample_categorical(logp_all.exp())
+            actions = self.bins_to_actions(bins)
         logp = logp_all.gather(-1, bins.unsqueeze(-1)).squeeze(-1)
-        return {"actions": self.bins_to_actions(bins), "logprobs": self._reduce(logp), "values": self._critic(feature)}
+        return {"actions": actions, "logprobs": self._reduce(logp), "values": self._critic(feature)}
 
     def evaluate(
         self, obs: dict[str, torch.Tensor], actions: torch.Tensor, extras: dict[str, torch.Tensor] | None = None
