@@ -407,7 +407,6 @@ def test_make_policy_builds_each_by_name():
         ({"init_log_std": 3.0}, "init_log_std"),
         ({"image_encoder": "resnet"}, "image_encoder"),
         ({"decode": "mode"}, "decode must be one of"),
-        ({"name": "tiny_pi0", "decode": "median"}, "tiny_oft's action bins"),
     ],
 )
 def test_config_validation(bad, match):

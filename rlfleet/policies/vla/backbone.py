@@ -45,7 +45,9 @@ class VLAConfig:
     num_bins: int = 256  # OFT action bins; pi05 proprio bins
     temperature: float = 1.0  # OFT sampling temperature (log-probs are of the tempered policy)
     # OFT's deterministic action (evaluation): each token's argmax bin, the median of its tempered
-    # bin distribution, or that distribution's mean (docs/algorithms.md "Deterministic decoding")
+    # bin distribution, or that distribution's mean (docs/algorithms.md "Deterministic decoding").
+    # The flow policies have no bins and ignore it (their deterministic action is the plain ODE), so
+    # a recipe's decoder survives `policy.name=tiny_pi0`.
     decode: str = "argmax"
     logprob_type: str = "action"  # token: (K*D,) | action: (K,) | chunk: ()
     num_denoise_steps: int = 4  # flow policies: Euler steps from noise to action
@@ -101,8 +103,6 @@ class VLAConfig:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
         if not self.unnorm_key:
             raise ValueError("unnorm_key must be a non-empty string")
-        if self.decode != "argmax" and self.name != "tiny_oft":
-            raise ValueError(f"decode={self.decode} is for tiny_oft's action bins; {self.name} acts by its ODE")
         if self.name == "tiny_pi05":
             self.value_after_vlm = True  # pi0.5's critic reads the VLM output (RLinf)
 
