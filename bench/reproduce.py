@@ -65,29 +65,37 @@ def aggregate(summaries: list[dict[str, Any]]) -> dict[str, Any]:
         "train_seconds": [s["train_seconds"] for s in summaries],
     }
     chains = [s for s in summaries if s.get("eval_chain")]
-    if chains:  # CALVIN-style: avg_num_subtasks over all chains
-        out["avg_num_subtasks"] = {
-            "before": mean_se(
-                [s["eval_chain_before"]["all"]["avg_num_subtasks"] for s in chains if s.get("eval_chain_before")]
-            ),
-            "after": mean_se([s["eval_chain"]["all"]["avg_num_subtasks"] for s in chains]),
-        }
+    if chains:  # CALVIN-style: avg_num_subtasks and success_len_k over all chains
+        keys = list(chains[0]["eval_chain"]["all"])
+        out["chain"] = {}
+        for key in keys:
+            before = [s["eval_chain_before"]["all"][key] for s in chains if s.get("eval_chain_before")]
+            after = [s["eval_chain"]["all"][key] for s in chains]
+            gain = [a - s["eval_chain_before"]["all"][key] for a, s in zip(after, chains) if s.get("eval_chain_before")]
+            out["chain"][key] = {"before": mean_se(before), "after": mean_se(after), "gain": mean_se(gain)}
+        out["avg_num_subtasks"] = out["chain"]["avg_num_subtasks"]
     return out
+
+
+def curve_metric(summary: dict[str, Any]) -> str:
+    """What a run's curve shows: avg_num_subtasks for chained envs (a whole chain is rarely
+    solved, so success_once stays near 0), else the mean success_once over tasks."""
+    return "avg_num_subtasks" if summary.get("eval_chain") else "success_once"
 
 
 # --- curves ------------------------------------------------------------------------------------
 
 
-def read_curves(tensorboard_dir: Path) -> dict[str, np.ndarray]:
-    """eval/success_once and eval/elapsed_s of one run as arrays: steps, seconds, success."""
+def read_curves(tensorboard_dir: Path, metric: str = "success_once") -> dict[str, np.ndarray]:
+    """eval/<metric> and eval/elapsed_s of one run as arrays: steps, seconds, success (the metric)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     acc = EventAccumulator(str(tensorboard_dir), size_guidance={"scalars": 0})
     acc.Reload()
     tags = set(acc.Tags().get("scalars", []))
-    if "eval/success_once" not in tags:
+    if f"eval/{metric}" not in tags:
         return {"steps": np.zeros(0), "seconds": np.zeros(0), "success": np.zeros(0)}
-    success = acc.Scalars("eval/success_once")
+    success = acc.Scalars(f"eval/{metric}")
     elapsed = {e.step: e.value for e in acc.Scalars("eval/elapsed_s")} if "eval/elapsed_s" in tags else {}
     steps = np.array([e.step for e in success], np.float64)
     seconds = np.array([elapsed.get(e.step, math.nan) for e in success], np.float64)
@@ -99,15 +107,22 @@ def run_curve(summary: dict[str, Any], curves: dict[str, np.ndarray]) -> dict[st
     final evaluation at (env_steps, train_seconds) of summary.json."""
     tasks = list(summary["eval_success"])
     steps, seconds, success = list(curves["steps"]), list(curves["seconds"]), list(curves["success"])
-    if "eval_before" in summary:
-        steps, seconds, success = (
-            [0.0] + steps,
-            [0.0] + seconds,
-            [float(np.mean([summary["eval_before"][t] for t in tasks]))] + success,
-        )
+    chained = curve_metric(summary) == "avg_num_subtasks"
+    before = (
+        summary.get("eval_chain_before", {}).get("all", {}).get("avg_num_subtasks")
+        if chained
+        else (float(np.mean([summary["eval_before"][t] for t in tasks])) if "eval_before" in summary else None)
+    )
+    if before is not None:
+        steps, seconds, success = [0.0] + steps, [0.0] + seconds, [float(before)] + success
     steps.append(float(summary["env_steps"]))
     seconds.append(float(summary["train_seconds"]))
-    success.append(float(np.mean([summary["eval_success"][t] for t in tasks])))
+    after = (
+        summary["eval_chain"]["all"]["avg_num_subtasks"]
+        if chained
+        else float(np.mean([summary["eval_success"][t] for t in tasks]))
+    )
+    success.append(float(after))
     return {"steps": np.array(steps), "seconds": np.array(seconds), "success": np.array(success)}
 
 
@@ -126,8 +141,11 @@ def mean_curve(
     return grid, ys.mean(axis=0), se
 
 
-def plot_curves(curves: list[dict[str, np.ndarray]], x: str, path: Path, title: str) -> Path:
-    """Success against `x` ("steps" or "seconds"): each seed thin, the mean thick, +- 1 SE shaded."""
+def plot_curves(
+    curves: list[dict[str, np.ndarray]], x: str, path: Path, title: str, metric: str = "success_once"
+) -> Path:
+    """Success (or avg_num_subtasks) against `x` ("steps" or "seconds"): each seed thin, the mean
+    thick, +- 1 SE shaded."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only, no display
@@ -137,12 +155,22 @@ def plot_curves(curves: list[dict[str, np.ndarray]], x: str, path: Path, title: 
     scale, label = (
         (1e6, "env steps (millions)") if x == "steps" else (60.0, "wall clock since training started (minutes)")
     )
+    # success_once in %, avg_num_subtasks as it is (0 to the chain length)
+    yscale, ylabel, ylim = (
+        (1.0, "eval avg_num_subtasks", None)
+        if metric == "avg_num_subtasks"
+        else (
+            100.0,
+            "eval success_once (%)",
+            (-2, 102),
+        )
+    )
     fig, ax = plt.subplots(figsize=(5.5, 3.6), dpi=120)
     for k, c in enumerate(curves):
         ok = np.isfinite(c[x])
         ax.plot(
             c[x][ok] / scale,
-            100 * c["success"][ok],
+            yscale * c["success"][ok],
             lw=0.8,
             alpha=0.5,
             marker=".",
@@ -150,11 +178,14 @@ def plot_curves(curves: list[dict[str, np.ndarray]], x: str, path: Path, title: 
             label="seeds" if k == 0 else None,
             color="tab:gray",
         )
-    ax.plot(grid / scale, 100 * mean, lw=2, color="tab:blue", label=f"mean of {len(curves)} seeds")
-    ax.fill_between(grid / scale, 100 * (mean - se), 100 * (mean + se), color="tab:blue", alpha=0.2, label="+- 1 SE")
+    ax.plot(grid / scale, yscale * mean, lw=2, color="tab:blue", label=f"mean of {len(curves)} seeds")
+    ax.fill_between(
+        grid / scale, yscale * (mean - se), yscale * (mean + se), color="tab:blue", alpha=0.2, label="+- 1 SE"
+    )
     ax.set_xlabel(label)
-    ax.set_ylabel("eval success_once (%)")
-    ax.set_ylim(-2, 102)
+    ax.set_ylabel(ylabel)
+    if ylim is not None:
+        ax.set_ylim(*ylim)
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="lower right")
@@ -199,12 +230,12 @@ def results_markdown(
         lines.append(f"| {task} | {_pm(row['before'])} | {_pm(row['after'])} | {_pm(row['gain'], signed=True)} |")
     m = agg["mean"]
     lines.append(f"| **mean** | {_pm(m['before'])} | {_pm(m['after'])} | {_pm(m['gain'], signed=True)} |")
-    if "avg_num_subtasks" in agg:
-        a = agg["avg_num_subtasks"]
-        lines += [
-            "",
-            f"avg_num_subtasks: {_pm(a['before'], 1.0, digits=2)} before, {_pm(a['after'], 1.0, digits=2)} after.",
-        ]
+    if "chain" in agg:  # CALVIN-style chains: the metrics the env is judged by
+        lines += ["", "| chain metric | before | after | gain |", "|---|---:|---:|---:|"]
+        for key, row in agg["chain"].items():
+            scale, digits = (1.0, 2) if key == "avg_num_subtasks" else (100.0, 1)
+            cells = [_pm(row[k], scale, signed=k == "gain", digits=digits) for k in ("before", "after", "gain")]
+            lines.append(f"| {key}{'' if scale == 1.0 else ' (%)'} | " + " | ".join(cells) + " |")
     steps = ", ".join(f"{s:,}" for s in agg["env_steps"])
     train = ", ".join(f"{t:.0f}" for t in agg["train_seconds"])
     walls = ", ".join(f"{w:.0f}" for w in wall_seconds)
@@ -288,10 +319,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[reproduce] seed {seed} done in {walls[-1]:.0f} s", flush=True)
     summaries = [json.loads((out / f"seed{s}" / "summary.json").read_text()) for s in range(args.seeds)]
     agg = aggregate(summaries)
-    curves = [run_curve(s, read_curves(out / f"seed{k}" / "tensorboard")) for k, s in enumerate(summaries)]
+    metric = curve_metric(summaries[0])
+    curves = [run_curve(s, read_curves(out / f"seed{k}" / "tensorboard", metric)) for k, s in enumerate(summaries)]
     plots = {}
-    for x, label in (("steps", "success vs env steps"), ("seconds", "success vs wall clock")):
-        path = plot_curves(curves, x, out / f"{name}_{x}.png", f"{name}: {label}")
+    what = "success" if metric == "success_once" else metric
+    for x, label in (("steps", f"{what} vs env steps"), ("seconds", f"{what} vs wall clock")):
+        path = plot_curves(curves, x, out / f"{name}_{x}.png", f"{name}: {label}", metric)
         plots[label] = path.name
     from rlfleet.config import load_config
 

@@ -100,3 +100,41 @@ def test_policy_strip_lays_out_rows_of_evenly_spaced_frames():
     assert img.size == (150 + 3 * 36, 2 * 36)
     tiles = [img.getpixel((150 + c * 36 + 16, 16)) for c in range(3)]
     assert tiles == [(0, 0, 0), (5, 5, 5), (10, 10, 10)]  # first, middle and last frame
+
+
+def _chain_summary(before: float, after: float, len1: tuple[float, float]) -> dict:
+    """A CALVIN-style run: no whole chain solved (success_once 0), subtasks done per chain."""
+
+    def chain(avg: float, l1: float) -> dict:
+        return {"all": {"avg_num_subtasks": avg, "success_len_1": l1, "success_len_2": 0.0}}
+
+    summary = _summary({"calvin-D": 0.0}, {"calvin-D": 0.0}, steps=2000, seconds=100.0)
+    summary["eval_chain_before"], summary["eval_chain"] = chain(before, len1[0]), chain(after, len1[1])
+    return summary
+
+
+CHAINS = [_chain_summary(0.08, 0.02, (0.08, 0.02)), _chain_summary(0.08, 0.20, (0.08, 0.16))]
+
+
+def test_chained_runs_report_their_chain_metrics_and_plot_subtasks(tmp_path):
+    agg = reproduce.aggregate(CHAINS)
+    assert agg["chain"]["avg_num_subtasks"]["after"] == pytest.approx((0.11, 0.09))  # (0.02, 0.20): se = std / sqrt 2
+    assert agg["chain"]["success_len_1"]["gain"][0] == pytest.approx(0.01)
+    page = reproduce.results_markdown("calvin", agg, ["rlfleet train calvin"], "abc", [1.0, 1.0], {}, "50 chains")
+    assert "| avg_num_subtasks | 0.08 +- 0.00 | 0.11 +- 0.09 | +0.03 +- 0.09 |" in page
+    assert "| success_len_1 (%) | 8.0 +- 0.0 | 9.0 +- 7.0 | +1.0 +- 7.0 |" in page
+    assert reproduce.curve_metric(CHAINS[0]) == "avg_num_subtasks"
+    assert reproduce.curve_metric(SUMMARIES[0]) == "success_once"
+    curves = []
+    for seed, summary in enumerate(CHAINS):
+        tb = tmp_path / f"seed{seed}"
+        w = SummaryWriter(str(tb))
+        w.add_scalar("eval/success_once", 0.0, 1000)  # whole chains: not what the curve shows
+        w.add_scalar("eval/avg_num_subtasks", 0.3 + 0.1 * seed, 1000)
+        w.add_scalar("eval/elapsed_s", 50.0, 1000)
+        w.close()
+        raw = reproduce.read_curves(tb, reproduce.curve_metric(summary))
+        curves.append(reproduce.run_curve(summary, raw))
+    assert list(curves[1]["success"]) == pytest.approx([0.08, 0.4, 0.20])  # before, periodic, final
+    png = reproduce.plot_curves(curves, "steps", tmp_path / "calvin_steps.png", "calvin", "avg_num_subtasks")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
