@@ -18,7 +18,10 @@ import sys
 import time
 from pathlib import Path
 
-DECODERS = ("argmax", "median", "mean")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from reproduce import mean_se  # noqa: E402  (a sibling script, not a package)
+
+from rlfleet.policies.vla.backbone import OFT_DECODERS  # noqa: E402
 
 
 def main() -> int:
@@ -27,7 +30,7 @@ def main() -> int:
     p.add_argument("overrides", nargs="*", help="recipe overrides (key=value) for the SFT start")
     p.add_argument("--sft-seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--episodes", type=int, default=50, help="held-out episodes per task")
-    p.add_argument("--decoders", nargs="+", choices=DECODERS, default=list(DECODERS))
+    p.add_argument("--decoders", nargs="+", choices=OFT_DECODERS, default=list(OFT_DECODERS))
     p.add_argument("--json", help="also write the results here")
     args = p.parse_args()
 
@@ -56,8 +59,8 @@ def main() -> int:
 
 
 def _mean_se(values: list[float]) -> str:
-    se = statistics.stdev(values) / len(values) ** 0.5 if len(values) > 1 else 0.0
-    return f"{statistics.fmean(values):.1f} +- {se:.1f}"
+    mean, se = mean_se(values)
+    return f"{mean:.1f} +- {se:.1f}"
 
 
 def _table(results: dict, decoders: list[str]) -> list[str]:

@@ -73,7 +73,6 @@ def aggregate(summaries: list[dict[str, Any]]) -> dict[str, Any]:
             after = [s["eval_chain"]["all"][key] for s in chains]
             gain = [a - s["eval_chain_before"]["all"][key] for a, s in zip(after, chains) if s.get("eval_chain_before")]
             out["chain"][key] = {"before": mean_se(before), "after": mean_se(after), "gain": mean_se(gain)}
-        out["avg_num_subtasks"] = out["chain"]["avg_num_subtasks"]
     return out
 
 

@@ -310,7 +310,8 @@ def report(path: Path) -> int:
             continue
         runs, cpu = r["env_steps_per_s"], r["cpu_us_per_env_step"]
         for kind in ("sampling", "training"):
-            r.setdefault(f"{kind}/why", decompose(runs["bare"], cpu["bare"], runs[kind], cpu[kind]))
+            if f"{kind}/why" not in r:
+                r[f"{kind}/why"] = decompose(runs["bare"], cpu["bare"], runs[kind], cpu[kind])
     print(f"{path} ({results.get('date', '?')}, {results.get('machine', '?')}):")
     print("\n".join(_summary_lines(results)))
     return 0

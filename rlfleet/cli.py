@@ -368,8 +368,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ev.add_argument(
         "--decode",
-        choices=("argmax", "median", "mean"),
-        help="tiny_oft's deterministic action from its bin distributions (default: the checkpoint's policy.decode)",
+        help="tiny_oft's deterministic action from its bin distributions: argmax, median or mean "
+        "(default: the checkpoint's policy.decode)",
     )
     ev.set_defaults(func=cmd_eval)
 

@@ -47,3 +47,10 @@ def test_eval_decode_on_a_policy_without_bins_is_one_line(tmp_path):
     res = _eval(str(ckpt), "--decode", "median", "--episodes", "1", "--out", str(tmp_path / "ev"))
     assert res.returncode == 2
     assert "has no settings ['decode']" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_eval_unknown_decoder_is_one_line(tmp_path):
+    ckpt = _checkpoint(tmp_path, {"name": "tiny_oft", "dim": 32, "depth": 1, "num_bins": 16}, chunk=4)
+    res = _eval(str(ckpt), "--decode", "mode", "--episodes", "1", "--out", str(tmp_path / "ev"))
+    assert res.returncode == 2
+    assert "decode must be one of argmax, median, mean" in res.stderr and "Traceback" not in res.stderr

@@ -168,7 +168,7 @@ def test_oft_actions_are_bin_centres_in_env_units():
 
 
 def _reference_decode(probs, mode: str, centres):
-    """Per token, by a plain loop over the bins (numpy-free of the policy's vectorised code)."""
+    """Per token, by a plain loop over the bins, independent of the policy's vectorised code."""
     out = torch.empty(probs.shape[:-1], dtype=torch.float64)
     for idx in torch.cartesian_prod(*[torch.arange(n) for n in probs.shape[:-1]]):
         p = probs[tuple(idx)].double()
