@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 RECIPE ?= metaworld_quickstart_tinyoft
 ARGS ?=
 
-.PHONY: system-deps setup test-deps train test test-all lint lint-imports bench proto proto-check node-env clean
+.PHONY: system-deps setup test-deps train test test-all test-gpu lint lint-imports bench proto proto-check node-env clean
 
 # What `make setup` installs: every simulator and tracker, plus the test tools (pyproject.toml extras)
 EXTRAS ?= all,dev
@@ -53,6 +53,9 @@ test: setup test-deps
 
 test-all: setup test-deps
 	$(BIN)/pytest -q -m "slow or not slow"
+
+test-gpu: setup
+	$(BIN)/pytest -q -rs tests/gpu
 
 # Style (ruff), types (mypy: the packages in pyproject's [tool.mypy] files) and the layer contract
 # (.importlinter). The same checks as .pre-commit-config.yaml.

@@ -166,6 +166,7 @@ class SFTConfig:
     eval_episodes_per_task: int = 5
     seed: int = 0
     threads: int = 2
+    device: str = "cpu"  # where the policy trains (cuda on a GPU host); the checkpoint is saved from the CPU
 
 
 @dataclass

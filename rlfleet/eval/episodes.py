@@ -107,9 +107,10 @@ def _run_episodes(
         success = np.zeros(n, bool)
         returns = np.zeros(n, np.float64)
         policy.eval()
+        device = next(policy.parameters()).device  # the policy acts where it lives (a learner's GPU)
         while not done.all():
-            out = policy.act(obs_tensors(obs, policy.obs_keys), deterministic=deterministic)
-            res = env.chunk_step(out["actions"].numpy())
+            out = policy.act(obs_tensors(obs, policy.obs_keys, device), deterministic=deterministic)
+            res = env.chunk_step(out["actions"].cpu().numpy())
             recorder.step(
                 res.obs.get("main_images"),
                 rewards=res.rewards,
@@ -132,9 +133,9 @@ def _run_episodes(
     return names, success, returns, list(recorder.written)
 
 
-def obs_tensors(obs: dict, keys: tuple[str, ...]) -> dict[str, torch.Tensor]:
-    """The tensor observations a policy reads, from an env's observation dict."""
-    return {k: torch.from_numpy(np.ascontiguousarray(obs[k])) for k in keys}
+def obs_tensors(obs: dict, keys: tuple[str, ...], device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
+    """The tensor observations a policy reads, from an env's observation dict, on `device`."""
+    return {k: torch.from_numpy(np.ascontiguousarray(obs[k])).to(device) for k in keys}
 
 
 class RunEvaluation:

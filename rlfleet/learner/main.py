@@ -7,7 +7,6 @@ Evaluation is handed in (`Evaluation`): the eval layer sits above the roles, and
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
 import signal
@@ -365,9 +364,7 @@ class Learner:
         video = cfg.eval.video_cfg
         returns: dict[str, list[float]] = {}
         written: list[Path] = []
-        # on an accelerator, a CPU copy: the envs hand over CPU tensors, and the trained module stays put
-        on_cpu = next(self.policy.parameters()).device.type == "cpu"
-        policy = self.policy if on_cpu else copy.deepcopy(self.policy).cpu()
+        policy = self.policy  # evaluated where it trains (evaluate_policy moves the observations)
         was_training = policy.training
         try:
             success = self.evaluation(

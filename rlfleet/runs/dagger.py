@@ -107,7 +107,7 @@ def collect_rollouts(
     device = next(iter(policy.parameters()), torch.empty(0)).device
     policy.eval()
     for _ in range(steps):
-        obs_t = {k: v.to(device) for k, v in obs_tensors(obs, policy.obs_keys).items()}
+        obs_t = obs_tensors(obs, policy.obs_keys, device)
         student = policy.act(obs_t, deterministic=cfg.student_deterministic)
         student_actions = student["actions"].cpu().numpy().astype(np.float32)
         expert_now = env.expert_actions()  # pi*(s_t) at the chunk start

@@ -86,28 +86,34 @@ def _shift(images: torch.Tensor, pad: int, gen: torch.Generator) -> torch.Tensor
         return images
     B, H, W, C = images.shape
     padded = torch.nn.functional.pad(images.permute(0, 3, 1, 2).float(), (pad, pad, pad, pad), mode="replicate")
-    dx = torch.randint(0, 2 * pad + 1, (B,), generator=gen)
-    dy = torch.randint(0, 2 * pad + 1, (B,), generator=gen)
-    rows = (dy[:, None] + torch.arange(H)[None, :])[:, :, None].expand(B, H, W)
-    cols = (dx[:, None] + torch.arange(W)[None, :])[:, None, :].expand(B, H, W)
-    out = padded[torch.arange(B)[:, None, None], :, rows, cols]  # [B, H, W, C]
+    dev = images.device
+    dx = torch.randint(0, 2 * pad + 1, (B,), generator=gen).to(dev)  # drawn on the CPU generator
+    dy = torch.randint(0, 2 * pad + 1, (B,), generator=gen).to(dev)
+    rows = (dy[:, None] + torch.arange(H, device=dev)[None, :])[:, :, None].expand(B, H, W)
+    cols = (dx[:, None] + torch.arange(W, device=dev)[None, :])[:, None, :].expand(B, H, W)
+    out = padded[torch.arange(B, device=dev)[:, None, None], :, rows, cols]  # [B, H, W, C]
     return out.to(torch.uint8)
 
 
 def train_sft(
     policy: torch.nn.Module, data: SFTData, cfg: SFTConfig, progress: bool = True, evaluate=None
 ) -> list[dict[str, float]]:
-    """Minimise policy.sft_loss over random minibatches; returns the log (loss, eval) per report."""
+    """Minimise policy.sft_loss over random minibatches on `cfg.device`; returns the log (loss,
+    eval) per report. The policy ends on the CPU, where evaluation and checkpoints read it."""
     torch.manual_seed(cfg.seed)
-    gen = torch.Generator().manual_seed(cfg.seed)
+    gen = torch.Generator().manual_seed(cfg.seed)  # on the CPU: the same minibatches on any device
+    device = torch.device(cfg.device)
+    policy.to(device)
     params = [p for p in policy.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(cfg.steps, 1), eta_min=cfg.lr * 0.1)
-    obs_t = {k: torch.from_numpy(v) for k, v in data.obs.items() if k in policy.obs_keys}
+    # The demos move to the device once (a few hundred MB at most for 64 px demos); minibatches
+    # are then gathered there.
+    obs_t = {k: torch.from_numpy(v).to(device) for k, v in data.obs.items() if k in policy.obs_keys}
     # Running observation statistics (the MLP's) come from the demos, so the policy learns on the
     # normalised inputs it will see in RL (VLA policies: a no-op, their statistics are quantiles).
     policy.update_normalization(obs_t)
-    actions_t = torch.from_numpy(data.actions)
+    actions_t = torch.from_numpy(data.actions).to(device)
     n = len(data)
     history: list[dict[str, float]] = []
     losses: list[float] = []
@@ -124,7 +130,7 @@ def train_sft(
         task = bar.add_task("sft", total=cfg.steps, info="")
         for step in range(1, cfg.steps + 1):
             policy.train()
-            idx = torch.randint(0, n, (min(cfg.batch_size, n),), generator=gen)
+            idx = torch.randint(0, n, (min(cfg.batch_size, n),), generator=gen).to(device)
             mb = {k: v[idx] for k, v in obs_t.items()}
             if "main_images" in mb:
                 mb["main_images"] = _shift(mb["main_images"], cfg.shift_augment, gen)
@@ -145,7 +151,7 @@ def train_sft(
                 if not bar.console.is_terminal:  # logs and CI: progress as lines
                     log.info("sft step %d/%d loss %.4f", step, cfg.steps, entry["loss"])
             bar.update(task, advance=1)
-    policy.eval()
+    policy.cpu().eval()
     return history
 
 
