@@ -361,7 +361,20 @@ class PPOTrainer:
         extras = self._extras(seg.extras)
         behaviour_logp = _flat(self._t(seg.logprobs))
 
-        logp_old, _, values = self._evaluate(obs, actions, extras, self.policy)
+        # Lag-0 rows were acted by these very weights: the inference server's log-probs and values
+        # are what a forward pass here would give (the learner's recomputation equals them,
+        # tests/integration/test_pixel_fleet.py), so only lagged rows run the pre-update policy.
+        # Their importance weight is then exactly 1; lagged ones get min(pi_old / mu, rho_bar).
+        lags = policy_lag(version, self._t(seg.versions)).repeat_interleave(B)
+        logp_old = behaviour_logp.clone()
+        values = _flat(self._t(seg.values)).float()
+        stale = (lags != 0).nonzero().squeeze(-1)
+        if len(stale):
+            logp_stale, _, values_stale = self._evaluate(
+                _index(obs, stale), actions[stale], _index(extras, stale), self.policy
+            )
+            logp_old[stale] = logp_stale.to(logp_old.dtype)
+            values[stale] = values_stale.to(values.dtype)
         values = values.reshape(T, B)
         logp_ref = (
             self._evaluate(obs, actions, extras, self.reference)[0]
@@ -369,12 +382,6 @@ class PPOTrainer:
             else torch.zeros_like(logp_old)
         )
         inputs = self._critic_inputs(seg, values) if est is None else None
-
-        # Off-policy correction: lag-0 samples use the behaviour log-prob itself, so their
-        # importance weight is exactly 1; lagged ones get min(pi_old / mu, rho_bar).
-        lags = policy_lag(version, self._t(seg.versions)).repeat_interleave(B)
-        lag0 = _broadcast(lags == 0, logp_old)
-        logp_old = torch.where(lag0, behaviour_logp, logp_old)
         is_weights = truncated_importance_weights(logp_old, behaviour_logp, self.cfg.rho_bar)
 
         if inputs is not None:

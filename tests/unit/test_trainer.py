@@ -167,6 +167,32 @@ def test_lag_zero_samples_have_importance_weight_exactly_one():
     )
 
 
+def test_only_lagged_rows_run_the_pre_update_policy():
+    """Lag-0 rows keep the server's log-probs and values (the same weights computed them); lagged
+    rows get the learner's own, from one forward pass over those rows alone."""
+    policy = make_policy(0)
+    trainer = PPOTrainer(policy, PPOConfig(max_policy_lag=4))
+    T, B = 4, 3
+    seg = make_segment(policy, T, B, [9, 9, 8, 7], seed=1)
+    seg.values = seg.values + 5.0  # told apart from the learner's own values below
+    rows_seen = []
+    evaluate = policy.evaluate
+
+    def counting(obs, actions, extras):
+        rows_seen.append(actions.shape[0])
+        return evaluate(obs, actions, extras)
+
+    policy.evaluate = counting
+    batch = trainer.prepare([seg], version=9)
+    assert rows_seen == [2 * B]  # the two lagged time steps only
+    lag0 = batch.lags == 0
+    served = torch.from_numpy(seg.values.reshape(-1))
+    assert torch.equal(batch.values_old[lag0], served[lag0])
+    with torch.no_grad():
+        own = evaluate({"states": torch.from_numpy(seg.obs["states"].reshape(T * B, S))}, batch.actions, {})[2]
+    torch.testing.assert_close(batch.values_old[~lag0], own[~lag0])
+
+
 def _tiny_truncation_case():
     """T=3, B=2: env 0 is truncated after step 1, env 1 terminates after step 1."""
     policy = make_policy(3, hidden=(8,))
