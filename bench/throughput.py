@@ -47,6 +47,7 @@ import platform
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -130,7 +131,16 @@ def fleet(recipe: str, overrides: list[str], seconds: float, warmup: float, cons
     return out
 
 
-def fleet_part(part: str, overrides: list[str], seconds: float, warmup: float, repeats: int) -> dict:
+def fleet_part(
+    part: str,
+    overrides: list[str],
+    seconds: float,
+    warmup: float,
+    repeats: int,
+    on_repeat: Callable[[dict], None] | None = None,
+) -> dict:
+    """`repeats` alternating rounds of bare loop, sampling fleet and training fleet; the summary
+    over the rounds so far also goes to `on_repeat` after each round (a cut run keeps them)."""
     from rlfleet.config import load_config
 
     recipe = RECIPES[part]
@@ -159,7 +169,19 @@ def fleet_part(part: str, overrides: list[str], seconds: float, warmup: float, r
             f"training {cpu['training'][-1]['env workers']:.0f}",
             flush=True,
         )
-    out: dict[str, Any] = {"recipe": recipe, "env_steps_per_s": runs, "cpu_us_per_env_step": cpu}
+        if on_repeat is not None:
+            on_repeat(_part_summary(recipe, runs, cpu))
+    return _part_summary(recipe, runs, cpu)
+
+
+def _part_summary(recipe: str, runs: dict[str, list[float]], cpu: dict[str, list]) -> dict:
+    """Medians over the repeats of a fleet part, with their ratios and the ratios' split."""
+    out: dict[str, Any] = {
+        "recipe": recipe,
+        "repeats": len(runs["bare"]),
+        "env_steps_per_s": runs,
+        "cpu_us_per_env_step": cpu,
+    }
     for kind in ("sampling", "training"):
         ratios = [f / b for f, b in zip(runs[kind], runs["bare"])]
         out[f"{kind}/bare"] = statistics.median(ratios)
@@ -345,7 +367,13 @@ def main() -> int:
         if part == "render":
             results["render"] = render_part(args.render_task, args.render_sizes, render_seconds, args.repeats)
         else:
-            results[part] = fleet_part(part, args.overrides, args.seconds, args.warmup, args.repeats)
+
+            def keep(summary: dict, part: str = part) -> None:
+                results[part] = summary
+                if args.json:  # after every repeat: a run cut short keeps what it measured
+                    Path(args.json).write_text(json.dumps(results, indent=2))
+
+            keep(fleet_part(part, args.overrides, args.seconds, args.warmup, args.repeats, keep))
     print("\n".join(["", f"ratios (median of {args.repeats} alternating repeats):", *_summary_lines(results)]))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))

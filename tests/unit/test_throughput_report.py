@@ -70,3 +70,21 @@ def test_report_adds_the_split_to_an_earlier_json(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "sampling = CPU cost 0.76 x busy 0.99" in out  # 1000 / 1320; 1320 x 1500 / (1000 x 2000)
     assert "learner +700" in out
+
+
+def test_each_repeat_reaches_the_caller_so_a_cut_run_keeps_it(monkeypatch):
+    """The bench writes its JSON after every repeat (a run stopped in its third repeat kept none)."""
+    monkeypatch.setattr(throughput, "bare_loop", lambda cfg, seconds: (1000.0, 2000.0))
+    monkeypatch.setattr(
+        throughput,
+        "fleet",
+        lambda recipe, overrides, seconds, warmup, consume_only: {
+            "env_steps_per_s_wall": 900.0 if consume_only else 600.0,
+            "us_per_env_step": _fleet_us(2100, 50, 50, 0 if consume_only else 1000),
+        },
+    )
+    seen = []
+    final = throughput.fleet_part("state", [], 1.0, 0.0, 2, on_repeat=seen.append)
+    assert [s["repeats"] for s in seen] == [1, 2]
+    assert seen[0]["sampling/bare"] == pytest.approx(0.9) and seen[0]["training/bare"] == pytest.approx(0.6)
+    assert final == seen[-1]
