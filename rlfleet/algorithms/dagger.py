@@ -57,7 +57,7 @@ class DAggerConfig:
     student_deterministic: bool = True  # the student acts as it is evaluated (no exploration noise)
     eval_every: int = 0  # iterations between simulator evaluations during training (0: only before/after)
     eval_episodes_per_task: int = 5  # for eval_every
-    device: str = "cpu"  # where the student acts and trains (cuda on a GPU host); evaluation runs on CPU
+    device: str = "cpu"  # where the student acts, trains and is evaluated (cuda on a GPU host)
     threads: int = 1  # torch threads (1 is fastest on a small, busy CPU: the envs render on the same cores)
 
     def __post_init__(self) -> None:

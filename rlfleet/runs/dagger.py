@@ -222,12 +222,8 @@ def _maybe_set_norm_stats(policy: torch.nn.Module, data: AggregatedDataset) -> b
 
 
 def _evaluate(policy: torch.nn.Module, env_cfg: EnvConfig, episodes: int, seed: int, **kwargs: Any) -> dict[str, float]:
-    """`evaluate_policy` (deterministic, the eval seeds) on CPU, whatever device the student trains on."""
-    device = next(iter(policy.parameters()), torch.empty(0)).device
-    try:
-        return evaluate_policy(policy.cpu(), env_cfg, episodes, seed=seed, **kwargs)
-    finally:
-        policy.to(device)
+    """`evaluate_policy` (deterministic, the eval seeds) on the device the student trains on."""
+    return evaluate_policy(policy, env_cfg, episodes, seed=seed, **kwargs)
 
 
 def run_dagger(cfg: DictConfig, progress: bool = True) -> dict[str, Any]:

@@ -209,3 +209,38 @@ def test_state_training_with_every_role_placed_on_the_gpu(tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     summary = json.loads((run / "summary.json").read_text())
     assert summary["updates"] >= 9 and 0.0 <= summary["eval_success"]["reach-v3"] <= 1.0
+
+
+def test_dagger_on_cuda(tmp_path):
+    """DAgger's student acts, trains and is evaluated on the GPU (the SFT bootstrap too)."""
+    run = tmp_path / "run"
+    res = _cli(
+        "train",
+        "metaworld_dagger_tinypi0_cpu",
+        "env.task=reach-v3",
+        "env.max_episode_steps=48",
+        "env.chunk_size=8",
+        "env.image_size=32",
+        "policy.dim=32",
+        "policy.depth=1",
+        "policy.heads=2",
+        "demos.episodes_per_task=1",
+        "demos.num_workers=1",
+        f"demos.cache_dir={tmp_path / 'cache'}",
+        "sft.steps=3",
+        "sft.batch_size=8",
+        "sft.device=cuda",
+        "dagger.device=cuda",
+        "dagger.iterations=2",
+        "dagger.num_envs=2",
+        "dagger.train_steps=3",
+        "dagger.batch_size=8",
+        "dagger.window=80",
+        "eval.episodes_per_task=1",
+        "runner.max_wall_seconds=0",
+        f"runner.logger.log_path={run}",
+        timeout=600,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["algorithm"] == "dagger" and summary["iterations"] == 2
