@@ -373,7 +373,7 @@ def main() -> int:
                 if args.json:  # after every repeat: a run cut short keeps what it measured
                     Path(args.json).write_text(json.dumps(results, indent=2))
 
-            keep(fleet_part(part, args.overrides, args.seconds, args.warmup, args.repeats, keep))
+            results[part] = fleet_part(part, args.overrides, args.seconds, args.warmup, args.repeats, keep)
     print("\n".join(["", f"ratios (median of {args.repeats} alternating repeats):", *_summary_lines(results)]))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))

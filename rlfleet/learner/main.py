@@ -364,11 +364,10 @@ class Learner:
         video = cfg.eval.video_cfg
         returns: dict[str, list[float]] = {}
         written: list[Path] = []
-        policy = self.policy  # evaluated where it trains (evaluate_policy moves the observations)
-        was_training = policy.training
+        was_training = self.policy.training  # evaluated where it trains (evaluate_policy moves the observations)
         try:
             success = self.evaluation(
-                policy,
+                self.policy,
                 episodes,
                 self.run_dir / "periodic_eval" / f"update_{self.counters.update:06d}",
                 episode_returns=returns,
@@ -376,7 +375,7 @@ class Learner:
                 videos=written,
             )
         finally:
-            policy.train(was_training)
+            self.policy.train(was_training)
         step = self.counters.env_steps
         scalars = {
             "eval/success_once": sum(success.values()) / len(success),

@@ -369,7 +369,9 @@ class PPOTrainer:
         logp_old = behaviour_logp.clone()
         values = _flat(self._t(seg.values)).float()
         stale = (lags != 0).nonzero().squeeze(-1)
-        if len(stale):
+        if len(stale) == len(lags):  # every row lagged: no copy of the observations
+            logp_old, _, values = self._evaluate(obs, actions, extras, self.policy)
+        elif len(stale):
             logp_stale, _, values_stale = self._evaluate(
                 _index(obs, stale), actions[stale], _index(extras, stale), self.policy
             )

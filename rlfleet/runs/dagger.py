@@ -221,11 +221,6 @@ def _maybe_set_norm_stats(policy: torch.nn.Module, data: AggregatedDataset) -> b
     return True
 
 
-def _evaluate(policy: torch.nn.Module, env_cfg: EnvConfig, episodes: int, seed: int, **kwargs: Any) -> dict[str, float]:
-    """`evaluate_policy` (deterministic, the eval seeds) on the device the student trains on."""
-    return evaluate_policy(policy, env_cfg, episodes, seed=seed, **kwargs)
-
-
 def run_dagger(cfg: DictConfig, progress: bool = True) -> dict[str, Any]:
     """Run DAgger / HG-DAgger as configured in `cfg.dagger`; returns (and writes) the run summary."""
     dcfg: DAggerConfig = OmegaConf.to_object(cfg.dagger)
@@ -277,7 +272,7 @@ def run_dagger(cfg: DictConfig, progress: bool = True) -> dict[str, Any]:
     if cfg.eval.before and counters.update == 0:
         if progress:
             print("evaluating the starting policy ...", flush=True)
-        before = _evaluate(policy, eval_env, cfg.eval.episodes_per_task, cfg.eval.seed)
+        before = evaluate_policy(policy, eval_env, cfg.eval.episodes_per_task, seed=cfg.eval.seed)
 
     writer = MetricsWriter.for_run(cfg, run_dir)
     unnorm_key = cfg.policy.get("unnorm_key", "metaworld")
@@ -341,7 +336,9 @@ def run_dagger(cfg: DictConfig, progress: bool = True) -> dict[str, Any]:
                         stats[f"env/success_once/{name}"] = float(np.mean(oks))
                 if dcfg.eval_every and counters.update % dcfg.eval_every == 0 and counters.update < dcfg.iterations:
                     bar.update(task, info="evaluating ...")
-                    ev = _evaluate(policy, eval_env, dcfg.eval_episodes_per_task, cfg.eval.seed, progress=False)
+                    ev = evaluate_policy(
+                        policy, eval_env, dcfg.eval_episodes_per_task, seed=cfg.eval.seed, progress=False
+                    )
                     stats["eval/success_mean"] = float(np.mean(list(ev.values())))
                 writer.write(stats, counters.update)
                 history.append(
@@ -410,8 +407,8 @@ def run_dagger(cfg: DictConfig, progress: bool = True) -> dict[str, Any]:
             print("evaluating the trained policy ...", flush=True)
         video, t0 = OmegaConf.to_object(cfg.eval.video_cfg), time.time()
         try:
-            after = _evaluate(
-                policy, eval_env, cfg.eval.episodes_per_task, cfg.eval.seed, video_cfg=video, out_dir=run_dir
+            after = evaluate_policy(
+                policy, eval_env, cfg.eval.episodes_per_task, seed=cfg.eval.seed, video_cfg=video, out_dir=run_dir
             )
             log_eval(
                 writer,

@@ -99,7 +99,7 @@ def train_sft(
     policy: torch.nn.Module, data: SFTData, cfg: SFTConfig, progress: bool = True, evaluate=None
 ) -> list[dict[str, float]]:
     """Minimise policy.sft_loss over random minibatches on `cfg.device`; returns the log (loss,
-    eval) per report. The policy ends on the CPU, where evaluation and checkpoints read it."""
+    eval) per report. The policy ends on the CPU, as a checkpoint it is saved to loads."""
     torch.manual_seed(cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed)  # on the CPU: the same minibatches on any device
     device = torch.device(cfg.device)

@@ -15,6 +15,7 @@ import sys
 import numpy as np
 import pytest
 import torch
+from mlp_segments import make_segment
 
 from rlfleet.algorithms import PPOConfig
 from rlfleet.config import SFTConfig
@@ -25,39 +26,10 @@ from rlfleet.learner.trainer import PPOTrainer
 from rlfleet.policies import GaussianMLPPolicy, PolicyConfig
 from rlfleet.policies.registry import make_policy
 from rlfleet.runs.sft import SFTData, train_sft
-from rlfleet.wire.segment import Segment
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 S, D, K, SIZE = 39, 4, 4, 32
-
-
-def _mlp_segment(policy: GaussianMLPPolicy, T: int, B: int, seed: int) -> Segment:
-    rng = np.random.default_rng(seed)
-    states = rng.normal(size=(T, B, S)).astype(np.float32)
-    with torch.no_grad():
-        out = policy.act({"states": torch.from_numpy(states.reshape(T * B, S))})
-    terminated = np.zeros((T, B), bool)
-    terminated[T // 2, 0] = True
-    return Segment(
-        obs={"states": states},
-        actions=out["actions"].numpy().reshape(T, B, K, D),
-        logprobs=out["logprobs"].numpy().reshape(T, B).astype(np.float32),
-        values=out["values"].numpy().reshape(T, B),
-        rewards=rng.normal(size=(T, B)).astype(np.float32),
-        terminated=terminated,
-        truncated=np.zeros((T, B), bool),
-        final_obs={"states": rng.normal(size=(T, B, S)).astype(np.float32)},
-        next_obs={"states": rng.normal(size=(B, S)).astype(np.float32)},
-        versions=np.zeros(T, np.int64),
-        task_ids=np.zeros(B, np.int64),
-        env_steps=np.array(T * B * K, np.int64),
-        ep_returns=np.zeros(0, np.float32),
-        ep_lengths=np.zeros(0, np.int32),
-        ep_success=np.zeros(0, bool),
-        ep_task_ids=np.zeros(0, np.int64),
-        extras={},
-    )
 
 
 def test_ppo_update_on_cuda_matches_the_cpu_update():
@@ -65,7 +37,9 @@ def test_ppo_update_on_cuda_matches_the_cpu_update():
     cpu_policy = GaussianMLPPolicy(S, D, K, PolicyConfig(hidden_sizes=[64, 64]))
     gpu_policy = GaussianMLPPolicy(S, D, K, PolicyConfig(hidden_sizes=[64, 64]))
     gpu_policy.load_state_dict(cpu_policy.state_dict())
-    segments = [_mlp_segment(cpu_policy, 16, 8, seed) for seed in range(3)]
+    terminated = np.zeros((16, 8), bool)
+    terminated[8, 0] = True
+    segments = [make_segment(cpu_policy, 16, 8, [0] * 16, seed, terminated=terminated) for seed in range(3)]
     # One minibatch: the minibatch order comes from the device's own RNG, so only a whole-batch
     # step is the same computation on both devices.
     cfg = PPOConfig(update_epochs=3, num_minibatches=1, lr=1e-3)
@@ -103,7 +77,7 @@ def test_inference_server_batch_on_cuda_matches_the_cpu(name):
     (cpu,), (gpu,) = outs["cpu"], outs["gpu"]
     assert isinstance(gpu["actions"], np.ndarray)  # back on the host, ready for the wire
     if name == "tiny_oft":  # argmax over token logits (flow policies draw noise)
-        # cuDNN's convolutions round differently (TF32), which flips the argmax where two bins
+        # GPU kernels round differently from the CPU's, which flips the argmax where two bins
         # are nearly tied: 2 of 128 action values on an H200.
         assert np.isclose(gpu["actions"], cpu["actions"], atol=1e-5).mean() >= 0.9
     np.testing.assert_allclose(gpu["values"], cpu["values"], rtol=1e-3, atol=1e-4)

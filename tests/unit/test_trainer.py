@@ -4,6 +4,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
+from mlp_segments import make_segment
 
 from rlfleet.algorithms import PPOConfig
 from rlfleet.learner.trainer import PPOTrainer
@@ -28,39 +29,6 @@ EXPECTED_KEYS = {
 def make_policy(seed: int = 0, hidden=(32, 32)) -> GaussianMLPPolicy:
     torch.manual_seed(seed)
     return GaussianMLPPolicy(S, D, K, PolicyConfig(hidden_sizes=list(hidden)))
-
-
-def make_segment(
-    policy, T: int, B: int, versions, seed: int = 0, logp_shift: float = 0.0, terminated=None, truncated=None
-) -> Segment:
-    """A segment whose actions / log-probs / values come from `policy` (plus an optional shift)."""
-    rng = np.random.default_rng(seed)
-    states = rng.normal(size=(T, B, S)).astype(np.float32)
-    with torch.no_grad():
-        out = policy.act({"states": torch.from_numpy(states.reshape(T * B, S))})
-    terminated = np.zeros((T, B), bool) if terminated is None else terminated
-    truncated = np.zeros((T, B), bool) if truncated is None else truncated
-    done = terminated | truncated
-    final_states = np.where(done[..., None], rng.normal(size=(T, B, S)), 0.0).astype(np.float32)
-    return Segment(
-        obs={"states": states},
-        actions=out["actions"].numpy().reshape(T, B, K, D),
-        logprobs=(out["logprobs"].numpy() + logp_shift).reshape(T, B).astype(np.float32),
-        values=out["values"].numpy().reshape(T, B),
-        rewards=rng.normal(size=(T, B)).astype(np.float32),
-        terminated=terminated,
-        truncated=truncated,
-        final_obs={"states": final_states},
-        next_obs={"states": rng.normal(size=(B, S)).astype(np.float32)},
-        versions=np.asarray(versions, np.int64),
-        task_ids=np.zeros(B, np.int64),
-        env_steps=np.array(T * B * K, np.int64),
-        ep_returns=np.zeros(0, np.float32),
-        ep_lengths=np.zeros(0, np.int32),
-        ep_success=np.zeros(0, bool),
-        ep_task_ids=np.zeros(0, np.int64),
-        extras={},
-    )
 
 
 def params_of(policy):
