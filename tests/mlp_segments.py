@@ -21,6 +21,7 @@ def make_segment(
     logp_shift: float = 0.0,
     terminated: np.ndarray | None = None,
     truncated: np.ndarray | None = None,
+    task_ids: np.ndarray | None = None,
 ) -> Segment:
     """A segment whose actions / log-probs / values come from `policy` (plus an optional shift)."""
     S, K, D = policy.state_dim, policy.chunk_size, policy.action_dim
@@ -43,7 +44,7 @@ def make_segment(
         final_obs={"states": final_states},
         next_obs={"states": rng.normal(size=(B, S)).astype(np.float32)},
         versions=np.asarray(versions, np.int64),
-        task_ids=np.zeros(B, np.int64),
+        task_ids=np.zeros(B, np.int64) if task_ids is None else np.asarray(task_ids, np.int64),
         env_steps=np.array(T * B * K, np.int64),
         ep_returns=np.zeros(0, np.float32),
         ep_lengths=np.zeros(0, np.int32),

@@ -9,6 +9,7 @@ from rlfleet.algorithms.advantages import (
     filter_groups_by_mean,
     group_relative_advantages,
     normalize_advantages,
+    normalize_advantages_per_task,
     spread_over_steps,
 )
 from rlfleet.algorithms.dagger import (
@@ -61,6 +62,7 @@ __all__ = [
     "lag_mask",
     "mix_policies",
     "normalize_advantages",
+    "normalize_advantages_per_task",
     "policy_lag",
     "policy_loss",
     "ppo_total_loss",

@@ -29,6 +29,29 @@ def normalize_advantages(adv: Tensor, eps: float = 1e-8, stats: tuple[float, flo
     return (adv - mean) / (std + eps)
 
 
+def normalize_advantages_per_task(
+    adv: Tensor, task_ids: Tensor, eps: float = 1e-8, stats: tuple[Tensor, Tensor] | None = None
+) -> Tensor:
+    """Normalise each task's advantages on their own: (A_i - mean_k) / (std_k + eps), k = task of i.
+
+    Population std per task, as `normalize_advantages`. Why: with one mean and std over a multitask
+    batch, the task whose returns vary most sets the scale and a task with rare successes is
+    whitened towards zero; per task, each task's better-than-usual actions weigh alike.
+    ``task_ids`` [N]: non-negative task indices. ``stats``: per-task (mean, std) indexed by task id,
+    computed elsewhere (over every rank's rows).
+    """
+    ids = task_ids.reshape(-1).long()
+    if stats is None:
+        n = int(ids.max()) + 1 if ids.numel() else 0
+        x = adv.double()
+        count = torch.zeros(n, dtype=torch.float64, device=adv.device).index_add_(0, ids, torch.ones_like(x))
+        mean = torch.zeros_like(count).index_add_(0, ids, x) / count.clamp(min=1)
+        var = torch.zeros_like(count).index_add_(0, ids, (x - mean[ids]) ** 2) / count.clamp(min=1)
+        stats = (mean, var.sqrt())
+    mean, std = stats
+    return ((adv.double() - mean[ids]) / (std[ids] + eps)).to(adv.dtype)
+
+
 def _group_stats(returns: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """Per-sample group mean and population std (float64), plus the inverse index.
 

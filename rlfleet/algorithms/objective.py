@@ -20,6 +20,7 @@ class Objective:
     estimator: str  # registered advantage estimator: gae | vtrace | grpo
     critic: bool  # a value head trains: bootstrap values, value loss, critic metrics
     normalize_advantages: bool  # whiten advantages per minibatch (GRPO's are normalised per group)
+    normalize_per_task: bool  # whiten advantages per task over the whole update instead
     kl_to_reference: bool  # kl_beta > 0: a KL penalty to the frozen reference (SFT) policy
 
     @property
@@ -34,11 +35,12 @@ class Objective:
 
 
 def objective(cfg: PPOConfig) -> Objective:
-    """The run's objective from ``algorithm.adv_type``, ``off_policy``, ``norm_adv`` and ``kl_beta``."""
+    """The run's objective from ``algorithm.adv_type``, ``off_policy``, ``norm_adv[_per_task]`` and ``kl_beta``."""
     name = estimator_name(cfg)
     return Objective(
         estimator=name,
         critic=name not in CRITIC_FREE,
-        normalize_advantages=cfg.norm_adv and name not in SELF_NORMALISED,
+        normalize_advantages=cfg.norm_adv and not cfg.norm_adv_per_task and name not in SELF_NORMALISED,
+        normalize_per_task=cfg.norm_adv and cfg.norm_adv_per_task and name not in SELF_NORMALISED,
         kl_to_reference=cfg.kl_beta > 0,
     )

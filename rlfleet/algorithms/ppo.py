@@ -51,6 +51,10 @@ class PPOConfig:
     ent_coef: float = 0.0
     max_grad_norm: float = 1.0
     norm_adv: bool = True
+    # Whiten advantages per task over the whole update (all ranks) instead of per minibatch: in a
+    # multitask batch the task whose returns vary most otherwise sets the scale, and a task with rare
+    # successes gets advantages near zero (docs/algorithms.md, "Per-task advantage normalisation").
+    norm_adv_per_task: bool = False
     update_epochs: int = 4
     num_minibatches: int = 4
     lr: float = 3e-4
@@ -104,6 +108,8 @@ class PPOConfig:
             raise ValueError(f"critic_warmup_updates must be >= 0, got {self.critic_warmup_updates}")
         if self.update_epochs < 1 or self.num_minibatches < 1:
             raise ValueError("update_epochs and num_minibatches must be >= 1")
+        if self.norm_adv_per_task and (not self.norm_adv or self.adv_type == "grpo"):
+            raise ValueError("norm_adv_per_task needs norm_adv and adv_type 'gae' (GRPO normalises per group)")
         if self.adv_type not in ("gae", "grpo"):
             raise ValueError(f"adv_type must be 'gae' or 'grpo', got {self.adv_type!r}")
         if self.off_policy not in ("truncated_is", "vtrace"):

@@ -38,6 +38,7 @@ from rlfleet.algorithms import (
     kl_to_reference,
     lag_mask,
     normalize_advantages,
+    normalize_advantages_per_task,
     policy_lag,
     policy_loss,
     truncated_importance_weights,
@@ -47,7 +48,7 @@ from rlfleet.algorithms.estimators import AdvantageInputs, Advantages, advantage
 from rlfleet.algorithms.objective import objective
 from rlfleet.algorithms.ppo import update_loss
 from rlfleet.algorithms.vtrace import chunk_log_ratio
-from rlfleet.learner.distributed import Ranks, SingleRank, global_mean_var
+from rlfleet.learner.distributed import Ranks, SingleRank, global_group_mean_var, global_mean_var
 from rlfleet.learner.metrics import policy_lag_counts
 from rlfleet.learner.sharding import (
     RowShard,
@@ -79,6 +80,7 @@ class Batch:
     returns: torch.Tensor
     lags: torch.Tensor
     logp_ref: torch.Tensor  # the reference (SFT) policy's log-prob; zeros without a KL penalty
+    task_ids: torch.Tensor  # [N] the task of each row's env
 
     def __len__(self) -> int:
         return int(self.actions.shape[0])
@@ -91,6 +93,10 @@ class Batch:
         if len(parts) == 1:  # nothing to join: the rows as they are, not a copy
             return parts[0]
         return Batch(**{f: _cat([getattr(p, f) for p in parts]) for f in Batch.__dataclass_fields__})
+
+
+# (lowest task id, per-task advantage mean, std): task k's statistics are at index k - lowest
+TaskStats = tuple[int, torch.Tensor, torch.Tensor]
 
 
 def _as_policy(module: nn.Module) -> Policy:
@@ -403,6 +409,7 @@ class PPOTrainer:
             est.returns.reshape(-1),
             lags,
             logp_ref,
+            self._t(seg.task_ids).repeat(T),  # row t*B + b is env b's
         )
         return batch, est.keep.reshape(-1)
 
@@ -464,12 +471,22 @@ class PPOTrainer:
         return self.ranks.broadcast_(perm)
 
     def _minibatch_step(
-        self, mb: Batch, mb_size: int, warmup: bool, sums: dict[str, list[float]], stand_in: Batch
+        self,
+        mb: Batch,
+        mb_size: int,
+        warmup: bool,
+        sums: dict[str, list[float]],
+        stand_in: Batch,
+        task_stats: TaskStats | None = None,
     ) -> None:
-        """One optimiser step on this rank's rows of a minibatch of `mb_size` rows (all ranks)."""
+        """One optimiser step on this rank's rows of a minibatch of `mb_size` rows (all ranks).
+        ``task_stats``: whiten the advantages with their task's statistics over the whole update."""
         n = len(mb)
         adv = mb.advantages
-        if self.objective.normalize_advantages:  # over the whole minibatch, all ranks
+        if task_stats is not None:
+            lo, task_mean, task_std = task_stats
+            adv = normalize_advantages_per_task(adv, mb.task_ids - lo, stats=(task_mean, task_std))
+        elif self.objective.normalize_advantages:  # over the whole minibatch, all ranks
             ((mean, var),) = global_mean_var(self.ranks, adv)
             adv = normalize_advantages(adv, stats=(mean, var**0.5))
         train_actor, train_critic = self.objective.trains(warmup)
@@ -590,6 +607,7 @@ class PPOTrainer:
             return {"train/dropped_samples": float(total), **received}
         self._training_model()  # before prepare: a resumed run's weights reach every rank first
         batch, stand_in = self._prepare_shard(segments, shard, version, advantages)
+        task_stats = self._task_advantage_stats(batch, segments) if self.objective.normalize_per_task else None
         mb_size = minibatch_size(shard.num_rows, self.cfg.num_minibatches)
         where = shard.local_positions(self.device)
         warmup = self.updates < self.cfg.critic_warmup_updates
@@ -599,7 +617,7 @@ class PPOTrainer:
         for _ in range(self.cfg.update_epochs):
             perm = self._shared_permutation(shard.num_rows)
             for local in minibatch_rows(where, perm, mb_size):
-                self._minibatch_step(batch.select(local), mb_size, warmup, sums, stand_in)
+                self._minibatch_step(batch.select(local), mb_size, warmup, sums, stand_in, task_stats)
         # Whitening stats move after the update, so the log-probs above were computed with the
         # same normalisation the behaviour policy used (lag-0 ratios start at exactly 1).
         self._update_normalization(segments, batch, version, advantages)
@@ -616,6 +634,14 @@ class PPOTrainer:
             out["train/obs_norm_clipped_values"] = float(norm.clipped_values)
         out["train/samples"] = float(shard.num_rows)
         return out
+
+    def _task_advantage_stats(self, batch: Batch, segments: list[Segment]) -> TaskStats:
+        """Each task's advantage mean and std over the whole update, every rank's rows (all ranks
+        call it). Every rank holds the same segments, so the task numbering (shifted to 0) agrees."""
+        ids = [s.task_ids for s in segments if s.num_envs]
+        lo, hi = min(int(t.min()) for t in ids), max(int(t.max()) for t in ids)
+        mean, var = global_group_mean_var(self.ranks, batch.advantages, batch.task_ids - lo, hi - lo + 1)
+        return lo, mean, var.sqrt()
 
     def _update_normalization(
         self, segments: list[Segment], batch: Batch, version: int, advantages: list[Advantages] | None

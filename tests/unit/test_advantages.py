@@ -11,6 +11,7 @@ from rlfleet.algorithms import (
     filter_groups_by_mean,
     group_relative_advantages,
     normalize_advantages,
+    normalize_advantages_per_task,
     spread_over_steps,
 )
 
@@ -46,6 +47,33 @@ def test_normalize_random_moments():
 def test_normalize_constant_and_single_element_is_zero():
     np.testing.assert_array_equal(normalize_advantages(torch.full((5,), 3.0)).numpy(), np.zeros(5))
     np.testing.assert_array_equal(normalize_advantages(torch.tensor([2.0])).numpy(), [0.0])
+
+
+def test_per_task_normalisation_matches_a_loop_per_task():
+    rng = np.random.default_rng(1)
+    task_ids = rng.choice([0, 2, 5], size=300)  # task ids with gaps
+    # tasks on very different scales: one mean and std over all would squash tasks 0 and 2
+    adv = rng.normal(size=300) * np.where(task_ids == 5, 100.0, 1.0) + np.where(task_ids == 2, 3.0, 0.0)
+    out = normalize_advantages_per_task(torch.tensor(adv), torch.tensor(task_ids)).numpy()
+    ref = np.zeros(300)
+    for i in range(300):
+        same = [adv[j] for j in range(300) if task_ids[j] == task_ids[i]]
+        mean = sum(same) / len(same)
+        std = math.sqrt(sum((x - mean) ** 2 for x in same) / len(same))
+        ref[i] = (adv[i] - mean) / (std + 1e-8)
+    np.testing.assert_allclose(out, ref, rtol=1e-10)
+    for k in (0, 2, 5):  # each task: mean 0, std 1
+        assert abs(out[task_ids == k].mean()) < 1e-10 and abs(out[task_ids == k].std() - 1.0) < 1e-7
+    # float32 in, float32 out; a task of one row (or all equal) gets 0; given stats are used as they are
+    one = normalize_advantages_per_task(torch.tensor([1.0, 5.0, 7.0]), torch.tensor([0, 1, 1]))
+    assert one.dtype == torch.float32 and one[0].item() == 0.0
+    given = normalize_advantages_per_task(
+        torch.tensor([1.0, 5.0]),
+        torch.tensor([0, 1]),
+        eps=0.0,
+        stats=(torch.tensor([0.0, 1.0]), torch.tensor([2.0, 4.0])),
+    )
+    torch.testing.assert_close(given, torch.tensor([0.5, 1.0]))
 
 
 def test_grpo_hand_made_groups():

@@ -3,7 +3,7 @@
 The equivalence test starts two rank processes the way torchrun would (WORLD_SIZE / RANK /
 LOCAL_RANK / MASTER_ADDR / MASTER_PORT in the environment; this file is their script) and
 compares their weights, Adam moments and metrics after three updates with one process doing the
-same updates, for PPO with critic warm-up, PPO with V-trace and GRPO.
+same updates, for PPO with critic warm-up, PPO with V-trace, PPO with per-task advantage normalisation and GRPO.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ _BASE = dict(update_epochs=2, num_minibatches=3, lr=3e-3, max_policy_lag=2, ent_
 SCENARIOS = {
     "gae_warmup": PPOConfig(**_BASE, critic_warmup_updates=1),  # the actor sits out the first update
     "vtrace": PPOConfig(**_BASE, off_policy="vtrace"),
+    "task_norm": PPOConfig(**_BASE, norm_adv_per_task=True),  # per-task statistics over both ranks' rows
     "grpo": PPOConfig(**_BASE, adv_type="grpo", group_size=2),  # critic-free: the critic sits out
 }
 
@@ -72,7 +73,7 @@ def make_segment(behaviour: GaussianMLPPolicy, B: int, versions, seed: int, grpo
         final_obs={"states": final},
         next_obs={"states": rng.normal(size=(B, S)).astype(np.float32)},
         versions=np.asarray(versions, np.int64),
-        task_ids=np.zeros(B, np.int64),
+        task_ids=np.arange(B, dtype=np.int64) % 2 + 1,  # two tasks, split across the ranks' columns
         env_steps=np.array(T * B * K, np.int64),
         ep_returns=np.zeros(1, np.float32),
         ep_lengths=np.ones(1, np.int32),

@@ -25,6 +25,16 @@ def test_objective_per_algorithm():
     assert grpo.whole_segment_advantages
 
 
+def test_per_task_normalisation_replaces_the_minibatch_one():
+    o = objective(PPOConfig(norm_adv_per_task=True))
+    assert (o.normalize_per_task, o.normalize_advantages) == (True, False)
+    assert not objective(PPOConfig()).normalize_per_task
+    with pytest.raises(ValueError, match="norm_adv_per_task needs"):
+        PPOConfig(adv_type="grpo", norm_adv_per_task=True)  # GRPO normalises per group already
+    with pytest.raises(ValueError, match="norm_adv_per_task needs"):
+        PPOConfig(norm_adv=False, norm_adv_per_task=True)
+
+
 @pytest.mark.parametrize("adv_type, critic", [("gae", True), ("grpo", False)])
 def test_what_trains(adv_type, critic):
     o = objective(PPOConfig(adv_type=adv_type))

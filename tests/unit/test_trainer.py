@@ -335,3 +335,27 @@ def test_observation_keys_the_policy_does_not_read_change_nothing():
     assert outs[0] == outs[1]
     for a, b in zip(policies[0].parameters(), policies[1].parameters()):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("per_task", [False, True])
+def test_advantage_normalisation_per_minibatch_or_per_task(per_task):
+    """The first (and only) minibatch's policy loss from the formula: advantages whitened over the
+    minibatch, or per task over the whole update (task ids with a gap and a negative one)."""
+    policy = make_policy()
+    tasks = np.array([-1, -1, 3, 3, 3, 0])
+    seg = make_segment(policy, 8, 6, [0] * 8, seed=3, task_ids=tasks)
+    seg.rewards[:, tasks == 3] *= 50.0  # one task's returns dwarf the others'
+    cfg = PPOConfig(update_epochs=1, num_minibatches=1, norm_adv_per_task=per_task, critic_warmup_updates=0)
+    trainer = PPOTrainer(policy, cfg)
+    batch = trainer.prepare([seg], version=0)
+    with torch.no_grad():
+        logp, _, _ = policy.evaluate(batch.obs, batch.actions, batch.extras)
+    adv, row_tasks = batch.advantages.double().numpy(), np.tile(tasks, 8)
+    assert np.array_equal(batch.task_ids.numpy(), row_tasks)
+    groups = [row_tasks == k for k in (-1, 0, 3)] if per_task else [np.ones(len(adv), bool)]
+    for g in groups:
+        adv[g] = (adv[g] - adv[g].mean()) / (adv[g].std() + 1e-8)
+    ratio = np.exp(logp.double().numpy() - batch.logp_old.double().numpy())
+    want = np.mean(np.maximum(-adv * ratio, -adv * np.clip(ratio, 0.8, 1.2)))
+    metrics = trainer.update([seg], version=0)
+    assert metrics["train/actor/policy_loss"] == pytest.approx(want, rel=1e-5, abs=1e-7)

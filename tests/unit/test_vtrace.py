@@ -6,12 +6,12 @@ import math
 import numpy as np
 import pytest
 import torch
+from mlp_segments import make_segment
 
 from rlfleet.algorithms import PPOConfig, bootstrap_next_values, compute_gae
 from rlfleet.algorithms.vtrace import chunk_log_ratio, vtrace
 from rlfleet.learner.trainer import PPOTrainer
 from rlfleet.policies import GaussianMLPPolicy, PolicyConfig
-from rlfleet.wire.segment import Segment
 
 
 def naive_vtrace(log_rho, r, V, V_last, term, trunc, V_final, gamma, rho_bar, c_bar, lam):
@@ -120,34 +120,6 @@ def test_chunk_log_ratio_sums_over_logprob_dims_and_is_exactly_zero_when_equal()
 S, D, K = 5, 2, 1
 
 
-def make_segment(policy, T, B, versions, logp_shift, seed=0, term=None, trunc=None):
-    rng = np.random.default_rng(seed)
-    states = rng.normal(size=(T, B, S)).astype(np.float32)
-    with torch.no_grad():
-        out = policy.act({"states": torch.from_numpy(states.reshape(T * B, S))})
-    term = np.zeros((T, B), bool) if term is None else term
-    trunc = np.zeros((T, B), bool) if trunc is None else trunc
-    return Segment(
-        obs={"states": states},
-        actions=out["actions"].numpy().reshape(T, B, K, D),
-        logprobs=(out["logprobs"].numpy() + logp_shift).reshape(T, B).astype(np.float32),
-        values=out["values"].numpy().reshape(T, B),
-        rewards=rng.normal(size=(T, B)).astype(np.float32),
-        terminated=term,
-        truncated=trunc,
-        final_obs={"states": np.where((term | trunc)[..., None], rng.normal(size=(T, B, S)), 0).astype(np.float32)},
-        next_obs={"states": rng.normal(size=(B, S)).astype(np.float32)},
-        versions=np.asarray(versions, np.int64),
-        task_ids=np.zeros(B, np.int64),
-        env_steps=np.array(T * B * K, np.int64),
-        ep_returns=np.zeros(0, np.float32),
-        ep_lengths=np.zeros(0, np.int32),
-        ep_success=np.zeros(0, bool),
-        ep_task_ids=np.zeros(0, np.int64),
-        extras={},
-    )
-
-
 def make_policy():
     torch.manual_seed(0)
     return GaussianMLPPolicy(S, D, K, PolicyConfig(hidden_sizes=[16, 16]))
@@ -160,7 +132,7 @@ def test_trainer_vtrace_at_zero_lag_has_unit_weights_and_gae_targets():
     trunc = np.zeros((6, 3), bool)
     trunc[4, 0] = True
     # behaviour log-probs far from the learner's: at lag 0 they *are* pi_old, so rho = c = 1 exactly
-    seg = make_segment(policy, 6, 3, [4] * 6, logp_shift=0.7, term=term, trunc=trunc)
+    seg = make_segment(policy, 6, 3, [4] * 6, logp_shift=0.7, terminated=term, truncated=trunc)
     vt = PPOTrainer(policy, PPOConfig(off_policy="vtrace", gamma=0.9, gae_lambda=0.8)).prepare([seg], version=4)
     gae = PPOTrainer(policy, PPOConfig(gamma=0.9, gae_lambda=0.8)).prepare([seg], version=4)
     assert torch.equal(vt.is_weights, torch.ones(18))
