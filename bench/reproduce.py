@@ -11,7 +11,9 @@ eval/* curves to TensorBoard. Then it writes DIR/results.md (per task and mean: 
 after as mean +- standard error over seeds, the exact commands, the commit, the wall time) and PNG
 plots of success against env steps and against wall clock (mean, standard error band and each seed).
 
-`--report-only` rebuilds the page and plots from the runs already in DIR.
+`--report-only` rebuilds the page and plots from the runs already in DIR. A command that was cut
+(or one that failed) keeps its finished seeds: run it again with the same DIR and it skips every
+seed whose summary.json exists (`--fresh` reruns them all); the page names each seed's commit.
 """
 
 from __future__ import annotations
@@ -86,14 +88,18 @@ def curve_metric(summary: dict[str, Any]) -> str:
 
 
 def read_curves(tensorboard_dir: Path, metric: str = "success_once") -> dict[str, np.ndarray]:
-    """eval/<metric> and eval/elapsed_s of one run as arrays: steps, seconds, success (the metric)."""
+    """eval/<metric> and eval/elapsed_s of one run as arrays: steps, seconds, success (the metric).
+    A run without TensorBoard (runner.logger.tensorboard=false) has only its end points: empty arrays."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+    empty = {"steps": np.zeros(0), "seconds": np.zeros(0), "success": np.zeros(0)}
+    if not tensorboard_dir.is_dir():
+        return empty
     acc = EventAccumulator(str(tensorboard_dir), size_guidance={"scalars": 0})
     acc.Reload()
     tags = set(acc.Tags().get("scalars", []))
     if f"eval/{metric}" not in tags:
-        return {"steps": np.zeros(0), "seconds": np.zeros(0), "success": np.zeros(0)}
+        return empty
     success = acc.Scalars(f"eval/{metric}")
     elapsed = {e.step: e.value for e in acc.Scalars("eval/elapsed_s")} if "eval/elapsed_s" in tags else {}
     steps = np.array([e.step for e in success], np.float64)
@@ -253,6 +259,14 @@ def results_markdown(
     return "\n".join(lines)
 
 
+def seed_commits(recorded: dict[str, Any], seeds: int) -> str:
+    """The commit the seeds ran at, or each seed's where they differ (a resumed command)."""
+    per_seed = [recorded.get("commits", {}).get(str(s), recorded.get("commit", "unknown")) for s in range(seeds)]
+    if len(set(per_seed)) == 1:
+        return per_seed[0]
+    return ", ".join(f"seed {s}: {c}" for s, c in enumerate(per_seed))
+
+
 def git_commit() -> str:
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
@@ -281,6 +295,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", type=int, default=3, help="training seeds 0..N-1")
     p.add_argument("--out", help="folder for the runs, results.md and plots (default: runs/reproduce/RECIPE)")
     p.add_argument("--report-only", action="store_true", help="only rebuild the page from the runs in --out")
+    p.add_argument(
+        "--fresh", action="store_true", help="rerun seeds that finished in --out before (default: keep them)"
+    )
     args = p.parse_intermixed_args(argv)  # overrides may follow the options
     if args.seeds < 1:
         p.error("--seeds must be >= 1")
@@ -293,15 +310,19 @@ def main(argv: list[str] | None = None) -> int:
     commands, walls = [], []
     wall_file = out / "wall_seconds.json"
     recorded = json.loads(wall_file.read_text()) if wall_file.exists() else {}
-    if not args.report_only:  # the code that trains is the code at launch, whatever is committed later
-        recorded["commit"] = git_commit()
+    # The code that trains is the code at each seed's launch, whatever is committed later.
+    commits = recorded.setdefault("commits", {})
     for seed in range(args.seeds):
         run_dir = out / f"seed{seed}"
         cmd = seed_command(args.recipe, seed, run_dir, args.overrides)
         commands.append(shlex.join(cmd))
-        if args.report_only:
+        finished = (run_dir / "summary.json").exists() and not args.fresh
+        if args.report_only or finished:
+            if finished and not args.report_only:
+                print(f"[reproduce] seed {seed}: finished before ({run_dir / 'summary.json'}), kept", flush=True)
             walls.append(float(recorded.get(str(seed), math.nan)))
             continue
+        commits[str(seed)] = git_commit()
         print(f"[reproduce] seed {seed}: {shlex.join(cmd)}", flush=True)
         t0 = time.monotonic()
         with open(out / f"seed{seed}.log", "wb") as log:
@@ -332,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{cfg.eval.episodes_per_task} episodes per task from seed {cfg.eval.seed}, deterministic policy; "
         "curves: periodic evaluation during training"
     )
-    page = results_markdown(name, agg, commands, recorded.get("commit", git_commit()), walls, plots, note)
+    page = results_markdown(name, agg, commands, seed_commits(recorded, args.seeds), walls, plots, note)
     (out / "results.md").write_text(page)
     (out / "results.json").write_text(json.dumps(agg, indent=2))
     print(page)

@@ -138,3 +138,21 @@ def test_chained_runs_report_their_chain_metrics_and_plot_subtasks(tmp_path):
     assert list(curves[1]["success"]) == pytest.approx([0.08, 0.4, 0.20])  # before, periodic, final
     png = reproduce.plot_curves(curves, "steps", tmp_path / "calvin_steps.png", "calvin", "avg_num_subtasks")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_rerun_keeps_the_seeds_that_finished(tmp_path, capsys, monkeypatch):
+    """Run again after a cut: seeds with a summary.json are not trained again; the page names
+    each seed's commit. Here every seed finished, so no training process starts."""
+    import json
+
+    for seed, summary in enumerate(SUMMARIES[:2]):
+        (tmp_path / f"seed{seed}").mkdir()
+        (tmp_path / f"seed{seed}" / "summary.json").write_text(json.dumps(summary))
+    (tmp_path / "wall_seconds.json").write_text(json.dumps({"0": 60.0, "1": 70.0, "commits": {"0": "aaa", "1": "bbb"}}))
+    monkeypatch.setattr(reproduce.subprocess, "run", lambda *a, **k: pytest.fail("a finished seed was rerun"))
+    assert reproduce.main(["metaworld_reach_ppo", "--seeds", "2", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "seed 0: finished before" in out and "seed 1: finished before" in out
+    page = (tmp_path / "results.md").read_text()
+    assert "Commit: `seed 0: aaa, seed 1: bbb`." in page and "total 2.2 min" in page
+    assert reproduce.seed_commits({"commit": "old"}, 2) == "old"  # a page written before per-seed commits
