@@ -150,6 +150,10 @@ class DemosConfig:
     num_workers: int = 2
     seed: int = 0
     cache_dir: str = "cache"
+    # The env.task string the demos are collected on (empty: env.task): RL
+    # can then train on every layout (RoboTwin split `any`) while the demos come from the
+    # expert-solvable train split.
+    task: str = ""
 
 
 @dataclass

@@ -32,8 +32,8 @@ def demos_folder(cfg: DictConfig) -> Path:
     d = cfg.demos
     if d.path:
         return Path(d.path)
-    env = cfg.env
-    key = _key("demos", env.task, env.image_size, env.camera, env.max_episode_steps, d.episodes_per_task, d.seed)
+    env, task = cfg.env, d.task or cfg.env.task
+    key = _key("demos", task, env.image_size, env.camera, env.max_episode_steps, d.episodes_per_task, d.seed)
     return Path(d.cache_dir) / f"demos-{key}"
 
 
@@ -71,9 +71,8 @@ def ensure_sft_checkpoint(cfg: DictConfig, progress: bool = True) -> Path:
         if cfg.demos.path:
             raise FileNotFoundError(f"demos.path {demos} holds no demo dataset (index.json)")
         log.info("collecting %d expert demos per task into %s", cfg.demos.episodes_per_task, demos)
-        collect_env_demos(
-            demos, EnvConfig(**as_dict(cfg.env)), cfg.demos.episodes_per_task, seed=cfg.demos.seed, progress=progress
-        )
+        env = EnvConfig(**{**as_dict(cfg.env), "task": cfg.demos.task or cfg.env.task})
+        collect_env_demos(demos, env, cfg.demos.episodes_per_task, seed=cfg.demos.seed, progress=progress)
     log.info("behaviour cloning %s on %s -> %s", cfg.policy.get("name"), demos, ckpt)
     sft_cfg = SFTConfig(**as_dict(cfg.sft))
     run_sft(demos, ckpt, policy_settings(cfg), EnvConfig(**as_dict(cfg.env)), sft_cfg, progress=progress)

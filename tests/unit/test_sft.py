@@ -124,3 +124,28 @@ def test_mlp_sft_fits_observation_statistics_to_the_demos():
     train_sft(policy, data, SFTConfig(steps=2, batch_size=8), progress=False)
     np.testing.assert_allclose(policy.obs_norm.mean.numpy(), data.obs["states"].mean(0), atol=1e-3)
     np.testing.assert_allclose(policy.obs_norm.var.numpy(), data.obs["states"].var(0), rtol=1e-2)
+
+
+def test_demos_task_collects_on_its_own_tasks_and_keeps_their_cache(tmp_path, monkeypatch):
+    """RL on any layout (`env.task=...:any`) from demos of the train split (`demos.task`): the demo
+    and SFT caches are those of a run whose env.task was the train split."""
+    from rlfleet.config import load_config
+    from rlfleet.runs import bootstrap
+
+    train, every = "click_bell:train,adjust_bottle:train", "click_bell:any,adjust_bottle:any"
+    recipe, cache = "robotwin_multitask_ppo_mlp_cpu", f"demos.cache_dir={tmp_path}"
+    on_train = load_config(recipe, [f"env.task={train}", cache])
+    split = load_config(recipe, [f"env.task={every}", f"demos.task={train}", cache])
+    assert bootstrap.demos_folder(split) == bootstrap.demos_folder(on_train)
+    assert bootstrap.sft_folder(split) == bootstrap.sft_folder(on_train)
+    assert bootstrap.demos_folder(load_config(recipe, [f"env.task={every}", cache])) != bootstrap.demos_folder(on_train)
+
+    class Collected(Exception):
+        pass
+
+    def collect(folder, env, episodes, seed, progress):
+        raise Collected(env.task)
+
+    monkeypatch.setattr(bootstrap, "collect_env_demos", collect)
+    with pytest.raises(Collected, match=f"^{train}$"):
+        bootstrap.ensure_sft_checkpoint(split, progress=False)
