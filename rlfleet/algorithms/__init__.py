@@ -7,6 +7,7 @@ formula-to-function map.
 
 from rlfleet.algorithms.advantages import (
     filter_groups_by_mean,
+    group_mean_var,
     group_relative_advantages,
     normalize_advantages,
     normalize_advantages_per_task,
@@ -62,6 +63,7 @@ __all__ = [
     "lag_mask",
     "mix_policies",
     "normalize_advantages",
+    "group_mean_var",
     "normalize_advantages_per_task",
     "policy_lag",
     "policy_loss",

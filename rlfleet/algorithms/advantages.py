@@ -5,6 +5,8 @@ group is several rollouts of the same task/seed."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
@@ -29,6 +31,28 @@ def normalize_advantages(adv: Tensor, eps: float = 1e-8, stats: tuple[float, flo
     return (adv - mean) / (std + eps)
 
 
+def group_mean_var(
+    x: Tensor, groups: Tensor, num_groups: int, all_reduce: Callable[[Tensor], Tensor] | None = None
+) -> tuple[Tensor, Tensor]:
+    """Per-group mean and population variance of ``x`` [N] (float64, [num_groups] each).
+
+    ``groups`` [N]: each element's group in [0, num_groups). ``all_reduce``: an in-place sum over
+    processes (the learner's DDP ranks), so the statistics cover every rank's elements; two passes,
+    two reductions. A group with no elements gets NaNs.
+    """
+    flat, g = x.detach().reshape(-1).to(torch.float64), groups.reshape(-1).long()
+    sums = torch.zeros(2, num_groups, dtype=torch.float64, device=flat.device)
+    sums[0].index_add_(0, g, flat)
+    sums[1].index_add_(0, g, torch.ones_like(flat))
+    if all_reduce is not None:
+        all_reduce(sums)
+    mean = sums[0] / sums[1]
+    sq = torch.zeros(num_groups, dtype=torch.float64, device=flat.device).index_add_(0, g, (flat - mean[g]) ** 2)
+    if all_reduce is not None:
+        all_reduce(sq)
+    return mean, sq / sums[1]
+
+
 def normalize_advantages_per_task(
     adv: Tensor, task_ids: Tensor, eps: float = 1e-8, stats: tuple[Tensor, Tensor] | None = None
 ) -> Tensor:
@@ -38,15 +62,11 @@ def normalize_advantages_per_task(
     batch, the task whose returns vary most sets the scale and a task with rare successes is
     whitened towards zero; per task, each task's better-than-usual actions weigh alike.
     ``task_ids`` [N]: non-negative task indices. ``stats``: per-task (mean, std) indexed by task id,
-    computed elsewhere (over every rank's rows).
+    computed elsewhere (`group_mean_var` over every rank's rows); None: from ``adv`` itself.
     """
     ids = task_ids.reshape(-1).long()
     if stats is None:
-        n = int(ids.max()) + 1 if ids.numel() else 0
-        x = adv.double()
-        count = torch.zeros(n, dtype=torch.float64, device=adv.device).index_add_(0, ids, torch.ones_like(x))
-        mean = torch.zeros_like(count).index_add_(0, ids, x) / count.clamp(min=1)
-        var = torch.zeros_like(count).index_add_(0, ids, (x - mean[ids]) ** 2) / count.clamp(min=1)
+        mean, var = group_mean_var(adv, ids, int(ids.max()) + 1 if ids.numel() else 0)
         stats = (mean, var.sqrt())
     mean, std = stats
     return ((adv.double() - mean[ids]) / (std[ids] + eps)).to(adv.dtype)
@@ -65,14 +85,9 @@ def _group_stats(returns: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor, Te
             f"returns and group_ids must be 1-D of equal length, got "
             f"{tuple(returns.shape)} and {tuple(group_ids.shape)}"
         )
-    r = returns.to(torch.float64)
     _, inverse = torch.unique(group_ids, return_inverse=True)
     n_groups = int(inverse.max().item()) + 1 if inverse.numel() > 0 else 0
-    counts = torch.zeros(n_groups, dtype=r.dtype, device=r.device).index_add_(0, inverse, torch.ones_like(r))
-    sums = torch.zeros(n_groups, dtype=r.dtype, device=r.device).index_add_(0, inverse, r)
-    mean = sums / counts
-    sq_dev = (r - mean[inverse]) ** 2
-    var = torch.zeros(n_groups, dtype=r.dtype, device=r.device).index_add_(0, inverse, sq_dev) / counts
+    mean, var = group_mean_var(returns, inverse, n_groups)
     return mean[inverse], var.sqrt()[inverse], inverse
 
 

@@ -313,22 +313,3 @@ def global_mean_var(ranks: Ranks, *xs: torch.Tensor) -> list[tuple[float, float]
     ranks.all_reduce_(sq)
     var = sq / sums[1::2]
     return [(float(m), float(v)) for m, v in zip(means.tolist(), var.tolist())]
-
-
-def global_group_mean_var(
-    ranks: Ranks, x: torch.Tensor, groups: torch.Tensor, num_groups: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-group (mean, population variance) of ``x`` [N] over all ranks, float64 [num_groups] each.
-
-    ``groups`` [N]: each element's group in [0, num_groups), the same numbering on every rank. As
-    `global_mean_var`, two passes and two all-reduces; a group with no elements anywhere gets NaNs.
-    """
-    flat, g = x.detach().reshape(-1).double(), groups.reshape(-1).long()
-    sums = torch.zeros(2, num_groups, dtype=torch.float64, device=flat.device)
-    sums[0].index_add_(0, g, flat)
-    sums[1].index_add_(0, g, torch.ones_like(flat))
-    ranks.all_reduce_(sums)
-    means = sums[0] / sums[1]
-    sq = torch.zeros(num_groups, dtype=torch.float64, device=flat.device).index_add_(0, g, (flat - means[g]) ** 2)
-    ranks.all_reduce_(sq)
-    return means, sq / sums[1]

@@ -35,6 +35,7 @@ from torch import nn
 from rlfleet.algorithms import (
     PPOConfig,
     bootstrap_next_values,
+    group_mean_var,
     kl_to_reference,
     lag_mask,
     normalize_advantages,
@@ -48,7 +49,7 @@ from rlfleet.algorithms.estimators import AdvantageInputs, Advantages, advantage
 from rlfleet.algorithms.objective import objective
 from rlfleet.algorithms.ppo import update_loss
 from rlfleet.algorithms.vtrace import chunk_log_ratio
-from rlfleet.learner.distributed import Ranks, SingleRank, global_group_mean_var, global_mean_var
+from rlfleet.learner.distributed import Ranks, SingleRank, global_mean_var
 from rlfleet.learner.metrics import policy_lag_counts
 from rlfleet.learner.sharding import (
     RowShard,
@@ -640,7 +641,7 @@ class PPOTrainer:
         call it). Every rank holds the same segments, so the task numbering (shifted to 0) agrees."""
         ids = [s.task_ids for s in segments if s.num_envs]
         lo, hi = min(int(t.min()) for t in ids), max(int(t.max()) for t in ids)
-        mean, var = global_group_mean_var(self.ranks, batch.advantages, batch.task_ids - lo, hi - lo + 1)
+        mean, var = group_mean_var(batch.advantages, batch.task_ids - lo, hi - lo + 1, self.ranks.all_reduce_)
         return lo, mean, var.sqrt()
 
     def _update_normalization(
