@@ -12,8 +12,12 @@ after as mean +- standard error over seeds, the exact commands, the commit, the 
 plots of success against env steps and against wall clock (mean, standard error band and each seed).
 
 `--report-only` rebuilds the page and plots from the runs already in DIR. A command that was cut
-(or one that failed) keeps its finished seeds: run it again with the same DIR and it skips every
-seed whose summary.json exists (`--fresh` reruns them all); the page names each seed's commit.
+(or one that failed) keeps its work: run it again with the same DIR and it skips every seed that
+finished its budget, and continues (`rlfleet train --resume`) every seed that has a checkpoint:
+one cut mid-run, or one that finished a smaller `runner.total_env_steps` than the command now asks
+for, so a 1M-step result extends to 3M without rerunning the first million. A resumed seed keeps
+its first evaluation of the starting policy. `--fresh` reruns every seed from scratch. The page
+names each seed's commit and where it was resumed.
 """
 
 from __future__ import annotations
@@ -220,6 +224,7 @@ def results_markdown(
     wall_seconds: list[float],
     plots: dict[str, str],
     eval_note: str,
+    resumed: str = "",
 ) -> str:
     """The results page: success before / after per task and mean (%, mean +- SE over seeds)."""
     n = agg["seeds"]
@@ -248,7 +253,7 @@ def results_markdown(
         "",
         f"Env steps per seed: {steps}. Training seconds per seed: {train}. Wall seconds per seed "
         f"(whole command: start-up, evaluations, training): {walls}; total {sum(wall_seconds) / 60:.1f} min.",
-        f"Commit: `{commit}`.",
+        f"Commit: `{commit}`." + (f" {resumed}" if resumed else ""),
         "",
     ]
     for label, path in plots.items():
@@ -273,6 +278,28 @@ def git_commit() -> str:
 
     head = git("rev-parse", "--short=12", "HEAD") or "unknown"
     return head + (" (with uncommitted changes)" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
+def seed_state(run_dir: Path, total_env_steps: int, wall_budget: bool) -> tuple[str, int | None]:
+    """What a rerun does with a seed: "done" (kept), "resume" (from its last checkpoint) or "fresh",
+    and the env steps it had reached (None when unknown: a cut run without a summary)."""
+    summary = run_dir / "summary.json"
+    steps = int(json.loads(summary.read_text())["env_steps"]) if summary.exists() else None
+    if steps is not None and (wall_budget or not total_env_steps or steps >= total_env_steps):
+        return "done", steps  # a wall-clock budget ends runs early by design: never extend them
+    if (run_dir / "checkpoints" / "latest").exists():
+        return "resume", steps
+    return "fresh", None
+
+
+def resume_notes(recorded: dict[str, Any], seeds: int) -> str:
+    """One line naming the seeds that were continued from a checkpoint, and from where."""
+    parts = []
+    for s in range(seeds):
+        for r in recorded.get("resumed", {}).get(str(s), []):
+            at = f"{r['from_env_steps']:,} env steps" if r.get("from_env_steps") is not None else "its last checkpoint"
+            parts.append(f"seed {s} from {at} (commit {r['commit']})")
+    return f"Resumed (`--resume`, same folder): {'; '.join(parts)}." if parts else ""
 
 
 def seed_command(recipe: str, seed: int, run_dir: Path, overrides: list[str]) -> list[str]:
@@ -312,22 +339,33 @@ def main(argv: list[str] | None = None) -> int:
     recorded = json.loads(wall_file.read_text()) if wall_file.exists() else {}
     # The code that trains is the code at each seed's launch, whatever is committed later.
     commits = recorded.setdefault("commits", {})
+    from rlfleet.config import load_config
+
+    cfg = load_config(args.recipe, args.overrides)
+    budget, wall_budget = int(cfg.runner.total_env_steps or 0), bool(cfg.runner.max_wall_seconds)
     for seed in range(args.seeds):
         run_dir = out / f"seed{seed}"
         cmd = seed_command(args.recipe, seed, run_dir, args.overrides)
         commands.append(shlex.join(cmd))
-        finished = (run_dir / "summary.json").exists() and not args.fresh
-        if args.report_only or finished:
-            if finished and not args.report_only:
+        state, reached = ("fresh", None) if args.fresh else seed_state(run_dir, budget, wall_budget)
+        if args.report_only or state == "done":
+            if state == "done" and not args.report_only:
                 print(f"[reproduce] seed {seed}: finished before ({run_dir / 'summary.json'}), kept", flush=True)
             walls.append(float(recorded.get(str(seed), math.nan)))
             continue
-        commits[str(seed)] = git_commit()
-        print(f"[reproduce] seed {seed}: {shlex.join(cmd)}", flush=True)
+        run = cmd + (["--resume"] if state == "resume" else [])
+        if state == "resume":
+            resumes = recorded.setdefault("resumed", {}).setdefault(str(seed), [])
+            resumes.append({"from_env_steps": reached, "commit": git_commit()})
+        else:
+            commits[str(seed)] = git_commit()
+            recorded.get("resumed", {}).pop(str(seed), None)
+            recorded.pop(str(seed), None)
+        print(f"[reproduce] seed {seed}: {shlex.join(run)}", flush=True)
         t0 = time.monotonic()
-        with open(out / f"seed{seed}.log", "wb") as log:
-            res = subprocess.run([sys.executable, "-m", "rlfleet.cli", *cmd[1:]], stdout=log, stderr=subprocess.STDOUT)
-        walls.append(time.monotonic() - t0)
+        with open(out / f"seed{seed}.log", "ab" if state == "resume" else "wb") as log:
+            res = subprocess.run([sys.executable, "-m", "rlfleet.cli", *run[1:]], stdout=log, stderr=subprocess.STDOUT)
+        walls.append(time.monotonic() - t0 + float(recorded.get(str(seed), 0.0)))  # a resumed seed's lives add up
         recorded[str(seed)] = walls[-1]
         wall_file.write_text(json.dumps(recorded, indent=2))
         if res.returncode != 0:
@@ -346,14 +384,13 @@ def main(argv: list[str] | None = None) -> int:
     for x, label in (("steps", f"{what} vs env steps"), ("seconds", f"{what} vs wall clock")):
         path = plot_curves(curves, x, out / f"{name}_{x}.png", f"{name}: {label}", metric)
         plots[label] = path.name
-    from rlfleet.config import load_config
-
-    cfg = load_config(args.recipe, args.overrides)
     note = (
         f"{cfg.eval.episodes_per_task} episodes per task from seed {cfg.eval.seed}, deterministic policy; "
         "curves: periodic evaluation during training"
     )
-    page = results_markdown(name, agg, commands, seed_commits(recorded, args.seeds), walls, plots, note)
+    page = results_markdown(
+        name, agg, commands, seed_commits(recorded, args.seeds), walls, plots, note, resume_notes(recorded, args.seeds)
+    )
     (out / "results.md").write_text(page)
     (out / "results.json").write_text(json.dumps(agg, indent=2))
     print(page)

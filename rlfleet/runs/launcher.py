@@ -219,28 +219,46 @@ def _train_fleet(
     if plan is not None:
         print(plan.describe(), file=sys.stderr, flush=True)
         cfg.actor.num_actors = plan.num_actors
-    before, returns = None, {}
+    before, chain_before = None, None
     if cfg.eval.before:
-        print("evaluating the starting policy ...", file=sys.stderr, flush=True)
-        before = evaluate_start(cfg, returns)
-        _keep_before(run_dir, before)
+        kept = _kept_before(run_dir) if cfg.runner.resume else None
+        if kept is not None:  # a resumed run's starting policy is the one the first life evaluated
+            before, chain_before = kept
+            print(f"--resume: the starting policy's evaluation from {run_dir / 'eval_before.json'}", file=sys.stderr)
+        else:
+            print("evaluating the starting policy ...", file=sys.stderr, flush=True)
+            returns: dict[str, list[float]] = {}
+            before = evaluate_start(cfg, returns)
+            n = scored_chain_length(cfg.env.name, cfg.env.reward_type)
+            chain_before = chain_report(returns, n) if n else None  # chained envs (CALVIN): the chain table too
+            _keep_before(run_dir, before, chain_before)
     ports = metrics_ports(metrics_port, cfg.actor.num_actors, plan.num_inference_servers if plan else 1)
     summary = _run_fleet(cfg, run_dir, ports, metrics_host, plan)
     if before is not None and summary:
         summary["eval_before"] = before
         summary["eval_before_mean"] = sum(before.values()) / len(before)
-        n = scored_chain_length(cfg.env.name, cfg.env.reward_type)
-        if summary.get("eval_chain") and n:  # chained envs (CALVIN): the starting policy's chain table too
-            summary["eval_chain_before"] = chain_report(returns, n)
+        if summary.get("eval_chain") and chain_before:
+            summary["eval_chain_before"] = chain_before
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
 
 
-def _keep_before(run_dir: Path, before: dict[str, float]) -> None:
+def _kept_before(run_dir: Path) -> tuple[dict[str, float], dict | None] | None:
+    """The starting policy's success (and chain table) that an earlier life of this run wrote."""
+    path = run_dir / "eval_before.json"
+    if not path.exists():
+        return None
+    chain = run_dir / "eval_chain_before.json"
+    return json.loads(path.read_text()), (json.loads(chain.read_text()) if chain.exists() else None)
+
+
+def _keep_before(run_dir: Path, before: dict[str, float], chain_before: dict | None = None) -> None:
     """The starting policy's success, on disk and on screen as soon as it is known: a fleet that
-    then fails to start must not lose minutes of evaluation."""
+    then fails to start must not lose minutes of evaluation, and `--resume` reuses it."""
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "eval_before.json").write_text(json.dumps(before, indent=2))
+    if chain_before is not None:
+        (run_dir / "eval_chain_before.json").write_text(json.dumps(chain_before, indent=2))
     cells = ", ".join(f"{task} {100 * v:.0f}%" for task, v in before.items())
     print(
         f"starting policy: mean {100 * sum(before.values()) / len(before):.1f}% ({cells})", file=sys.stderr, flush=True
