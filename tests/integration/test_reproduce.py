@@ -57,3 +57,20 @@ def test_two_seeds_give_a_results_page_with_plots(tmp_path):
     )
     assert again.returncode == 0, again.stderr[-3000:]
     assert (out / "results.md").read_text() == page
+    # a larger budget continues seed 0 from its checkpoint, keeping its first evaluation of the start
+    before = json.loads((out / "seed0" / "summary.json").read_text())["eval_before"]
+    longer = [o if not o.startswith("runner.total_env_steps=") else "runner.total_env_steps=1280" for o in overrides]
+    more = subprocess.run(
+        [sys.executable, str(REPRODUCE), "metaworld_reach_ppo", "--seeds", "1", "--out", str(out), *longer],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+    )
+    assert more.returncode == 0, more.stderr[-3000:] + more.stdout[-2000:]
+    assert "--resume" in more.stdout
+    summary = json.loads((out / "seed0" / "summary.json").read_text())
+    assert summary["env_steps"] >= 1280 and summary["eval_before"] == before
+    log = (out / "seed0.log").read_text()
+    assert "--resume: the starting policy's evaluation from" in log and "resumed from" in log
+    assert "Resumed (`--resume`, same folder): seed 0 from" in (out / "results.md").read_text()

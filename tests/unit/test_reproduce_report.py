@@ -156,3 +156,54 @@ def test_a_rerun_keeps_the_seeds_that_finished(tmp_path, capsys, monkeypatch):
     page = (tmp_path / "results.md").read_text()
     assert "Commit: `seed 0: aaa, seed 1: bbb`." in page and "total 2.2 min" in page
     assert reproduce.seed_commits({"commit": "old"}, 2) == "old"  # a page written before per-seed commits
+
+
+def test_which_seeds_a_rerun_keeps_resumes_or_starts_afresh(tmp_path):
+    import json
+
+    def seed(name: str, steps: int | None, checkpoint: bool) -> Path:
+        d = tmp_path / name
+        (d / "checkpoints").mkdir(parents=True)
+        if steps is not None:
+            (d / "summary.json").write_text(json.dumps({"env_steps": steps}))
+        if checkpoint:
+            (d / "checkpoints" / "latest").write_text("update_000010")
+        return d
+
+    assert reproduce.seed_state(seed("done", 2000, True), 2000, False) == ("done", 2000)
+    assert reproduce.seed_state(seed("short", 1000, True), 2000, False) == ("resume", 1000)  # a larger budget
+    assert reproduce.seed_state(seed("cut", None, True), 2000, False) == ("resume", None)  # cut mid-run
+    assert reproduce.seed_state(seed("new", None, False), 2000, False) == ("fresh", None)
+    # a wall-clock budget ends a run early by design: its summary means done
+    assert reproduce.seed_state(tmp_path / "short", 2000, True) == ("done", 1000)
+
+
+def test_a_larger_budget_resumes_finished_seeds_and_the_page_says_so(tmp_path, capsys, monkeypatch):
+    import json
+
+    (tmp_path / "seed0" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "seed0" / "summary.json").write_text(json.dumps(_summary({"a": 0.2}, {"a": 0.4}, steps=1000)))
+    (tmp_path / "seed0" / "checkpoints" / "latest").write_text("update_000010")
+    (tmp_path / "wall_seconds.json").write_text(json.dumps({"0": 60.0, "commits": {"0": "aaa"}}))
+    runs = []
+
+    def fake_run(cmd, **kwargs):  # the resumed life: the learner rewrites summary.json at the new budget
+        runs.append(cmd)
+        (tmp_path / "seed0" / "summary.json").write_text(json.dumps(_summary({"a": 0.2}, {"a": 0.7}, steps=2000)))
+        return reproduce.subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(reproduce.subprocess, "run", fake_run)
+    monkeypatch.setattr(reproduce, "git_commit", lambda: "bbb")
+    budget = ["runner.total_env_steps=2000", "runner.max_wall_seconds=0"]
+    assert reproduce.main(["metaworld_reach_ppo", "--seeds", "1", "--out", str(tmp_path), *budget]) == 0
+    assert len(runs) == 1 and runs[0][-1] == "--resume" and "runner.total_env_steps=2000" in runs[0]
+    page = (tmp_path / "results.md").read_text()
+    assert "| a | 20.0 +- 0.0 | 70.0 +- 0.0 | +50.0 +- 0.0 |" in page
+    assert "Commit: `aaa`. Resumed (`--resume`, same folder): seed 0 from 1,000 env steps (commit bbb)." in page
+    recorded = json.loads((tmp_path / "wall_seconds.json").read_text())
+    assert recorded["0"] > 60.0  # the lives' wall times add up
+    commands = page.split("```")[1]
+    assert "--resume" not in commands  # the page's command is the one that reproduces the result from scratch
+    # the budget reached: a third run keeps the seed
+    monkeypatch.setattr(reproduce.subprocess, "run", lambda *a, **k: pytest.fail("a finished seed was rerun"))
+    assert reproduce.main(["metaworld_reach_ppo", "--seeds", "1", "--out", str(tmp_path), *budget]) == 0
