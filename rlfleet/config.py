@@ -46,6 +46,10 @@ class RunnerConfig:
     checkpoint_every: int = 50  # updates
     seed: int = 0
     resume: bool = False
+    # Set by a resumed learner, not by hand: the env steps of the checkpoint it resumed from. Actors
+    # then start their envs on a new training episode stream (rlfleet.envs.core.resumed_stream_seeds)
+    # instead of replaying the first life's episodes from env.seed.
+    resumed_from_env_steps: int = 0
     # Evaluate policy.model_path (or the bootstrapped SFT checkpoint) and stop: RLinf's *_eval recipes
     only_eval: bool = False
 
@@ -487,8 +491,8 @@ def eval_seed_range(cfg: DictConfig, num_tasks: int) -> range:
     """The episode seeds evaluation uses (`rlfleet.eval.episodes.evaluate_policy`: seed + j * tasks + i).
 
     Held out by construction: demo seeds start at DEMO_SEED_BASE, above this range (checked here),
-    and training envs never reset with an integer seed but draw episodes from their own streams
-    (`rlfleet.envs.core.TRAIN_STREAM`), so no training run replays them."""
+    and training envs draw episodes from their own streams (`rlfleet.envs.core.TRAIN_STREAM`), or
+    after a resume from integer seeds at or above `RESUMED_SEED_BASE`, so no training run replays them."""
     episodes = max(cfg.eval.episodes_per_task, cfg.eval.periodic_episodes_per_task)
     seeds = range(cfg.eval.seed, cfg.eval.seed + episodes * num_tasks)
     if cfg.eval.seed < 0 or seeds.stop > DEMO_SEED_BASE:

@@ -22,6 +22,7 @@ from rlfleet.actors.learner_client import LearnerClient
 from rlfleet.actors.rollout import SegmentBuilder
 from rlfleet.algorithms.grpo import check_stage_rows, episode_rollout_len
 from rlfleet.config import as_dict, run_slot_layout
+from rlfleet.envs.core import resumed_stream_seeds
 from rlfleet.telemetry.profiling import profiled
 from rlfleet.wire.segment import Segment
 
@@ -97,12 +98,14 @@ def _run_actor(
         inference = connect_fleet(
             a.transport, inference_address, pool.slots, client_id, stopping, OmegaConf.to_object(a.failover)
         )
-        pool.reset()
+        # A resumed run's envs start a new episode stream rather than replay the first life's.
+        stream = int(cfg.runner.get("resumed_from_env_steps", 0))
+        pool.reset(resumed_stream_seeds(cfg.env.seed, actor_index * E, E, stream) if stream > 0 else None)
         rows = pool.stage_rows
         resets = None
         if grpo:  # the first reset told us each row's task; now reset every group to one seed
             resets = GroupedResets(
-                rows, np.array(pool.slots["task_ids"]), cfg.algorithm.group_size, cfg.env.seed, actor_index
+                rows, np.array(pool.slots["task_ids"]), cfg.algorithm.group_size, cfg.env.seed, actor_index, stream
             )
             pool.reset(resets.all_seeds())
         builders = [

@@ -51,15 +51,19 @@ def stage_groups(task_ids: np.ndarray, group_size: int, stage: int = 0) -> Stage
     return StageGroups(out)
 
 
-def group_seeds(base_seed: int, actor_index: int, stage: int, round_index: int, num_groups: int) -> np.ndarray:
-    """One 63-bit episode seed per group: SeedSequence([base, actor, stage, round, group]).
+def group_seeds(
+    base_seed: int, actor_index: int, stage: int, round_index: int, num_groups: int, stream: int = 0
+) -> np.ndarray:
+    """One 63-bit episode seed per group: SeedSequence([base, actor, stage, round, group(, stream)]).
 
     Distinct (up to 2^-63-chance collisions) across actors, stages, segments (``round_index``
-    counts a stage's segments) and groups; reproducible run to run.
+    counts a stage's segments) and groups; reproducible run to run. A resumed run passes
+    ``stream`` (the env steps it resumed from) so its rounds, which count from 0 again, draw new seeds.
     """
     out = np.empty(num_groups, np.int64)
     for g in range(num_groups):
-        words = np.random.SeedSequence([base_seed, actor_index, stage, round_index, g]).generate_state(2, np.uint32)
+        entropy = [base_seed, actor_index, stage, round_index, g] + ([stream] if stream else [])
+        words = np.random.SeedSequence(entropy).generate_state(2, np.uint32)
         out[g] = np.int64(((int(words[0]) << 32) | int(words[1])) >> 1)
     return out
 
@@ -68,10 +72,16 @@ class GroupedResets:
     """Seeds for an actor's stage resets: env row r of stage s gets the seed of its group."""
 
     def __init__(
-        self, stage_rows: list[tuple[int, int]], task_ids: np.ndarray, group_size: int, base_seed: int, actor_index: int
+        self,
+        stage_rows: list[tuple[int, int]],
+        task_ids: np.ndarray,
+        group_size: int,
+        base_seed: int,
+        actor_index: int,
+        stream: int = 0,
     ):
         self.stage_rows = stage_rows
-        self.base_seed, self.actor_index = base_seed, actor_index
+        self.base_seed, self.actor_index, self.stream = base_seed, actor_index, stream
         self.groups = [stage_groups(task_ids[lo:hi], group_size, s) for s, (lo, hi) in enumerate(stage_rows)]
         self.rounds = [0] * len(stage_rows)  # segments started per stage
 
@@ -79,7 +89,7 @@ class GroupedResets:
         """Write the stage's seeds for its next segment into ``out`` (all E rows) and count the round."""
         lo, hi = self.stage_rows[stage]
         g = self.groups[stage]
-        seeds = group_seeds(self.base_seed, self.actor_index, stage, self.rounds[stage], g.num_groups)
+        seeds = group_seeds(self.base_seed, self.actor_index, stage, self.rounds[stage], g.num_groups, self.stream)
         out[lo:hi] = seeds[g.group_ids]
         self.rounds[stage] += 1
 

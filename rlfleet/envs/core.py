@@ -298,6 +298,22 @@ class EpisodeEnv(ChunkedEnv):
 # demos, GRPO groups; all < 2**64) is numpy entropy [s] == [s, 0, 0] or [lo, hi] == [lo, hi, 0]:
 # with this word != 0 no training stream can equal an evaluation episode's, whatever env.seed is.
 TRAIN_STREAM = 1
+# A resumed run's training envs start from explicit reset seeds in [2**62, 2**63): above every
+# evaluation seed and demo seed, so a new life never plays a held-out episode either.
+RESUMED_SEED_BASE = 1 << 62
+
+
+def resumed_stream_seeds(base_seed: int, first_index: int, num_envs: int, stream: int) -> np.ndarray:
+    """Reset seeds that start envs first_index.. on training episode stream `stream` (> 0; a resumed
+    run passes the env steps it resumed from): one per env from SeedSequence([base_seed, global
+    index, TRAIN_STREAM, stream]), so each life of a run draws other episodes, reproducibly."""
+    if stream <= 0:
+        raise ValueError(f"stream must be > 0 (0 is a fresh run's own stream), got {stream}")
+    out = np.empty(num_envs, np.int64)
+    for k in range(num_envs):
+        words = np.random.SeedSequence([base_seed, first_index + k, TRAIN_STREAM, stream]).generate_state(2, np.uint32)
+        out[k] = RESUMED_SEED_BASE | (((int(words[0]) << 32) | int(words[1])) >> 2)
+    return out
 
 
 def episode_rng(

@@ -149,6 +149,8 @@ class Learner:
                 if published > self.counters.version:  # the crashed run got further than its checkpoint
                     self.counters.version = published + 1
                 log.info("resumed from %s at version %d", latest, self.counters.version)
+                # actors read this from the run's config: their envs start a new episode stream
+                cfg.runner.resumed_from_env_steps = self.counters.env_steps
         self.losses = LossLedger(self.checkpointer.root)  # env steps lost by cause, across restarts
         if cfg.runner.resume:
             self.losses.resume(self.counters.env_steps)

@@ -6,6 +6,7 @@ import json
 import time
 
 import grpc
+import yaml
 
 from rlfleet.wire.gen import learner_pb2, learner_pb2_grpc
 
@@ -60,6 +61,7 @@ def test_killed_actor_does_not_stop_the_others_and_resume_continues(roles, tmp_p
     assert roles.wait(survivor, "actor-survivor", 60) == 0
 
     first_version = summary["version"]
+    checkpointed = _checkpointed_env_steps(run)
     learner2, laddr2 = roles.learner(run, "runner.total_env_steps=3000", "eval.at_end=false", resume=True)
     _, iaddr2 = roles.inference(laddr2)
     roles.actor("actor-again", laddr2, iaddr2, "zmq")
@@ -67,6 +69,8 @@ def test_killed_actor_does_not_stop_the_others_and_resume_continues(roles, tmp_p
     resumed = json.loads((run / "summary.json").read_text())
     assert resumed["version"] > first_version  # the version counter goes on, never back
     assert resumed["env_steps"] >= 3000 and resumed["env_steps"] > summary["env_steps"]
+    # the run's config tells the new life's actors where it resumed: their envs start a new stream
+    assert yaml.safe_load((run / "config.yaml").read_text())["runner"]["resumed_from_env_steps"] == checkpointed > 0
 
 
 def _free_port() -> int:

@@ -227,6 +227,21 @@ def test_seeds_reproduce(build) -> None:
     assert not np.array_equal(oc["states"], oa["states"])  # other seeds, other episodes
 
 
+def test_a_resumed_streams_seeds_start_other_reproducible_episodes(build) -> None:
+    """A resumed run's actors reset with seeds >= 2**62 (`resumed_stream_seeds`): every env takes
+    them, they reproduce, and they start other episodes than a fresh run's stream (reset())."""
+    from rlfleet.envs.core import RESUMED_SEED_BASE, resumed_stream_seeds
+
+    seeds = resumed_stream_seeds(0, 0, 4, stream=1_000_000)
+    assert (seeds >= RESUMED_SEED_BASE).all() and len(set(seeds.tolist())) == 4
+    a, b, fresh = build(4), build(4), build(4)
+    oa, ob, of = a.reset(seeds), b.reset(seeds), fresh.reset()
+    np.testing.assert_array_equal(oa["states"], ob["states"])
+    assert not np.array_equal(oa["states"], of["states"])
+    act = _actions(a, np.random.default_rng(0))
+    np.testing.assert_array_equal(a.chunk_step(act).obs["states"], b.chunk_step(act).obs["states"])
+
+
 def test_truncation_final_obs_stats_and_auto_reset(build) -> None:
     """max_episode_steps 3 with chunks of 2: the episode ends at substep 0 of the second chunk."""
     env = build(2, max_episode_steps=3, chunk_size=2)
@@ -306,3 +321,19 @@ def test_bench_env_settings_and_busy_wait() -> None:
         res = env.chunk_step(np.zeros((2, 4, 5), np.float32))
         res = env.chunk_step(np.zeros((2, 4, 5), np.float32))
         assert res.truncated.all() and (res.episode_length == 7).all()
+
+
+def test_resumed_stream_seeds_are_distinct_reproducible_and_above_held_out_seeds():
+    from rlfleet.data.demos import DEMO_SEED_BASE
+    from rlfleet.envs.core import RESUMED_SEED_BASE, resumed_stream_seeds
+
+    a = resumed_stream_seeds(3, 40, 8, stream=1000)
+    np.testing.assert_array_equal(a, resumed_stream_seeds(3, 40, 8, stream=1000))
+    # the envs 44..47 of the same stream are the same seeds, whichever batch they sit in
+    np.testing.assert_array_equal(a[4:], resumed_stream_seeds(3, 44, 4, stream=1000))
+    others = [resumed_stream_seeds(3, 40, 8, stream=2000), resumed_stream_seeds(4, 40, 8, stream=1000)]
+    every = np.concatenate([a, *others])
+    assert len(set(every.tolist())) == len(every)
+    assert (every >= RESUMED_SEED_BASE).all() and RESUMED_SEED_BASE > DEMO_SEED_BASE * 1000
+    with pytest.raises(ValueError, match="stream must be > 0"):
+        resumed_stream_seeds(3, 40, 8, stream=0)

@@ -501,3 +501,12 @@ def test_grpo_update_with_vla_policies(name, logprob_type):
     actor_after = torch.cat([p.detach().flatten() for k, p in policy.named_parameters() if not k.startswith("critic")])
     assert not torch.equal(actor_before, actor_after)
     assert math.isfinite(metrics["train/actor/policy_loss"])
+
+
+def test_a_resumed_stream_draws_other_group_seeds():
+    """Rounds count from 0 again in a resumed run: its stream word keeps them off the first life's seeds."""
+    fresh = group_seeds(0, 0, 0, 0, 4)
+    np.testing.assert_array_equal(fresh, group_seeds(0, 0, 0, 0, 4, stream=0))  # fresh runs unchanged
+    resumed = group_seeds(0, 0, 0, 0, 4, stream=5000)
+    assert not set(resumed.tolist()) & set(fresh.tolist())
+    np.testing.assert_array_equal(resumed, group_seeds(0, 0, 0, 0, 4, stream=5000))
