@@ -68,7 +68,7 @@ def aggregate(summaries: list[dict[str, Any]]) -> dict[str, Any]:
         "mean": {"before": mean_se(seed_before), "after": mean_se(seed_after), "gain": mean_se(seed_gain)},
         "seeds": len(summaries),
         "env_steps": [s["env_steps"] for s in summaries],
-        "train_seconds": [s["train_seconds"] for s in summaries],
+        "train_seconds": [s.get("train_seconds_all_lives", s["train_seconds"]) for s in summaries],
     }
     chains = [s for s in summaries if s.get("eval_chain")]
     if chains:  # CALVIN-style: avg_num_subtasks and success_len_k over all chains
@@ -251,7 +251,8 @@ def results_markdown(
     walls = ", ".join(f"{w:.0f}" for w in wall_seconds)
     lines += [
         "",
-        f"Env steps per seed: {steps}. Training seconds per seed: {train}. Wall seconds per seed "
+        f"Env steps per seed: {steps}. Training seconds per seed (a resumed seed's lives together): {train}. "
+        "Wall seconds per seed "
         f"(whole command: start-up, evaluations, training): {walls}; total {sum(wall_seconds) / 60:.1f} min.",
         f"Commit: `{commit}`." + (f" {resumed}" if resumed else ""),
         "",

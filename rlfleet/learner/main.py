@@ -331,7 +331,8 @@ class Learner:
             "version": self.counters.version,
             "updates": self.counters.update,
             "env_steps": self.counters.env_steps,
-            "train_seconds": round(t_end - self._t_start, 1),
+            "train_seconds": round(t_end - self._t_start, 1),  # this process's life
+            "train_seconds_all_lives": round(self.counters.wall_seconds, 1),  # with the lives before a --resume
             "throughput_env_steps_per_s": round(steps / max(t_end - (t_first or t_end), 1e-6), 1),
             "train_success_once": self.last_stats.get("env/success_once"),
             "policy_lag_last_update": self.last_stats.get("throughput/policy_lag"),

@@ -38,6 +38,9 @@ def test_mean_and_standard_error_over_seeds():
     assert mean == pytest.approx(0.75) and se == pytest.approx(0.05 / math.sqrt(3))
     assert agg["mean"]["gain"][0] == pytest.approx(0.45)
     assert reproduce.mean_se([0.5]) == (0.5, 0.0)
+    # a resumed seed's summary also gives the training time of all its lives: the page uses that
+    resumed = [dict(SUMMARIES[0], train_seconds_all_lives=150.0), *SUMMARIES[1:]]
+    assert reproduce.aggregate(resumed)["train_seconds"] == [150.0, 60.0, 60.0]
 
 
 def test_results_page_has_table_commands_commit_and_plots():
