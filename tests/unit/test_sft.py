@@ -134,11 +134,13 @@ def test_demos_task_collects_on_its_own_tasks_and_keeps_their_cache(tmp_path, mo
 
     train, every = "click_bell:train,adjust_bottle:train", "click_bell:any,adjust_bottle:any"
     recipe, cache = "robotwin_multitask_ppo_mlp_cpu", f"demos.cache_dir={tmp_path}"
-    on_train = load_config(recipe, [f"env.task={train}", cache])
+    own = "demos.task=''"  # demos on env.task itself (the recipe sets demos.task)
+    on_train = load_config(recipe, [f"env.task={train}", own, cache])
     split = load_config(recipe, [f"env.task={every}", f"demos.task={train}", cache])
     assert bootstrap.demos_folder(split) == bootstrap.demos_folder(on_train)
     assert bootstrap.sft_folder(split) == bootstrap.sft_folder(on_train)
-    assert bootstrap.demos_folder(load_config(recipe, [f"env.task={every}", cache])) != bootstrap.demos_folder(on_train)
+    on_every = load_config(recipe, [f"env.task={every}", own, cache])
+    assert bootstrap.demos_folder(on_every) != bootstrap.demos_folder(on_train)
 
     class Collected(Exception):
         pass
