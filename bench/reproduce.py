@@ -108,7 +108,20 @@ def read_curves(tensorboard_dir: Path, metric: str = "success_once") -> dict[str
     elapsed = {e.step: e.value for e in acc.Scalars("eval/elapsed_s")} if "eval/elapsed_s" in tags else {}
     steps = np.array([e.step for e in success], np.float64)
     seconds = np.array([elapsed.get(e.step, math.nan) for e in success], np.float64)
-    return {"steps": steps, "seconds": seconds, "success": np.array([e.value for e in success], np.float64)}
+    # A resumed run's learner counts elapsed_s from 0 again: each life continues where the last
+    # one's final evaluation left off, so the wall-clock axis runs on across lives.
+    offset, raw_prev = 0.0, -math.inf
+    for i, t in enumerate(seconds):
+        if math.isfinite(t):
+            if t < raw_prev:
+                offset = float(seconds[i - 1])
+            raw_prev, seconds[i] = float(t), t + offset
+    return {
+        "steps": steps,
+        "seconds": seconds,
+        "success": np.array([e.value for e in success], np.float64),
+        "seconds_offset": np.array(offset),  # the earlier lives' time, for the end point
+    }
 
 
 def run_curve(summary: dict[str, Any], curves: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -125,7 +138,8 @@ def run_curve(summary: dict[str, Any], curves: dict[str, np.ndarray]) -> dict[st
     if before is not None:
         steps, seconds, success = [0.0] + steps, [0.0] + seconds, [float(before)] + success
     steps.append(float(summary["env_steps"]))
-    seconds.append(float(summary["train_seconds"]))
+    earlier = float(curves.get("seconds_offset", 0.0))  # a summary older than train_seconds_all_lives
+    seconds.append(float(summary.get("train_seconds_all_lives", earlier + summary["train_seconds"])))
     after = (
         summary["eval_chain"]["all"]["avg_num_subtasks"]
         if chained
@@ -251,7 +265,7 @@ def results_markdown(
     walls = ", ".join(f"{w:.0f}" for w in wall_seconds)
     lines += [
         "",
-        f"Env steps per seed: {steps}. Training seconds per seed (a resumed seed's lives together): {train}. "
+        f"Env steps per seed: {steps}. Training seconds per seed (all lives of a resumed seed): {train}. "
         "Wall seconds per seed "
         f"(whole command: start-up, evaluations, training): {walls}; total {sum(wall_seconds) / 60:.1f} min.",
         f"Commit: `{commit}`." + (f" {resumed}" if resumed else ""),
@@ -380,6 +394,7 @@ def main(argv: list[str] | None = None) -> int:
     agg = aggregate(summaries)
     metric = curve_metric(summaries[0])
     curves = [run_curve(s, read_curves(out / f"seed{k}" / "tensorboard", metric)) for k, s in enumerate(summaries)]
+    agg["train_seconds"] = [float(c["seconds"][-1]) for c in curves]  # all lives, also for older summaries
     plots = {}
     what = "success" if metric == "success_once" else metric
     for x, label in (("steps", f"{what} vs env steps"), ("seconds", f"{what} vs wall clock")):

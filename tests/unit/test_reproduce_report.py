@@ -88,6 +88,24 @@ def test_curves_from_tensorboard_to_png(tmp_path):
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
 
 
+def test_a_resumed_runs_wall_clock_runs_on_across_its_lives(tmp_path):
+    """Each learner life logs eval/elapsed_s from 0: the curve continues from the last life's end."""
+    tb = tmp_path / "tb"
+    for lives in (((250, 15.0), (500, 30.0)), ((750, 10.0), (1000, 25.0))):  # two writers: two lives
+        w = SummaryWriter(str(tb))
+        for step, elapsed in lives:
+            w.add_scalar("eval/success_once", 0.5, step)
+            w.add_scalar("eval/elapsed_s", elapsed, step)
+        w.close()
+    raw = reproduce.read_curves(tb)
+    assert list(raw["steps"]) == [250, 500, 750, 1000] and list(raw["seconds"]) == [15, 30, 40, 55]
+    # the end point: this life's train_seconds after the earlier lives' (an older summary) ...
+    assert reproduce.run_curve(dict(SUMMARIES[0], train_seconds=28.0), raw)["seconds"][-1] == 58.0
+    # ... or the learner's own total, where the summary has it
+    total = dict(SUMMARIES[0], train_seconds=28.0, train_seconds_all_lives=60.0)
+    assert reproduce.run_curve(total, raw)["seconds"][-1] == 60.0
+
+
 def test_a_run_without_periodic_eval_still_has_its_end_points(tmp_path):
     raw = reproduce.read_curves(tmp_path)  # no event files
     curve = reproduce.run_curve(SUMMARIES[0], raw)
