@@ -68,7 +68,7 @@ def aggregate(summaries: list[dict[str, Any]]) -> dict[str, Any]:
         "mean": {"before": mean_se(seed_before), "after": mean_se(seed_after), "gain": mean_se(seed_gain)},
         "seeds": len(summaries),
         "env_steps": [s["env_steps"] for s in summaries],
-        "train_seconds": [s.get("train_seconds_all_lives", s["train_seconds"]) for s in summaries],
+        "train_seconds": [s["train_seconds"] for s in summaries],  # main() puts every life's in (run_curve)
     }
     chains = [s for s in summaries if s.get("eval_chain")]
     if chains:  # CALVIN-style: avg_num_subtasks and success_len_k over all chains
@@ -110,12 +110,13 @@ def read_curves(tensorboard_dir: Path, metric: str = "success_once") -> dict[str
     seconds = np.array([elapsed.get(e.step, math.nan) for e in success], np.float64)
     # A resumed run's learner counts elapsed_s from 0 again: each life continues where the last
     # one's final evaluation left off, so the wall-clock axis runs on across lives.
-    offset, raw_prev = 0.0, -math.inf
+    offset, raw_prev, last = 0.0, -math.inf, 0.0
     for i, t in enumerate(seconds):
         if math.isfinite(t):
             if t < raw_prev:
-                offset = float(seconds[i - 1])
+                offset = last
             raw_prev, seconds[i] = float(t), t + offset
+            last = float(seconds[i])
     return {
         "steps": steps,
         "seconds": seconds,
@@ -394,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
     agg = aggregate(summaries)
     metric = curve_metric(summaries[0])
     curves = [run_curve(s, read_curves(out / f"seed{k}" / "tensorboard", metric)) for k, s in enumerate(summaries)]
-    agg["train_seconds"] = [float(c["seconds"][-1]) for c in curves]  # all lives, also for older summaries
+    agg["train_seconds"] = [float(c["seconds"][-1]) for c in curves]  # a resumed seed's lives together
     plots = {}
     what = "success" if metric == "success_once" else metric
     for x, label in (("steps", f"{what} vs env steps"), ("seconds", f"{what} vs wall clock")):

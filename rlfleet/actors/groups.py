@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from rlfleet.algorithms.grpo import check_task_rows
+from rlfleet.envs.core import entropy_seed
 
 
 @dataclass
@@ -60,12 +61,10 @@ def group_seeds(
     counts a stage's segments) and groups; reproducible run to run. A resumed run passes
     ``stream`` (the env steps it resumed from) so its rounds, which count from 0 again, draw new seeds.
     """
-    out = np.empty(num_groups, np.int64)
-    for g in range(num_groups):
-        entropy = [base_seed, actor_index, stage, round_index, g] + ([stream] if stream else [])
-        words = np.random.SeedSequence(entropy).generate_state(2, np.uint32)
-        out[g] = np.int64(((int(words[0]) << 32) | int(words[1])) >> 1)
-    return out
+    tail = [stream] if stream else []
+    return np.array(
+        [entropy_seed([base_seed, actor_index, stage, round_index, g, *tail]) for g in range(num_groups)], np.int64
+    )
 
 
 class GroupedResets:

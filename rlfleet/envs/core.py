@@ -303,17 +303,21 @@ TRAIN_STREAM = 1
 RESUMED_SEED_BASE = 1 << 62
 
 
+def entropy_seed(entropy: list[int], bits: int = 63) -> int:
+    """A reset seed of `bits` bits (< 64) from SeedSequence(entropy): the first two 32-bit words,
+    high word first, keeping the top bits. Distinct entropies collide with chance 2^-bits."""
+    words = np.random.SeedSequence(entropy).generate_state(2, np.uint32)
+    return ((int(words[0]) << 32) | int(words[1])) >> (64 - bits)
+
+
 def resumed_stream_seeds(base_seed: int, first_index: int, num_envs: int, stream: int) -> np.ndarray:
     """Reset seeds that start envs first_index.. on training episode stream `stream` (> 0; a resumed
     run passes the env steps it resumed from): one per env from SeedSequence([base_seed, global
     index, TRAIN_STREAM, stream]), so each life of a run draws other episodes, reproducibly."""
     if stream <= 0:
         raise ValueError(f"stream must be > 0 (0 is a fresh run's own stream), got {stream}")
-    out = np.empty(num_envs, np.int64)
-    for k in range(num_envs):
-        words = np.random.SeedSequence([base_seed, first_index + k, TRAIN_STREAM, stream]).generate_state(2, np.uint32)
-        out[k] = RESUMED_SEED_BASE | (((int(words[0]) << 32) | int(words[1])) >> 2)
-    return out
+    entropies = ([base_seed, first_index + k, TRAIN_STREAM, stream] for k in range(num_envs))
+    return np.array([RESUMED_SEED_BASE | entropy_seed(e, bits=62) for e in entropies], np.int64)
 
 
 def episode_rng(

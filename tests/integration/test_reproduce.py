@@ -15,18 +15,22 @@ from role_processes import TINY
 REPRODUCE = Path(__file__).resolve().parents[2] / "bench" / "reproduce.py"
 
 
+def _reproduce(out: Path, seeds: int, *args: str) -> subprocess.CompletedProcess:
+    """bench/reproduce.py on the reach recipe into `out`, one thread per process."""
+    return subprocess.run(
+        [sys.executable, str(REPRODUCE), "metaworld_reach_ppo", "--seeds", str(seeds), "--out", str(out), *args],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+        timeout=900,
+    )
+
+
 @pytest.mark.slow
 def test_two_seeds_give_a_results_page_with_plots(tmp_path):
     out = tmp_path / "repro"
     overrides = [*TINY, "runner.total_env_steps=640", "eval.every_updates=4"]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    res = subprocess.run(
-        [sys.executable, str(REPRODUCE), "metaworld_reach_ppo", "--seeds", "2", "--out", str(out), *overrides],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=900,
-    )
+    res = _reproduce(out, 2, *overrides)
     assert res.returncode == 0, res.stderr[-3000:] + res.stdout[-2000:]
     page = (out / "results.md").read_text()
     assert "| reach-v3 |" in page and "| **mean** |" in page and "over 2 training seeds" in page
@@ -39,35 +43,13 @@ def test_two_seeds_give_a_results_page_with_plots(tmp_path):
     agg = json.loads((out / "results.json").read_text())
     assert agg["seeds"] == 2 and len(agg["env_steps"]) == 2 and all(s >= 640 for s in agg["env_steps"])
     # --report-only rebuilds the same page from the runs on disk, without training
-    again = subprocess.run(
-        [
-            sys.executable,
-            str(REPRODUCE),
-            "metaworld_reach_ppo",
-            "--seeds",
-            "2",
-            "--out",
-            str(out),
-            "--report-only",
-            *overrides,
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
+    again = _reproduce(out, 2, "--report-only", *overrides)
     assert again.returncode == 0, again.stderr[-3000:]
     assert (out / "results.md").read_text() == page
     # a larger budget continues seed 0 from its checkpoint, keeping its first evaluation of the start
     before = json.loads((out / "seed0" / "summary.json").read_text())["eval_before"]
     longer = [o if not o.startswith("runner.total_env_steps=") else "runner.total_env_steps=1280" for o in overrides]
-    more = subprocess.run(
-        [sys.executable, str(REPRODUCE), "metaworld_reach_ppo", "--seeds", "1", "--out", str(out), *longer],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=900,
-    )
+    more = _reproduce(out, 1, *longer)
     assert more.returncode == 0, more.stderr[-3000:] + more.stdout[-2000:]
     assert "--resume" in more.stdout
     summary = json.loads((out / "seed0" / "summary.json").read_text())
