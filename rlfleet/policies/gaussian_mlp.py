@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.distributions import Normal
 
@@ -28,6 +29,7 @@ class PolicyConfig:
 
 _HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
 _ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU, "silu": nn.SiLU}
+_ACTIVATION_FNS = {nn.Tanh: torch.tanh, nn.ReLU: torch.relu, nn.ELU: F.elu, nn.SiLU: F.silu}
 
 
 def _mlp(sizes: list[int], activation: str, out_gain: float) -> nn.Sequential:
@@ -43,6 +45,14 @@ def _mlp(sizes: list[int], activation: str, out_gain: float) -> nn.Sequential:
         if not last:
             layers.append(_ACTIVATIONS[activation]())
     return nn.Sequential(*layers)
+
+
+def _run_mlp(mlp: nn.Sequential, x: torch.Tensor) -> torch.Tensor:
+    """`mlp(x)` with the same ops (bit-identical) but without nn.Module's call dispatch, which
+    costs more than a small layer's matmul at inference batch sizes (no hooks run)."""
+    for layer in mlp:
+        x = F.linear(x, layer.weight, layer.bias) if type(layer) is nn.Linear else _ACTIVATION_FNS[type(layer)](x)
+    return x
 
 
 class RunningNorm(nn.Module):
@@ -138,14 +148,14 @@ class GaussianMLPPolicy(nn.Module):
         log N(a; mu, sigma) = -eps^2/2 - log sigma - log(2 pi)/2 with a = mu + sigma * eps.
         """
         x = self._features(obs["states"])
-        mu, log_std = self.actor(x), self._log_std()
+        mu, log_std = _run_mlp(self.actor, x), self._log_std()
         eps = torch.zeros_like(mu) if deterministic else torch.randn_like(mu)
         flat = mu + log_std.exp() * eps
         logp = (-0.5 * eps.square() - log_std - _HALF_LOG_2PI).sum(-1)
         return {
             "actions": flat.reshape(-1, self.chunk_size, self.action_dim),
             "logprobs": logp,
-            "values": self.critic(x).squeeze(-1),
+            "values": _run_mlp(self.critic, x).squeeze(-1),
         }
 
     def evaluate(

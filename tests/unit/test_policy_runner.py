@@ -216,3 +216,20 @@ def test_fast_act_log_prob_matches_torch_distribution():
     logp, _, value = policy.evaluate(obs, out["actions"])
     torch.testing.assert_close(out["logprobs"], logp)
     torch.testing.assert_close(out["values"], value)
+
+
+@pytest.mark.parametrize("activation", ["tanh", "relu", "elu", "silu"])
+def test_act_runs_the_same_ops_as_the_modules(activation):
+    """act() bypasses nn.Module dispatch on the hot path: its mean and value must be the modules' own, bit for bit."""
+    import torch
+
+    from rlfleet.policies.gaussian_mlp import GaussianMLPPolicy, PolicyConfig
+
+    torch.manual_seed(0)
+    policy = GaussianMLPPolicy(6, 3, 2, PolicyConfig(hidden_sizes=[16, 8], activation=activation))
+    states = torch.randn(5, 6)
+    out = policy.act({"states": states}, deterministic=True)
+    with torch.no_grad():
+        x = policy._features(states)
+        assert torch.equal(out["actions"].reshape(5, -1), policy.actor(x))
+        assert torch.equal(out["values"], policy.critic(x).squeeze(-1))
