@@ -22,7 +22,7 @@ from rlfleet.actors.learner_client import LearnerClient
 from rlfleet.actors.rollout import SegmentBuilder
 from rlfleet.algorithms.grpo import check_stage_rows, episode_rollout_len
 from rlfleet.config import as_dict, run_slot_layout
-from rlfleet.envs.core import resumed_stream_seeds
+from rlfleet.envs.core import resumed_stream_seeds, training_stream
 from rlfleet.telemetry.profiling import profiled
 from rlfleet.wire.segment import Segment
 
@@ -59,9 +59,14 @@ def run_actor(
     inference_address: str,
     stop_event: threading.Event | None = None,
     counters: ActorCounters | None = None,
+    restarts: int = 0,
 ) -> ActorStats:
+    """`restarts`: how often this client id registered with the learner before (a restarted
+    process plays a new episode stream, rlfleet.envs.core.training_stream)."""
     with profiled("actor"):
-        return _run_actor(cfg, actor_index, client_id, learner_address, inference_address, stop_event, counters)
+        return _run_actor(
+            cfg, actor_index, client_id, learner_address, inference_address, stop_event, counters, restarts
+        )
 
 
 def _run_actor(
@@ -72,6 +77,7 @@ def _run_actor(
     inference_address: str,
     stop_event: threading.Event | None,
     counters: ActorCounters | None,
+    restarts: int,
 ) -> ActorStats:
     a = cfg.actor
     E, S, T, K = a.num_envs, a.pipeline_stage_num, a.rollout_len, cfg.env.chunk_size
@@ -98,8 +104,10 @@ def _run_actor(
         inference = connect_fleet(
             a.transport, inference_address, pool.slots, client_id, stopping, OmegaConf.to_object(a.failover)
         )
-        # A resumed run's envs start a new episode stream rather than replay the first life's.
-        stream = int(cfg.runner.get("resumed_from_env_steps", 0))
+        # A resumed run's or a restarted actor's envs start a new episode stream, not replay an earlier life's.
+        stream = training_stream(int(cfg.runner.get("resumed_from_env_steps", 0)), restarts)
+        if stream:
+            log.info("actor %s: its envs start training episode stream %d (restart %d)", client_id, stream, restarts)
         pool.reset(resumed_stream_seeds(cfg.env.seed, actor_index * E, E, stream) if stream > 0 else None)
         rows = pool.stage_rows
         resets = None

@@ -35,7 +35,7 @@ def main(args: Namespace) -> int:
         "actor", args.metrics_port, [ActorCollector(counters)], args.metrics_host, id=client_id, index=str(index)
     )
     try:
-        stats = run_actor(cfg, index, client_id, args.learner, args.inference, stop, counters)
+        stats = run_actor(cfg, index, client_id, args.learner, args.inference, stop, counters, reply.registrations)
     finally:
         if metrics is not None:
             metrics.close()

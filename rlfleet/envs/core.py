@@ -310,10 +310,24 @@ def entropy_seed(entropy: list[int], bits: int = 63) -> int:
     return ((int(words[0]) << 32) | int(words[1])) >> (64 - bits)
 
 
+def training_stream(resumed_from_env_steps: int, restarts: int = 0) -> int:
+    """The training episode stream an actor process plays (see resumed_stream_seeds): 0 is a fresh
+    run's first actor process (the envs' own streams); a resumed learner life's actors play the env
+    steps it resumed from; an actor process restarted within a learner life (`restarts` > 0: its
+    client id registered that often before) plays a hash of both at or above 2**62, above every
+    env-step count, so no two lives of one actor share a stream."""
+    if resumed_from_env_steps < 0 or restarts < 0:
+        raise ValueError(f"resumed_from_env_steps and restarts must be >= 0, got {resumed_from_env_steps}, {restarts}")
+    if restarts == 0:
+        return resumed_from_env_steps
+    return RESUMED_SEED_BASE | entropy_seed([resumed_from_env_steps, restarts, TRAIN_STREAM], bits=62)
+
+
 def resumed_stream_seeds(base_seed: int, first_index: int, num_envs: int, stream: int) -> np.ndarray:
-    """Reset seeds that start envs first_index.. on training episode stream `stream` (> 0; a resumed
-    run passes the env steps it resumed from): one per env from SeedSequence([base_seed, global
-    index, TRAIN_STREAM, stream]), so each life of a run draws other episodes, reproducibly."""
+    """Reset seeds that start envs first_index.. on training episode stream `stream` (> 0, from
+    training_stream: a resumed run's env steps, or a restarted actor's own): one per env from
+    SeedSequence([base_seed, global index, TRAIN_STREAM, stream]), so each life of a run draws
+    other episodes, reproducibly."""
     if stream <= 0:
         raise ValueError(f"stream must be > 0 (0 is a fresh run's own stream), got {stream}")
     entropies = ([base_seed, first_index + k, TRAIN_STREAM, stream] for k in range(num_envs))

@@ -58,6 +58,7 @@ class ClientInfo:
     told_to_stop: bool = False
     life: int = 0  # the process life it last heartbeated from, and whether that life has ended
     life_ended: bool = False
+    registrations: int = 0  # Register calls under this id: a restarted process registers again
 
 
 def _abort(context: Any, code: grpc.StatusCode, details: str) -> NoReturn:
@@ -128,6 +129,9 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
     def Register(self, request, context):
         with self._lock:
             info = self._client(request.client_id, request.role)
+            before = 0
+            if info is not None:
+                before, info.registrations = info.registrations, info.registrations + 1
         if info is None:
             self.other_rejections.count("too_many_clients")
             _abort(context, grpc.StatusCode.RESOURCE_EXHAUSTED, f"learner already tracks {MAX_CLIENTS} clients")
@@ -139,6 +143,7 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
             client_index=info.index,
             policy_version=current.version if current else -1,
             heartbeat_interval_ms=self.heartbeat_ms,
+            registrations=before,
         )
 
     def Heartbeat(self, request, context):

@@ -24,6 +24,7 @@ from role_processes import TINY
 from rlfleet.actors.inference_client import InferenceError
 from rlfleet.actors.inference_failover import FailoverInferenceClient, connect_fleet, parse_addresses
 from rlfleet.config import InferenceFailoverConfig
+from rlfleet.envs.core import training_stream
 from rlfleet.inference_server.policy_runner import PolicyRunner
 from rlfleet.inference_server.server import InferenceServer
 from rlfleet.policies.gaussian_mlp import GaussianMLPPolicy, PolicyConfig
@@ -295,7 +296,12 @@ def test_local_mode_restarts_a_killed_actor_and_counts_every_segment_once(tmp_pa
     assert f"actor 0 (pid {first_pid}) died with signal SIGKILL; restarting actor 0" in log
     assert "restarted actor 0 as pid" in log
     assert not _pid_alive(first_pid)
-    assert (run / "logs" / "actor0.log").read_text().count("stepping") == 2  # two lives, one log
+    actor_log = (run / "logs" / "actor0.log").read_text()
+    assert actor_log.count("stepping") == 2  # two lives, one log
+    # the second life plays new episodes: its envs start the restarted process's own stream
+    stream = training_stream(0, 1)
+    assert actor_log.count("start training episode stream") == 1
+    assert f"actor actor0: its envs start training episode stream {stream} (restart 1)" in actor_log
 
     summary = json.loads((run / "summary.json").read_text())
     ingest, seg_steps = summary["ingest"], 8 * 2 * 1  # rollout_len x envs per stage x chunk

@@ -337,3 +337,16 @@ def test_resumed_stream_seeds_are_distinct_reproducible_and_above_held_out_seeds
     assert (every >= RESUMED_SEED_BASE).all() and RESUMED_SEED_BASE > DEMO_SEED_BASE * 1000
     with pytest.raises(ValueError, match="stream must be > 0"):
         resumed_stream_seeds(3, 40, 8, stream=0)
+
+
+def test_training_stream_differs_for_every_life_of_an_actor():
+    """A fresh run's first actor process keeps the envs' own stream (0); a resumed learner life plays the
+    env steps it resumed from; a restarted actor process a stream of its own, above every env-step count."""
+    from rlfleet.envs.core import RESUMED_SEED_BASE, training_stream
+
+    assert training_stream(0) == 0 and training_stream(5000) == 5000
+    restarted = [training_stream(r, k) for r in (0, 5000) for k in (1, 2, 3)]
+    assert len(set(restarted)) == len(restarted) and all(s >= RESUMED_SEED_BASE for s in restarted)
+    assert training_stream(5000, 2) == training_stream(5000, 2)  # reproducible
+    with pytest.raises(ValueError, match="must be >= 0"):
+        training_stream(-1)

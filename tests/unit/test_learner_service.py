@@ -142,6 +142,10 @@ def test_register_returns_config_and_stable_index(fleet):
     again = stub.Register(learner_pb2.RegisterRequest(client_id="actor-a", role="actor"), timeout=RPC_TIMEOUT)
     assert (a.client_index, b.client_index, inf.client_index, again.client_index) == (0, 1, 0, 0)
     assert again.policy_version == 5
+    # a restarted process registers its id again: it is told so (it then plays a new episode stream)
+    assert (a.registrations, b.registrations, inf.registrations, again.registrations) == (0, 0, 0, 1)
+    third = stub.Register(learner_pb2.RegisterRequest(client_id="actor-a", role="actor"), timeout=RPC_TIMEOUT)
+    assert third.registrations == 2 and third.client_index == 0
     assert fleet.servicer.alive_clients("actor") == 2
     assert fleet.servicer.alive_clients("inference") == 1
 

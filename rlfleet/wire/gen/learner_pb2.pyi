@@ -19,18 +19,20 @@ class RegisterRequest(_message.Message):
     def __init__(self, client_id: _Optional[str] = ..., role: _Optional[str] = ..., host: _Optional[str] = ..., num_envs: _Optional[int] = ...) -> None: ...
 
 class RegisterReply(_message.Message):
-    __slots__ = ("run_id", "config_yaml", "policy_version", "heartbeat_interval_ms", "client_index")
+    __slots__ = ("run_id", "config_yaml", "policy_version", "heartbeat_interval_ms", "client_index", "registrations")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     CONFIG_YAML_FIELD_NUMBER: _ClassVar[int]
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
     CLIENT_INDEX_FIELD_NUMBER: _ClassVar[int]
+    REGISTRATIONS_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     config_yaml: str
     policy_version: int
     heartbeat_interval_ms: int
     client_index: int
-    def __init__(self, run_id: _Optional[str] = ..., config_yaml: _Optional[str] = ..., policy_version: _Optional[int] = ..., heartbeat_interval_ms: _Optional[int] = ..., client_index: _Optional[int] = ...) -> None: ...
+    registrations: int
+    def __init__(self, run_id: _Optional[str] = ..., config_yaml: _Optional[str] = ..., policy_version: _Optional[int] = ..., heartbeat_interval_ms: _Optional[int] = ..., client_index: _Optional[int] = ..., registrations: _Optional[int] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
     __slots__ = ("client_id", "env_steps", "segments_sent", "life", "ended")
@@ -58,7 +60,7 @@ class LifeReport(_message.Message):
     accepted_env_steps: int
     rejected_env_steps: int
     crashed: bool
-    def __init__(self, life: _Optional[int] = ..., env_steps: _Optional[int] = ..., accepted_env_steps: _Optional[int] = ..., rejected_env_steps: _Optional[int] = ..., crashed: _Optional[bool] = ...) -> None: ...
+    def __init__(self, life: _Optional[int] = ..., env_steps: _Optional[int] = ..., accepted_env_steps: _Optional[int] = ..., rejected_env_steps: _Optional[int] = ..., crashed: bool = ...) -> None: ...
 
 class HeartbeatReply(_message.Message):
     __slots__ = ("stop", "policy_version")
