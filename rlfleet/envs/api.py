@@ -40,6 +40,10 @@ class EnvConfig:
     terminate_on_success: bool = False
     image_size: int = 0  # side of the square `main_images` camera frame; 0: state-only (no renderer)
     camera: str = "corner"  # simulator camera for `main_images`
+    # MetaWorld: draw the task's `goal` site (where it has one) as a green sphere of this radius (m)
+    # in `main_images`; 0: as the task ships it (a 1.5-2 cm red dot, a pixel or two at 64 px).
+    # Only the frames change: sites never collide, and rewards and success ignore their size.
+    goal_marker_size: float = 0.0
     pool: str = "train"  # CALVIN chains: "train" or the disjoint held-out "eval" pool (others ignore it)
     # Envs in the whole fleet (actors set it to num_actors x num_envs; 0: this batch alone). Envs that
     # walk a seed list (RoboTwin) stride by it, so workers and actors never replay each other's seeds.
@@ -74,6 +78,8 @@ def check_env_args(cfg: EnvConfig, num_envs: int, env_offset: int) -> None:
         raise ValueError(
             f"chunk_size and max_episode_steps must be >= 1, got {cfg.chunk_size}, {cfg.max_episode_steps}"
         )
+    if cfg.goal_marker_size < 0:
+        raise ValueError(f"goal_marker_size must be >= 0 (0: as the task ships it), got {cfg.goal_marker_size}")
     if cfg.reward_type not in ("dense", "success", "success_once"):
         raise ValueError(f"reward_type must be 'dense', 'success' or 'success_once', got {cfg.reward_type!r}")
 

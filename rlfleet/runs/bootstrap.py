@@ -33,7 +33,10 @@ def demos_folder(cfg: DictConfig) -> Path:
     if d.path:
         return Path(d.path)
     env, task = cfg.env, d.task or cfg.env.task
-    key = _key("demos", task, env.image_size, env.camera, env.max_episode_steps, d.episodes_per_task, d.seed)
+    parts = ["demos", task, env.image_size, env.camera, env.max_episode_steps, d.episodes_per_task, d.seed]
+    if env.get("goal_marker_size", 0):  # other frames; absent from the key when 0, so older caches stay valid
+        parts.append(["goal_marker_size", env.goal_marker_size])
+    key = _key(*parts)
     return Path(d.cache_dir) / f"demos-{key}"
 
 

@@ -327,3 +327,30 @@ def test_experts_import_keeps_headless_rendering() -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("MUJOCO_GL", "PYOPENGL_PLATFORM")}
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_goal_marker_changes_only_the_frames_of_tasks_with_a_goal_site() -> None:
+    """env.goal_marker_size draws reach's goal as a green sphere: the frames show it, while states,
+    rewards and success stay those of the stock task; a task without a `goal` site is untouched."""
+    from rlfleet.envs.metaworld.render import GOAL_MARKER_RGBA
+
+    def run(task: str, size: float):
+        cfg = EnvConfig(task=task, max_episode_steps=8, chunk_size=2, image_size=64, goal_marker_size=size)
+        with MetaWorldEnv(cfg, 2) as env:
+            obs = env.reset(np.array([3, 4]))
+            res = env.chunk_step(np.full((2, 2, 4), 0.5, np.float32))
+            return obs, res
+
+    stock, stock_step = run("reach-v3", 0.0)
+    marked, marked_step = run("reach-v3", 0.05)
+    green = lambda img: ((img[..., 1] > 200) & (img[..., 0] < 60) & (img[..., 2] < 60)).sum(axis=(1, 2))  # noqa: E731
+    assert GOAL_MARKER_RGBA == (0.0, 1.0, 0.0, 1.0)
+    assert (green(stock["main_images"]) == 0).all() and (green(marked["main_images"]) >= 6).all()
+    np.testing.assert_array_equal(stock["states"], marked["states"])
+    np.testing.assert_array_equal(stock_step.obs["states"], marked_step.obs["states"])
+    np.testing.assert_array_equal(stock_step.rewards, marked_step.rewards)
+    plain, _ = run("button-press-topdown-v3", 0.0)
+    same, _ = run("button-press-topdown-v3", 0.05)  # no `goal` site: nothing to draw
+    np.testing.assert_array_equal(plain["main_images"], same["main_images"])
+    with pytest.raises(ValueError, match="goal_marker_size must be >= 0"):
+        MetaWorldEnv(EnvConfig(task="reach-v3", goal_marker_size=-1.0), 1)

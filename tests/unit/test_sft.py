@@ -151,3 +151,18 @@ def test_demos_task_collects_on_its_own_tasks_and_keeps_their_cache(tmp_path, mo
     monkeypatch.setattr(bootstrap, "collect_env_demos", collect)
     with pytest.raises(Collected, match=f"^{train}$"):
         bootstrap.ensure_sft_checkpoint(split, progress=False)
+
+
+def test_goal_marker_gets_its_own_demo_cache_and_leaves_the_others_keys_alone(tmp_path):
+    from rlfleet.config import load_config
+    from rlfleet.runs import bootstrap
+
+    cache = f"demos.cache_dir={tmp_path}"
+    stock = load_config("metaworld_quickstart_tinyoft", [cache])
+    marked = load_config("metaworld_quickstart_tinyoft", [cache, "env.goal_marker_size=0.05"])
+    e, d = stock.env, stock.demos
+    # the key a run without the marker had before the setting existed
+    before = bootstrap._key("demos", e.task, e.image_size, e.camera, e.max_episode_steps, d.episodes_per_task, d.seed)
+    assert bootstrap.demos_folder(stock).name == f"demos-{before}"
+    assert bootstrap.demos_folder(marked) != bootstrap.demos_folder(stock)
+    assert bootstrap.sft_folder(marked) != bootstrap.sft_folder(stock)

@@ -89,7 +89,11 @@ class MetaWorldEnv(EpisodeEnv):
         install_fast_rotation()
         with _quiet_gym():
             self._envs = [_make_raw_env(t, cfg.max_episode_steps) for t in self._env_tasks]
-        self._renderers = [CameraRenderer(e, cfg.image_size, cfg.camera) for e in self._envs] if cfg.image_size else []
+        self._renderers = (
+            [CameraRenderer(e, cfg.image_size, cfg.camera, cfg.goal_marker_size) for e in self._envs]
+            if cfg.image_size
+            else []
+        )
         self._rngs: list[np.random.Generator | None] = [None] * num_envs  # per-env episode-seed generators
         self._experts: list[Any] | None = None  # scripted experts, built on first use (demos, DAgger)
         self._raw = [np.zeros(STATE_DIM)] * num_envs  # each env's last observation

@@ -7,6 +7,23 @@ from typing import Any
 import numpy as np
 
 
+GOAL_MARKER_RGBA = (0.0, 1.0, 0.0, 1.0)  # green: the arm, the tasks' own dots and most objects are red
+
+
+def show_goal(model: Any, radius: float) -> bool:
+    """Draw the model's `goal` site as a sphere of `radius` in GOAL_MARKER_RGBA; False when it has none."""
+    import mujoco
+
+    try:
+        site = model.site("goal").id
+    except KeyError:
+        return False
+    model.site_type[site] = mujoco.mjtGeom.mjGEOM_SPHERE
+    model.site_size[site] = radius
+    model.site_rgba[site] = GOAL_MARKER_RGBA
+    return True
+
+
 class CameraRenderer:
     """`main_images` for one env: mujoco offscreen rendering with CPU-friendly settings.
 
@@ -15,10 +32,12 @@ class CameraRenderer:
     cameras come out rotated 180 degrees, so frames are flipped.
     """
 
-    def __init__(self, env: Any, size: int, camera: str) -> None:
+    def __init__(self, env: Any, size: int, camera: str, goal_marker_size: float = 0.0) -> None:
         import mujoco  # after MUJOCO_GL is set (the metaworld package __init__)
 
         model = env.model
+        if goal_marker_size > 0:
+            show_goal(model, goal_marker_size)
         try:
             self._camera = model.camera(camera).id
         except KeyError as exc:
