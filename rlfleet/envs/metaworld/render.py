@@ -6,7 +6,6 @@ from typing import Any
 
 import numpy as np
 
-
 GOAL_MARKER_RGBA = (0.0, 1.0, 0.0, 1.0)  # green: the arm, the tasks' own dots and most objects are red
 
 
