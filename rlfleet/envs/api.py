@@ -48,6 +48,11 @@ class EnvConfig:
     # Envs in the whole fleet (actors set it to num_actors x num_envs; 0: this batch alone). Envs that
     # walk a seed list (RoboTwin) stride by it, so workers and actors never replay each other's seeds.
     fleet_envs: int = 0
+    # RoboTwin tasks with stages (`Task.progress`, e.g. place_empty_cup): add w * (progress after the
+    # step - progress before) to each step's reward, with w this value (0: off). Potential-based
+    # shaping (Ng, Harada & Russell 1999): an episode's shaping sums to w * (last - first progress),
+    # so it pays for progress the sparse success reward cannot see, not for loitering in a stage.
+    progress_reward: float = 0.0
     # gymnasium envs (`gym:<id>`): the info key that says the task is solved ("": "is_success" or "success")
     success_key: str = ""
 
@@ -78,6 +83,8 @@ def check_env_args(cfg: EnvConfig, num_envs: int, env_offset: int) -> None:
         raise ValueError(
             f"chunk_size and max_episode_steps must be >= 1, got {cfg.chunk_size}, {cfg.max_episode_steps}"
         )
+    if cfg.progress_reward < 0:
+        raise ValueError(f"progress_reward must be >= 0 (0: off), got {cfg.progress_reward}")
     if cfg.goal_marker_size < 0:
         raise ValueError(f"goal_marker_size must be >= 0 (0: as the task ships it), got {cfg.goal_marker_size}")
     if cfg.reward_type not in ("dense", "success", "success_once"):

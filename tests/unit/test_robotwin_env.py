@@ -62,6 +62,49 @@ def test_terminate_on_success_ends_the_expert_episode_when_solved() -> None:
         env.close()
 
 
+def test_progress_reward_is_potential_based_shaping_on_the_expert_path() -> None:
+    """place_empty_cup's stages rise 0 -> 0.25 -> 0.5 -> 0.75 -> 1 along the expert's episode; each
+    step's reward is success plus w * (progress after - progress before), so the episode's shaping
+    sums to w * (last - first progress); without the setting the rewards are the plain success ones."""
+    w, steps = 2.0, 120
+    rewards = {}
+    for weight in (0.0, w):
+        env = RoboTwinEnv(_cfg("place_empty_cup", chunk_size=1, reward_type="success", progress_reward=weight), 1)
+        try:
+            env.reset(np.array([0]))
+            slot = env._slots[0]
+            seen, got, solved = [slot.task.progress()], [], []
+            for _ in range(steps):
+                res, _, _ = env.expert_chunk_step(np.zeros((1, 1, ACTION_DIM), np.float32), np.ones(1, bool))
+                got.append(float(res.rewards[0, 0]))
+                solved.append(bool(res.success[0]))
+                seen.append(slot.task.progress())
+            rewards[weight] = np.array(got)
+        finally:
+            env.close()
+    stages = [p for i, p in enumerate(seen) if i == 0 or p != seen[i - 1]]
+    assert stages == [0.0, 0.25, 0.5, 0.75, 1.0] and any(solved)
+    np.testing.assert_array_equal(rewards[0.0], np.array(solved, np.float32))
+    shaping = rewards[w] - np.array(solved, np.float32)
+    np.testing.assert_allclose(shaping, w * np.diff(seen), atol=1e-6)
+    assert shaping.sum() == pytest.approx(w * (seen[-1] - seen[0]))
+    plain = RoboTwinEnv(_cfg("click_bell", chunk_size=1, reward_type="success", progress_reward=w), 1)
+    try:  # a task without stages: no shaping
+        plain.reset(np.array([0]))
+        assert plain._slots[0].task.progress() is None
+        res, _, _ = plain.expert_chunk_step(np.zeros((1, 1, ACTION_DIM), np.float32), np.ones(1, bool))
+        assert res.rewards[0, 0] == float(res.success[0])
+    finally:
+        plain.close()
+
+
+def test_progress_reward_settings_are_checked() -> None:
+    with pytest.raises(ValueError, match="progress_reward must be >= 0"):
+        RoboTwinEnv(_cfg("place_empty_cup", progress_reward=-1.0), 1)
+    with pytest.raises(ValueError, match="success_once pays 0/1"):
+        RoboTwinEnv(_cfg("place_empty_cup", progress_reward=1.0), 1)  # _cfg's reward_type is success_once
+
+
 def test_seed_files_are_disjoint_and_complete() -> None:
     for task in TASKS:
         for setting in SETTINGS:

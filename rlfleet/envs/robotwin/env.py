@@ -84,6 +84,7 @@ class _Slot:
         self.seeds = load_seeds(self.task_name, self.split, setting) if self.split != "any" else None
         self.expert = ScriptedExpert(self.task)
         self.cursor: int | None = None  # seed cursor, set by the first reset
+        self.progress = 0.0  # the task's progress after the last step (progress_reward)
 
     def episode_seed(self, index: int) -> int:
         return int(self.seeds[index % len(self.seeds)]) if self.seeds is not None else int(index)
@@ -97,6 +98,7 @@ class _Slot:
         for _ in range(2):  # let objects settle on the table
             self.scene.scene.step()
         self.expert.reset()
+        self.progress = self.task.progress() or 0.0
 
     def state(self) -> np.ndarray:
         out = np.zeros(STATE_DIM, np.float32)
@@ -124,6 +126,10 @@ class RoboTwinEnv(EpisodeEnv):
         self._init_core(cfg, num_envs, env_offset, STATE_DIM, ACTION_DIM, resolve_tasks(cfg.task))
         if cfg.image_size > 0:
             require_renderer()
+        if cfg.progress_reward and cfg.reward_type == "success_once":
+            raise ValueError(
+                "progress_reward needs reward_type 'success' or 'dense' (success_once pays 0/1 per episode)"
+            )
         num_total_envs = num_total_envs or cfg.fleet_envs or None  # the fleet's envs, when actors say
         self._stride = num_total_envs if num_total_envs is not None else env_offset + num_envs
         if self._stride < env_offset + num_envs:
@@ -160,7 +166,12 @@ class RoboTwinEnv(EpisodeEnv):
         slot = self._slots[i]
         slot.scene.apply_action(action)
         ok = slot.task.success()
-        return Outcome(slot.dense_reward(ok) if self._cfg.reward_type == "dense" else 0.0, ok)
+        dense = slot.dense_reward(ok) if self._cfg.reward_type == "dense" else 0.0
+        if not self._cfg.progress_reward:
+            return Outcome(dense, ok)
+        before, slot.progress = slot.progress, slot.task.progress() or 0.0
+        shaping = self._cfg.progress_reward * (slot.progress - before)
+        return Outcome(dense + shaping, ok, sparse_reward=float(ok) + shaping)
 
     def state_one(self, i: int) -> np.ndarray:
         return self._slots[i].state()

@@ -59,6 +59,12 @@ class Task:
     def success(self) -> bool:
         raise NotImplementedError
 
+    def progress(self) -> float | None:
+        """How far through its stages the task is in the current state, in [0, 1] (1: the last stage
+        before success); None for a task without stages. A potential for reward shaping
+        (`EnvConfig.progress_reward`), so it must depend on the current state only."""
+        return None
+
     # --- shared ---------------------------------------------------------------------------------
     def reset(self, rng: np.random.Generator) -> None:
         self.footprints = []
@@ -125,6 +131,21 @@ class PlaceEmptyCup(Task):
             and tilt_deg(self.cup) < 15
             and self.hands_open()
         )
+
+    def progress(self) -> float:
+        """Held (a closed hand at the cup), lifted (held, 3 cm up), over the coaster (held, within 3 cm
+        of its centre), lowered onto it (within 3 cm, under 2 cm up): 0.25 each; success then needs
+        the hand open."""
+        cup, coaster = self.rel(self.cup), self.rel(self.coaster)
+        over = bool(np.linalg.norm(cup[:2] - coaster[:2]) < 0.03)
+        if over and cup[2] < 0.02 and tilt_deg(self.cup) < 15:
+            return 1.0
+        held = self.holder(self.cup, reach=0.08) is not None
+        if not held:
+            return 0.0
+        if over:
+            return 0.75
+        return 0.5 if cup[2] > 0.03 else 0.25
 
 
 class AdjustBottle(Task):
