@@ -28,7 +28,7 @@ from rlfleet.config import as_dict, eval_env_config, fill_model_dims, load_confi
 from rlfleet.envs.chains import chain_report
 from rlfleet.envs.registry import scored_chain_length, task_groups
 from rlfleet.eval.episodes import evaluate_policy
-from rlfleet.eval.report import success_table, write_before_after, write_report
+from rlfleet.eval.report import chain_markdown, success_table, write_before_after, write_report
 from rlfleet.learner.metrics import print_summary
 from rlfleet.policies.checkpoint_io import policy_from_config
 from rlfleet.runs.bootstrap import ensure_sft_checkpoint, needs_bootstrap
@@ -147,7 +147,8 @@ def evaluate_only(cfg: DictConfig, run_dir: Path) -> dict:
     """`runner.only_eval`: the success table of the starting policy, also as JSON and Markdown."""
     if not cfg.policy.get("model_path"):
         raise ValueError("runner.only_eval needs policy.model_path (or demos.bootstrap: true)")
-    success = evaluate_start(cfg)
+    returns: dict[str, list[float]] = {}
+    success = evaluate_start(cfg, returns)
     run_dir.mkdir(parents=True, exist_ok=True)
     write_report(
         success_table(success, groups=task_groups(cfg.env.name)),
@@ -155,7 +156,13 @@ def evaluate_only(cfg: DictConfig, run_dir: Path) -> dict:
         name="eval",
         title=f"Evaluation of {cfg.policy.model_path}",
     )
-    summary = {"eval_success": success, "eval_success_mean": sum(success.values()) / len(success)}
+    summary: dict = {"eval_success": success, "eval_success_mean": sum(success.values()) / len(success)}
+    n = scored_chain_length(cfg.env.name, cfg.env.reward_type)
+    if n:  # chained envs (CALVIN) are judged by their chain metrics: the table and summary get them too
+        summary["eval_chain"] = chain_report(returns, n)
+        text = chain_markdown(summary["eval_chain"], f"Chains of {cfg.policy.model_path}", n)
+        (run_dir / "eval_chain.md").write_text(text)
+        print(text, flush=True)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
 

@@ -74,3 +74,7 @@ def test_short_fleet_run_then_eval_only(tmp_path, suite):
     result = json.loads((only / "summary.json").read_text())
     assert set(result["eval_success"]) == set(summary["eval_success"])
     assert (only / "eval.md").exists() and not (only / "checkpoints").exists()
+    if suite == "calvin":  # an evaluation-only run of a chained env reports its chains too
+        assert {"avg_num_subtasks", "success_len_5"} <= set(result["eval_chain"]["all"])
+        assert "avg_num_subtasks" in (only / "eval_chain.md").read_text()
+        assert "avg_num_subtasks" in res.stdout
