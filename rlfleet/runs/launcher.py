@@ -131,24 +131,26 @@ def _stop_all(procs: list[subprocess.Popen], grace: float) -> None:
             p.wait()
 
 
-def evaluate_start(cfg: DictConfig, episode_returns: dict[str, list[float]] | None = None) -> dict[str, float]:
-    """Success of the policy the run starts from (fresh or `policy.model_path`), for before/after;
-    `episode_returns` receives each task's returns (the chain metrics of chained envs)."""
+def evaluate_start(cfg: DictConfig) -> tuple[dict[str, float], dict | None]:
+    """Success of the policy the run starts from (fresh or `policy.model_path`), for before/after,
+    and for chained envs (CALVIN) its chain metrics from the same episodes (else None)."""
     torch.manual_seed(cfg.runner.seed)
     fill_model_dims(cfg)
     d = cfg.model_dims
     policy = policy_from_config(as_dict(cfg.policy), d.state_dim, d.action_dim, cfg.env.chunk_size, cfg.env.image_size)
-    return evaluate_policy(
-        policy, eval_env_config(cfg), cfg.eval.episodes_per_task, seed=cfg.eval.seed, episode_returns=episode_returns
+    returns: dict[str, list[float]] = {}
+    success = evaluate_policy(
+        policy, eval_env_config(cfg), cfg.eval.episodes_per_task, seed=cfg.eval.seed, episode_returns=returns
     )
+    n = scored_chain_length(cfg.env.name, cfg.env.reward_type)
+    return success, (chain_report(returns, n) if n else None)
 
 
 def evaluate_only(cfg: DictConfig, run_dir: Path) -> dict:
     """`runner.only_eval`: the success table of the starting policy, also as JSON and Markdown."""
     if not cfg.policy.get("model_path"):
         raise ValueError("runner.only_eval needs policy.model_path (or demos.bootstrap: true)")
-    returns: dict[str, list[float]] = {}
-    success = evaluate_start(cfg, returns)
+    success, chain = evaluate_start(cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
     write_report(
         success_table(success, groups=task_groups(cfg.env.name)),
@@ -157,10 +159,10 @@ def evaluate_only(cfg: DictConfig, run_dir: Path) -> dict:
         title=f"Evaluation of {cfg.policy.model_path}",
     )
     summary: dict = {"eval_success": success, "eval_success_mean": sum(success.values()) / len(success)}
-    n = scored_chain_length(cfg.env.name, cfg.env.reward_type)
-    if n:  # chained envs (CALVIN) are judged by their chain metrics: the table and summary get them too
-        summary["eval_chain"] = chain_report(returns, n)
-        text = chain_markdown(summary["eval_chain"], f"Chains of {cfg.policy.model_path}", n)
+    if chain is not None:  # chained envs (CALVIN) are judged by their chain metrics: the table and summary get them too
+        summary["eval_chain"] = chain
+        n = scored_chain_length(cfg.env.name, cfg.env.reward_type)
+        text = chain_markdown(chain, f"Chains of {cfg.policy.model_path}", n)
         (run_dir / "eval_chain.md").write_text(text)
         print(text, flush=True)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -234,10 +236,7 @@ def _train_fleet(
             print(f"--resume: the starting policy's evaluation from {run_dir / 'eval_before.json'}", file=sys.stderr)
         else:
             print("evaluating the starting policy ...", file=sys.stderr, flush=True)
-            returns: dict[str, list[float]] = {}
-            before = evaluate_start(cfg, returns)
-            n = scored_chain_length(cfg.env.name, cfg.env.reward_type)
-            chain_before = chain_report(returns, n) if n else None  # chained envs (CALVIN): the chain table too
+            before, chain_before = evaluate_start(cfg)
             _keep_before(run_dir, before, chain_before)
     ports = metrics_ports(metrics_port, cfg.actor.num_actors, plan.num_inference_servers if plan else 1)
     summary = _run_fleet(cfg, run_dir, ports, metrics_host, plan)

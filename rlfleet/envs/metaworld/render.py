@@ -9,18 +9,17 @@ import numpy as np
 GOAL_MARKER_RGBA = (0.0, 1.0, 0.0, 1.0)  # green: the arm, the tasks' own dots and most objects are red
 
 
-def show_goal(model: Any, radius: float) -> bool:
-    """Draw the model's `goal` site as a sphere of `radius` in GOAL_MARKER_RGBA; False when it has none."""
+def show_goal(model: Any, radius: float) -> None:
+    """Draw the model's `goal` site as a sphere of `radius` in GOAL_MARKER_RGBA (nothing when it has none)."""
     import mujoco
 
     try:
         site = model.site("goal").id
     except KeyError:
-        return False
+        return
     model.site_type[site] = mujoco.mjtGeom.mjGEOM_SPHERE
     model.site_size[site] = radius
     model.site_rgba[site] = GOAL_MARKER_RGBA
-    return True
 
 
 class CameraRenderer:
