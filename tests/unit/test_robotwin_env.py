@@ -12,7 +12,7 @@ from rlfleet.envs import make_env  # noqa: E402
 from rlfleet.envs.api import EnvConfig, decode_instructions  # noqa: E402
 from rlfleet.envs.robotwin import scene as scene_mod  # noqa: E402
 from rlfleet.envs.robotwin.env import ACTION_DIM, STATE_DIM, RoboTwinEnv, resolve_tasks  # noqa: E402
-from rlfleet.envs.robotwin.seeds import SEED_DIR, load_seeds  # noqa: E402
+from rlfleet.envs.robotwin.seeds import HELD_OUT_SHIFT, SEED_DIR, load_seeds  # noqa: E402
 from rlfleet.envs.robotwin.settings import SETTINGS  # noqa: E402
 from rlfleet.envs.robotwin.tasks import TASKS  # noqa: E402
 
@@ -114,6 +114,28 @@ def test_seed_files_are_disjoint_and_complete() -> None:
             assert not set(train) & set(evals), f"{task}/{setting}: train and eval seeds overlap"
     for path in SEED_DIR.glob("*.json"):
         assert set(json.loads(path.read_text())) <= set(SETTINGS)
+
+
+def test_split_any_never_plays_a_held_out_layout() -> None:
+    """Demo collection's seeds start at 1_000_000, where the eval seeds do: split `any` shifts the
+    task's eval seeds away (other seeds play as given); only the eval seed search plays them raw."""
+    first_eval = load_seeds("place_empty_cup", "eval", "clean")[0]
+    held_out = RoboTwinEnv(_cfg("place_empty_cup:eval", chunk_size=1), 1)
+    trained = RoboTwinEnv(_cfg("place_empty_cup:any", chunk_size=1), 1)
+    searched = RoboTwinEnv(_cfg("place_empty_cup:any", chunk_size=1), 1, allow_held_out=True)
+    try:
+        eval_state = held_out.reset(np.array([0]))["states"]
+        assert held_out.episode_seeds == [first_eval]
+        state = trained.reset(np.array([first_eval]))["states"]
+        assert trained.episode_seeds == [first_eval + HELD_OUT_SHIFT]
+        assert not np.allclose(state, eval_state)
+        trained.reset(np.array([7]))
+        assert trained.episode_seeds == [7]
+        assert np.array_equal(searched.reset(np.array([first_eval]))["states"], eval_state)
+        assert searched.episode_seeds == [first_eval]
+    finally:
+        for env in (held_out, trained, searched):
+            env.close()
 
 
 def test_batch_shapes_auto_reset_and_seed_schedule() -> None:

@@ -10,7 +10,9 @@ scripted expert; train and eval disjoint) and every seed passed to `reset(seeds)
 into that list (wrapping around) after division by the number of task items n: with one item an
 evaluator's seeds 0..N-1 mean the first N eval episodes; with n items `evaluate_policy`'s seeds
 base + j*n + i give item i its entries j = 0..N-1, all distinct up to the list length.
-Split `any` uses seeds as given (unfiltered). Without explicit seeds, env i of a batch with
+Split `any` uses seeds as given (unfiltered), except the task's shipped eval seeds: those play
+seed + `HELD_OUT_SHIFT` (2**40), so no training env or demo replays a held-out layout (demo
+collection's seeds start at 1_000_000, where the eval seeds do). Without explicit seeds, env i of a batch with
 `env_offset` o (global index g = o + i) plays list entries g + cfg.seed, g + cfg.seed + T,
 g + cfg.seed + 2T, ... where T = `num_total_envs` (default o + num_envs: correct for one process;
 workers of a multi-process batch should pass the batch total so their seeds never overlap).
@@ -30,7 +32,7 @@ from rlfleet.envs.api import EnvConfig
 from rlfleet.envs.core import EpisodeEnv, Outcome
 from rlfleet.envs.robotwin.experts import ScriptedExpert
 from rlfleet.envs.robotwin.scene import ARMS, DualArmScene, require_renderer
-from rlfleet.envs.robotwin.seeds import SPLITS, load_seeds
+from rlfleet.envs.robotwin.seeds import HELD_OUT_SHIFT, SPLITS, held_out_seeds, load_seeds
 from rlfleet.envs.robotwin.settings import SETTINGS, Clutter
 from rlfleet.envs.robotwin.tasks import TASKS, Task
 
@@ -76,18 +78,22 @@ def resolve_tasks(task: str) -> list[str]:
 class _Slot:
     """One env: its scene, task, clutter, expert and seed cursor."""
 
-    def __init__(self, item: str, image_size: int) -> None:
+    def __init__(self, item: str, image_size: int, allow_held_out: bool = False) -> None:
         self.task_name, setting, self.split = parse_task(item)
         self.scene = DualArmScene(image_size)
         self.task: Task = TASKS[self.task_name](self.scene)
         self.clutter = Clutter(self.scene, SETTINGS[setting])
         self.seeds = load_seeds(self.task_name, self.split, setting) if self.split != "any" else None
+        any_raw = self.split == "any" and not allow_held_out
+        self.held_out = held_out_seeds(self.task_name, setting) if any_raw else frozenset()
         self.expert = ScriptedExpert(self.task)
         self.cursor: int | None = None  # seed cursor, set by the first reset
         self.progress = 0.0  # the task's progress after the last step (progress_reward)
 
     def episode_seed(self, index: int) -> int:
-        return int(self.seeds[index % len(self.seeds)]) if self.seeds is not None else int(index)
+        if self.seeds is not None:
+            return int(self.seeds[index % len(self.seeds)])
+        return int(index) + HELD_OUT_SHIFT if index in self.held_out else int(index)
 
     def reset(self, seed: int) -> None:
         rng = np.random.default_rng(seed)
@@ -122,7 +128,15 @@ class RoboTwinEnv(EpisodeEnv):
     Episodes end by truncation, or on success with terminate_on_success.
     """
 
-    def __init__(self, cfg: EnvConfig, num_envs: int, env_offset: int = 0, num_total_envs: int | None = None) -> None:
+    def __init__(
+        self,
+        cfg: EnvConfig,
+        num_envs: int,
+        env_offset: int = 0,
+        num_total_envs: int | None = None,
+        allow_held_out: bool = False,
+    ) -> None:
+        """`allow_held_out`: split `any` plays the eval seeds too (only for the eval seed search)."""
         self._init_core(cfg, num_envs, env_offset, STATE_DIM, ACTION_DIM, resolve_tasks(cfg.task))
         if cfg.image_size > 0:
             require_renderer()
@@ -134,7 +148,7 @@ class RoboTwinEnv(EpisodeEnv):
         self._stride = num_total_envs if num_total_envs is not None else env_offset + num_envs
         if self._stride < env_offset + num_envs:
             raise ValueError(f"num_total_envs {num_total_envs} < env_offset + num_envs = {env_offset + num_envs}")
-        self._slots = [_Slot(item, cfg.image_size) for item in self._env_tasks]
+        self._slots = [_Slot(item, cfg.image_size, allow_held_out) for item in self._env_tasks]
 
     @property
     def episode_seeds(self) -> list[int]:

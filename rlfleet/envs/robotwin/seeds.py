@@ -24,6 +24,9 @@ from rlfleet.envs.robotwin.tasks import TASKS
 SEED_DIR = Path(__file__).parent / "seeds"
 SPLITS = ("train", "eval", "any")  # "any": raw seeds, not filtered by the expert
 SPLIT_BASE = {"train": 0, "eval": 1_000_000}
+# Split `any` plays raw seed s + HELD_OUT_SHIFT where s is a shipped eval seed of its task and
+# setting: demo collection's seeds (1_000_000 up) would otherwise replay the held-out layouts.
+HELD_OUT_SHIFT = 2**40
 EXPERT_STEPS = 300  # expert episodes longer than this count as unsolved
 
 
@@ -47,6 +50,15 @@ def load_seeds(task: str, split: str, setting: str) -> list[int]:
     return list(seeds)
 
 
+def held_out_seeds(task: str, setting: str) -> frozenset[int]:
+    """The eval split's seeds of one task and setting (empty without an eval file): the layouts
+    split `any` never plays."""
+    try:
+        return frozenset(_read(task, "eval").get(setting, []))
+    except FileNotFoundError:
+        return frozenset()
+
+
 def expert_solves(task: str, setting: str, seed: int, max_steps: int = EXPERT_STEPS) -> tuple[bool, int]:
     """Run the scripted expert on the episode of raw `seed`; (solved, steps it took)."""
     from rlfleet.envs.robotwin.env import RoboTwinEnv  # robotwin.env imports this module
@@ -54,7 +66,7 @@ def expert_solves(task: str, setting: str, seed: int, max_steps: int = EXPERT_ST
     cfg = EnvConfig(
         name="robotwin", task=f"{task}:{setting}:any", max_episode_steps=max_steps + 1, reward_type="success"
     )
-    env = RoboTwinEnv(cfg, 1)
+    env = RoboTwinEnv(cfg, 1, allow_held_out=True)  # the eval search tries raw eval seeds
     try:
         env.reset(np.array([seed]))
         for t in range(max_steps):
