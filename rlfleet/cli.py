@@ -450,9 +450,21 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def parse_command_line(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """Like parse_args, but key=value overrides may also follow the options (`rlfleet sft RECIPE
+    --demos D --out O sft.steps=500`): argparse stops filling a positional list at the first option."""
+    args, extra = parser.parse_known_args(argv)
+    late = [e for e in extra if "=" in e and not e.startswith("-")]
+    if late and hasattr(args, "overrides") and len(late) == len(extra):
+        args.overrides = [*args.overrides, *late]
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse_command_line(parser, argv)
     args.command_line = shlex.join(["rlfleet", *(sys.argv[1:] if argv is None else argv)])
     _check_addresses(parser, args)
     _setup_logging(args.log_level, args.log_format, args.command)

@@ -9,7 +9,7 @@ import sys
 import pytest
 import yaml
 
-from rlfleet.cli import main
+from rlfleet.cli import build_parser, main, parse_command_line
 from rlfleet.config import load_config, recipe_description, recipe_names, recipe_scale, to_yaml
 
 
@@ -143,3 +143,17 @@ def test_every_recipe_has_a_one_line_description_and_a_scale():
         # the _cpu recipes are laptop-sized, by name and by block
         if name.endswith("_cpu"):
             assert recipe_scale(name) == "cpu", name
+
+
+def test_overrides_may_follow_the_options():
+    """`rlfleet sft RECIPE --demos D --out O sft.steps=500` keeps the override (argparse alone
+    stops the positional list at the first option and rejects what follows)."""
+    parser = build_parser()
+    args = parse_command_line(
+        parser, ["sft", "metaworld_reach_ppo", "a=1", "--demos", "d", "--out", "o", "sft.steps=5"]
+    )
+    assert args.overrides == ["a=1", "sft.steps=5"] and args.demos == "d" and args.out == "o"
+    with pytest.raises(SystemExit):
+        parse_command_line(parser, ["sft", "metaworld_reach_ppo", "--demos", "d", "--out", "o", "--nope"])
+    with pytest.raises(SystemExit):  # a command without overrides takes none
+        parse_command_line(parser, ["recipes", "a=1"])
