@@ -170,6 +170,10 @@ class SFTConfig:
     weight_decay: float = 1e-4
     max_grad_norm: float = 1.0
     shift_augment: int = 2  # random image shift in pixels (0: off); helps a small CNN generalise
+    # Train without the demos' no-op frames (no arm motion, gripper command unchanged: a waypoint
+    # expert waiting for the arm), which teach the policy to stop at waypoints; needs the env to
+    # declare its gripper action dims (GRIPPER_ACTION_DIMS). docs/vla.md "No-op frames".
+    drop_noop_frames: bool = False
     eval_every: int = 0  # steps between evaluations in the simulator (0: none during training)
     eval_episodes_per_task: int = 5
     seed: int = 0

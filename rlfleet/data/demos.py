@@ -52,7 +52,7 @@ evaluation seed (`rlfleet.config.eval_seed_range` checks it), so demos never rep
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -139,3 +139,53 @@ def load_demos(path: str | Path, only_success: bool = True) -> list[DemoEpisode]
             )
         )
     return episodes
+
+
+# --- no-op frames ------------------------------------------------------------------------------
+
+
+def noop_frames(
+    actions: np.ndarray, gripper_dims: tuple[int, ...], keep_from: int = -1, tol: float = 1e-3
+) -> np.ndarray:
+    """[L] bool: frames whose action moves nothing (every dim outside `gripper_dims` within `tol`
+    of 0) and repeats the previous frame's gripper commands. A waypoint expert emits them while
+    the arm catches up with its target; the state does not show that lag, so behaviour cloning
+    learns to stop at the waypoints (OpenVLA filters no-op actions from its datasets likewise).
+    The first frame, and every frame from `keep_from` on (>= 0: the first success, so the "hold
+    still" frames after it stay), are never no-ops."""
+    actions = np.asarray(actions)
+    if actions.ndim != 2:
+        raise ValueError(f"actions must be [L, action_dim], got shape {actions.shape}")
+    dims = actions.shape[1]
+    if any(not 0 <= d < dims for d in gripper_dims):
+        raise ValueError(f"gripper dims {list(gripper_dims)} outside the {dims} action dims")
+    motion = [d for d in range(dims) if d not in gripper_dims]
+    grip = list(gripper_dims)
+    noop = np.abs(actions[:, motion]).max(axis=1, initial=0.0) <= tol
+    noop[1:] &= (actions[1:, grip] == actions[:-1, grip]).all(axis=1)
+    noop[:1] = False
+    if keep_from >= 0:
+        noop[keep_from:] = False
+    return noop
+
+
+def drop_noop_frames(episode: DemoEpisode, gripper_dims: tuple[int, ...]) -> DemoEpisode:
+    """The episode without its no-op frames (see `noop_frames`), `success_step` moved to match."""
+    noop = noop_frames(episode.actions, gripper_dims, keep_from=episode.success_step)
+    if not noop.any():
+        return episode
+    keep = ~noop
+
+    def cut(a: np.ndarray | None) -> np.ndarray | None:
+        return None if a is None else a[keep]
+
+    return replace(
+        episode,
+        states=episode.states[keep],
+        actions=episode.actions[keep],
+        rewards=episode.rewards[keep],
+        step_success=episode.step_success[keep],
+        main_images=cut(episode.main_images),
+        step_instructions=cut(episode.step_instructions),
+        success_step=int(keep[: episode.success_step].sum()) if episode.success_step >= 0 else -1,
+    )

@@ -176,6 +176,10 @@ class ChunkedEnv(abc.ABC):
     # an episode is a chain of CHAIN_LENGTH instructions whose return counts those done in a row
     # (CALVIN's metrics); 0 for an ordinary env.
     CHAIN_LENGTH: int = 0
+    # The action dims that are absolute gripper commands, where every other dim moves the arm
+    # relative to where it is commanded to be (0: stay), so a demo frame with zero motion and an
+    # unchanged gripper command is the expert waiting (sft.drop_noop_frames). None: not declared.
+    GRIPPER_ACTION_DIMS: tuple[int, ...] | None = None
 
     @staticmethod
     def task_groups() -> dict[str, list[str]]:

@@ -125,6 +125,17 @@ def task_groups(name: str) -> dict[str, list[str]]:
     return dict(groups()) if callable(groups) else {}
 
 
+def gripper_action_dims(name: str) -> tuple[int, ...] | None:
+    """The absolute gripper dims of an env's actions (see ChunkedEnv.GRIPPER_ACTION_DIMS); None
+    when the env does not declare them or is unknown."""
+    try:
+        factory = env_factory(name)
+    except ValueError:
+        return None
+    dims = getattr(factory, "GRIPPER_ACTION_DIMS", None)
+    return tuple(int(d) for d in dims) if dims is not None else None
+
+
 def register_env_scheme(scheme: str, factory: EnvFactory) -> None:
     """Make `factory` build every env named `scheme://...` (it parses the rest of the name itself)."""
     if not scheme.isidentifier():

@@ -59,7 +59,8 @@ SAMPLING_ONLY_KEYS = (
 def sft_folder(cfg: DictConfig) -> Path:
     policy = {k: v for k, v in policy_settings(cfg).items() if k not in SAMPLING_ONLY_KEYS}
     # Where SFT ran changes its result only by rounding: a CPU and a GPU host share the cache key.
-    sft = {k: v for k, v in as_dict(cfg.sft).items() if k != "device"}
+    # drop_noop_frames is absent from the key when off, so caches from before it stay valid.
+    sft = {k: v for k, v in as_dict(cfg.sft).items() if k != "device" and not (k == "drop_noop_frames" and not v)}
     key = _key("sft", str(demos_folder(cfg)), policy, cfg.env.chunk_size, sft)
     return Path(cfg.demos.cache_dir) / f"sft-{key}"
 

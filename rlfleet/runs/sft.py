@@ -23,8 +23,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from rlfleet.config import SFTConfig, as_dict, load_config, policy_settings
-from rlfleet.data.demos import load_demos
+from rlfleet.data.demos import DemoEpisode, drop_noop_frames, load_demos
 from rlfleet.envs.api import EnvConfig
+from rlfleet.envs.registry import gripper_action_dims
 from rlfleet.eval.episodes import evaluate_policy
 from rlfleet.learner.metrics import print_summary
 from rlfleet.policies.checkpoint_io import load_checkpoint, model_config, save_checkpoint_folder
@@ -155,6 +156,22 @@ def train_sft(
     return history
 
 
+def without_noop_frames(episodes: list[DemoEpisode], env_name: str) -> list[DemoEpisode]:
+    """`sft.drop_noop_frames`: each episode without its no-op frames (rlfleet.data.demos.noop_frames)."""
+    dims = gripper_action_dims(env_name)
+    if dims is None:
+        raise ValueError(
+            f"sft.drop_noop_frames needs env {env_name!r} to declare its gripper action dims "
+            "(GRIPPER_ACTION_DIMS on the env class); it does not"
+        )
+    out = [drop_noop_frames(ep, dims) for ep in episodes]
+    before, after = sum(ep.length for ep in episodes), sum(ep.length for ep in out)
+    log.info(
+        "dropped %d no-op frames of %d (%.0f%%)", before - after, before, 100.0 * (before - after) / max(before, 1)
+    )
+    return out
+
+
 def run_sft(
     demos: str | Path,
     out: str | Path,
@@ -167,6 +184,8 @@ def run_sft(
     torch.set_num_threads(cfg.threads)
     t0 = time.monotonic()
     episodes = load_demos(demos, only_success=True)
+    if cfg.drop_noop_frames:
+        episodes = without_noop_frames(episodes, env_cfg.name)
     data = build_sft_data(episodes, env_cfg.chunk_size)
     state_dim, action_dim = data.obs["states"].shape[1], data.actions.shape[2]
     if "main_images" in data.obs and data.obs["main_images"].shape[1] != env_cfg.image_size:

@@ -7,7 +7,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rlfleet.data.demos import DEMO_SEED_BASE, FORMAT, DemoEpisode, load_demos, read_index
+from rlfleet.data.demos import (
+    DEMO_SEED_BASE,
+    FORMAT,
+    DemoEpisode,
+    drop_noop_frames,
+    load_demos,
+    noop_frames,
+    read_index,
+)
 from rlfleet.envs.api import EnvConfig, decode_instructions
 from rlfleet.envs.metaworld import TASK_DESCRIPTIONS
 from rlfleet.runs.collect import collect_env_demos
@@ -169,3 +177,63 @@ def test_env_error_leaves_nothing(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="camera"):
         collect_env_demos(tmp_path / "ds", EnvConfig(task="reach-v3", image_size=16, camera="nope"), 1, progress=False)
     assert not any(tmp_path.iterdir())
+
+
+def test_noop_frames_are_the_experts_waits() -> None:
+    """Two arms, grippers at dims 3 and 7: a frame is a no-op when nothing moves and neither
+    gripper command changes; a gripper switch, the first frame and the frames from the first
+    success on are kept."""
+    o, c, m = -1.0, 1.0, 0.5
+    actions = np.array(
+        [
+            [0, 0, 0, o, 0, 0, 0, o],  # 0: first frame, kept though it moves nothing
+            [m, 0, 0, o, 0, 0, 0, o],  # 1: moves
+            [0, 0, 0, o, 0, 0, 0, o],  # 2: waits for the arm
+            [0, 0, 0, o, 0, 0, 5e-4, o],  # 3: waits (within tol)
+            [0, 0, 0, o, 0, 0, 0, c],  # 4: right gripper closes: kept
+            [0, 0, 0, o, 0, 0, 0, c],  # 5: holds while the fingers close
+            [0, 0, 0, o, 0, 0, m, c],  # 6: lifts
+            [0, 0, 0, o, 0, 0, 0, c],  # 7: first success
+            [0, 0, 0, o, 0, 0, 0, c],  # 8: holds still after it: kept
+        ],
+        np.float32,
+    )
+    expected = [False, False, True, True, False, True, False, False, False]
+    np.testing.assert_array_equal(noop_frames(actions, (3, 7), keep_from=7), expected)
+    expected_without_success = expected[:7] + [True, True]
+    np.testing.assert_array_equal(noop_frames(actions, (3, 7)), expected_without_success)
+    with pytest.raises(ValueError, match="gripper dims"):
+        noop_frames(actions, (8,))
+    with pytest.raises(ValueError, match="action_dim"):
+        noop_frames(actions[0], (3,))
+
+
+def test_drop_noop_frames_cuts_every_per_step_array() -> None:
+    L = 6
+    actions = np.zeros((L, 4), np.float32)
+    actions[[1, 4], 0] = 0.5  # frames 2, 3 wait; 5 is the success
+    episode = DemoEpisode(
+        id=0,
+        task="reach-v3",
+        instruction_text="reach",
+        seed=0,
+        success=True,
+        success_step=5,
+        states=np.arange(L, dtype=np.float32)[:, None].repeat(39, 1),
+        actions=actions,
+        rewards=np.arange(L, dtype=np.float32),
+        step_success=np.arange(L) >= 5,
+        instruction=np.zeros(128, np.uint8),
+        main_images=np.arange(L, dtype=np.uint8)[:, None, None, None].repeat(4, 1).repeat(4, 2).repeat(3, 3),
+        step_instructions=np.arange(L, dtype=np.uint8)[:, None].repeat(128, 1),
+    )
+    out = drop_noop_frames(episode, (3,))
+    kept = [0, 1, 4, 5]
+    assert out.length == 4 and out.success_step == 3 and out.step_success[out.success_step]
+    np.testing.assert_array_equal(out.states[:, 0], kept)
+    np.testing.assert_array_equal(out.rewards, kept)
+    np.testing.assert_array_equal(out.main_images[:, 0, 0, 0], kept)
+    np.testing.assert_array_equal(out.step_instructions[:, 0], kept)
+    np.testing.assert_array_equal(out.actions, actions[kept])
+    moving = DemoEpisode(**{**episode.__dict__, "actions": np.full((L, 4), 0.5, np.float32)})
+    assert drop_noop_frames(moving, (3,)) is moving

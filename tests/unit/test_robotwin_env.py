@@ -219,3 +219,24 @@ def test_multi_task_evaluation_seeds_reach_every_eval_entry():
         assert [len(s) for s in seen] == [20, 20]
     finally:
         env.close()
+
+
+def test_the_experts_demos_wait_at_waypoints_and_no_op_dropping_removes_only_waits(tmp_path) -> None:
+    """The scripted expert emits zero-motion frames while the arm catches up with a waypoint (a
+    third of place_empty_cup's frames); sft.drop_noop_frames drops those and keeps every frame
+    that moves an arm or switches a gripper."""
+    from rlfleet.data.demos import drop_noop_frames, load_demos
+    from rlfleet.envs.registry import gripper_action_dims
+    from rlfleet.runs.collect import collect_env_demos
+
+    dims = gripper_action_dims("robotwin")
+    assert dims == (3, 7)
+    collect_env_demos(tmp_path / "d", _cfg("place_empty_cup", chunk_size=1, reward_type="success"), 1, progress=False)
+    (ep,) = load_demos(tmp_path / "d")
+    out = drop_noop_frames(ep, dims)
+    motion = [0, 1, 2, 4, 5, 6]
+    moves = np.abs(ep.actions[:, motion]).max(1) > 1e-3
+    switches = np.r_[True, (ep.actions[1:, [3, 7]] != ep.actions[:-1, [3, 7]]).any(1)]
+    assert ep.length - out.length >= ep.length // 4  # the waits are a large share
+    assert out.length == int((moves | switches)[: ep.success_step].sum()) + ep.length - ep.success_step
+    assert out.step_success[out.success_step] and not out.step_success[: out.success_step].any()

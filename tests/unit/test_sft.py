@@ -166,3 +166,31 @@ def test_goal_marker_gets_its_own_demo_cache_and_leaves_the_others_keys_alone(tm
     assert bootstrap.demos_folder(stock).name == f"demos-{before}"
     assert bootstrap.demos_folder(marked) != bootstrap.demos_folder(stock)
     assert bootstrap.sft_folder(marked) != bootstrap.sft_folder(stock)
+
+
+def test_drop_noop_frames_needs_the_envs_gripper_dims():
+    from rlfleet.runs.sft import without_noop_frames
+
+    ep = _episode(0, 6)
+    ep.actions[2:4, :3] = 0.0  # frames 2 and 3 move nothing
+    ep.actions[2:4, 3] = ep.actions[1, 3]  # and repeat the gripper command
+    (out,) = without_noop_frames([ep], "metaworld")  # MetaWorld declares its gripper dim (3)
+    assert out.length == 4
+    np.testing.assert_array_equal(out.states, ep.states[[0, 1, 4, 5]])
+    with pytest.raises(ValueError, match="sft.drop_noop_frames needs env 'bench' to declare"):
+        without_noop_frames([ep], "bench")
+
+
+def test_drop_noop_frames_gets_its_own_sft_cache_and_leaves_the_others_keys_alone():
+    from rlfleet.config import as_dict, load_config, policy_settings
+    from rlfleet.runs import bootstrap
+
+    stock = load_config("robotwin_multitask_ppo_mlp_cpu")
+    dropped = load_config("robotwin_multitask_ppo_mlp_cpu", ["sft.drop_noop_frames=true"])
+    # the key a run had before the setting existed
+    sft = {k: v for k, v in as_dict(stock.sft).items() if k not in ("device", "drop_noop_frames")}
+    policy = {k: v for k, v in policy_settings(stock).items() if k not in bootstrap.SAMPLING_ONLY_KEYS}
+    before = bootstrap._key("sft", str(bootstrap.demos_folder(stock)), policy, stock.env.chunk_size, sft)
+    assert bootstrap.sft_folder(stock).name == f"sft-{before}"
+    assert bootstrap.sft_folder(dropped) != bootstrap.sft_folder(stock)
+    assert bootstrap.demos_folder(dropped) == bootstrap.demos_folder(stock)  # the same demos

@@ -61,6 +61,7 @@ class CalvinEnv(EpisodeEnv):
 
     DYNAMIC_INSTRUCTIONS = True  # the instruction moves on to the next subtask of the chain
     CHAIN_LENGTH = CHAIN_LENGTH  # chained-instruction env: returns count subtasks done in a row
+    GRIPPER_ACTION_DIMS = (6,)  # position and orientation deltas, then the gripper
 
     def __init__(self, cfg: EnvConfig, num_envs: int, env_offset: int = 0) -> None:
         self._pool = getattr(cfg, "pool", "train")

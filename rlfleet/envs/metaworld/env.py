@@ -79,6 +79,7 @@ class MetaWorldEnv(EpisodeEnv):
     """
 
     task_groups = staticmethod(_task_groups)  # difficulty split and ML45 held-out, for reports
+    GRIPPER_ACTION_DIMS = (3,)  # dx, dy, dz (mocap deltas), gripper effort
 
     @classmethod
     def config_tasks(cls, cfg: EnvConfig) -> list[str]:

@@ -128,6 +128,8 @@ class RoboTwinEnv(EpisodeEnv):
     Episodes end by truncation, or on success with terminate_on_success.
     """
 
+    GRIPPER_ACTION_DIMS = (3, 7)  # per arm dx, dy, dz (end-effector target deltas), gripper
+
     def __init__(
         self,
         cfg: EnvConfig,
