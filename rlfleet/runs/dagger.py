@@ -59,7 +59,7 @@ from rlfleet.learner.metrics import MetricsWriter
 from rlfleet.policies.checkpoint_io import model_config, policy_from_config
 from rlfleet.policies.vla.normalization import compute_norm_stats, get_norm_stats, save_norm_stats, set_norm_stats
 from rlfleet.runs.bootstrap import demos_folder
-from rlfleet.runs.sft import _shift, build_sft_data
+from rlfleet.runs.sft import _shift, build_sft_data, without_noop_frames
 from rlfleet.telemetry.trackers import log_eval
 
 log = logging.getLogger(__name__)
@@ -179,7 +179,10 @@ def _load_demos(cfg: DictConfig, obs_keys: tuple[str, ...], chunk_size: int) -> 
     folder = demos_folder(cfg)
     if not (folder / "index.json").exists():
         return None
-    data = build_sft_data(load_demos(folder, only_success=True), chunk_size)
+    episodes = load_demos(folder, only_success=True)
+    if cfg.sft.get("drop_noop_frames", False):  # the same samples SFT trained on
+        episodes = without_noop_frames(episodes, cfg.env.name)
+    data = build_sft_data(episodes, chunk_size)
     missing = [k for k in obs_keys if k not in data.obs]
     if missing:
         log.warning("demos in %s lack %s: not adding them to the DAgger dataset", folder, missing)

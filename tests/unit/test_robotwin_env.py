@@ -240,3 +240,13 @@ def test_the_experts_demos_wait_at_waypoints_and_no_op_dropping_removes_only_wai
     assert ep.length - out.length >= ep.length // 4  # the waits are a large share
     assert out.length == int((moves | switches)[: ep.success_step].sum()) + ep.length - ep.success_step
     assert out.step_success[out.success_step] and not out.step_success[: out.success_step].any()
+    # DAgger starts its aggregated dataset from the same samples SFT trained on
+    from rlfleet.config import load_config
+    from rlfleet.runs.dagger import _load_demos
+
+    for drop, length in ((False, ep.length), (True, out.length)):
+        cfg = load_config(
+            "robotwin_multitask_ppo_mlp_cpu", [f"demos.path={tmp_path / 'd'}", f"sft.drop_noop_frames={drop}"]
+        )
+        obs, labels = _load_demos(cfg, ("states",), 1)
+        assert obs["states"].shape[0] == labels.shape[0] == length
