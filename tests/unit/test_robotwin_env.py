@@ -250,3 +250,32 @@ def test_the_experts_demos_wait_at_waypoints_and_no_op_dropping_removes_only_wai
         )
         obs, labels = _load_demos(cfg, ("states",), 1)
         assert obs["states"].shape[0] == labels.shape[0] == length
+
+
+def test_stage_counts_bench_follows_a_checkpoint_through_the_stages(tmp_path) -> None:
+    """bench/robotwin_stages.py: counts per stage never grow with the stage, and a task without
+    stages is refused."""
+    import importlib.util
+    from pathlib import Path
+
+    from rlfleet.policies.checkpoint_io import model_config, save_checkpoint_folder
+    from rlfleet.policies.gaussian_mlp import GaussianMLPPolicy, PolicyConfig
+
+    path = Path(__file__).parents[2] / "bench" / "robotwin_stages.py"
+    spec = importlib.util.spec_from_file_location("robotwin_stages", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    policy = GaussianMLPPolicy(STATE_DIM, ACTION_DIM, 1, PolicyConfig(hidden_sizes=[16]))
+    save_checkpoint_folder(
+        tmp_path / "ckpt",
+        policy,
+        model_config({"name": "gaussian_mlp", "hidden_sizes": [16]}, STATE_DIM, ACTION_DIM, 1),
+    )
+    counts = bench.stage_counts(str(tmp_path / "ckpt"), episodes=2, max_steps=8)
+    assert list(counts) == ["held", "lifted", "over the coaster", "lowered", "success"]
+    values = list(counts.values())
+    assert all(0 <= v <= 2 for v in values) and values[:4] == sorted(values[:4], reverse=True)
+    with pytest.raises(SystemExit, match="no stages"):
+        bench.stage_counts(str(tmp_path / "ckpt"), task="click_bell", episodes=1, max_steps=8)
