@@ -10,6 +10,7 @@ are refused.
 """
 
 import argparse
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -24,42 +25,50 @@ STAGES = {0.25: "held", 0.5: "lifted", 0.75: "over the coaster", 1.0: "lowered"}
 def stage_counts(
     checkpoint: str, task: str = "place_empty_cup", split: str = "eval", episodes: int = 20, max_steps: int = 160
 ) -> dict[str, int]:
-    """Episodes (of `episodes`) that reached each stage, and `success`."""
+    """Episodes (of `episodes`) in which the checkpoint's deterministic policy reached each stage, and `success`."""
     policy, cfg = load_checkpoint(checkpoint)
     policy.eval()
     chunk = int(cfg.get("chunk_size", 1))
     env_cfg = EnvConfig(
         name="robotwin",
         task=f"{task}:{split}",
-        max_episode_steps=max_steps + chunk,  # no auto-reset inside the loop below
+        max_episode_steps=max_steps + chunk,  # no auto-reset inside the episode loop
         chunk_size=chunk,
         image_size=int(cfg.get("image_size", 0)),
         reward_type="success",
     )
+
+    def act(obs: dict) -> np.ndarray:
+        with torch.no_grad():
+            batch = {k: torch.as_tensor(obs[k]) for k in policy.obs_keys}
+            return policy.act(batch, deterministic=True)["actions"].numpy().astype(np.float32)
+
     env = RoboTwinEnv(env_cfg, 1)
-    counts = dict.fromkeys([*STAGES.values(), "success"], 0)
     try:
-        slot_task = env._slots[0].task
-        if slot_task.progress() is None:
-            raise SystemExit(f"{task} has no stages (Task.progress); staged tasks: place_empty_cup")
-        for ep in range(episodes):
-            obs = env.reset(np.array([ep]))
-            best, success = 0.0, False
-            for _ in range(0, max_steps, chunk):
-                batch = {k: torch.as_tensor(obs[k]) for k in policy.obs_keys}
-                with torch.no_grad():
-                    actions = policy.act(batch, deterministic=True)["actions"].numpy()
-                res = env.chunk_step(actions.astype(np.float32))
-                obs = res.obs
-                best = max(best, slot_task.progress() or 0.0)
-                success |= bool(res.success[0])
-                if success:
-                    break
-            for threshold, name in STAGES.items():
-                counts[name] += best >= threshold
-            counts["success"] += success
+        return follow_stages(env, act, episodes, max_steps)
     finally:
         env.close()
+
+
+def follow_stages(env: RoboTwinEnv, act: Callable[[dict], np.ndarray], episodes: int, max_steps: int) -> dict[str, int]:
+    """Run `act` (obs -> [1, K, A] actions) on `env`'s first `episodes` layouts; count the stages reached."""
+    task = env._slots[0].task  # one env: its task's progress() is read after every chunk
+    if task.progress() is None:
+        raise SystemExit(f"{task.name} has no stages (Task.progress); staged tasks: place_empty_cup")
+    counts = dict.fromkeys([*STAGES.values(), "success"], 0)
+    for ep in range(episodes):
+        obs = env.reset(np.array([ep]))
+        best, success = 0.0, False
+        for _ in range(0, max_steps, env.spec.chunk_size):
+            res = env.chunk_step(act(obs))
+            obs = res.obs
+            best = max(best, task.progress() or 0.0)
+            success |= bool(res.success[0])
+            if success:
+                break
+        for threshold, name in STAGES.items():
+            counts[name] += best >= threshold
+        counts["success"] += success
     return counts
 
 

@@ -252,8 +252,9 @@ def test_the_experts_demos_wait_at_waypoints_and_no_op_dropping_removes_only_wai
         assert obs["states"].shape[0] == labels.shape[0] == length
 
 
-def test_stage_counts_bench_follows_a_checkpoint_through_the_stages(tmp_path) -> None:
-    """bench/robotwin_stages.py: counts per stage never grow with the stage, and a task without
+def test_stage_counts_bench_follows_a_policy_through_the_stages(tmp_path) -> None:
+    """bench/robotwin_stages.py: the scripted expert takes both held-out layouts through every
+    stage to success, zero actions through none; a checkpoint runs end to end; a task without
     stages is refused."""
     import importlib.util
     from pathlib import Path
@@ -265,17 +266,21 @@ def test_stage_counts_bench_follows_a_checkpoint_through_the_stages(tmp_path) ->
     spec = importlib.util.spec_from_file_location("robotwin_stages", path)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
+    env = RoboTwinEnv(_cfg("place_empty_cup:eval", chunk_size=1, reward_type="success", max_episode_steps=301), 1)
+    try:
+        expert = bench.follow_stages(env, lambda obs: env.expert_actions()[:, None, :], episodes=2, max_steps=300)
+        assert expert == dict.fromkeys(["held", "lifted", "over the coaster", "lowered", "success"], 2)
+        idle = bench.follow_stages(env, lambda obs: np.zeros((1, 1, ACTION_DIM), np.float32), episodes=2, max_steps=8)
+        assert set(idle.values()) == {0}
+    finally:
+        env.close()
+
     torch = pytest.importorskip("torch")
     torch.manual_seed(0)
     policy = GaussianMLPPolicy(STATE_DIM, ACTION_DIM, 1, PolicyConfig(hidden_sizes=[16]))
-    save_checkpoint_folder(
-        tmp_path / "ckpt",
-        policy,
-        model_config({"name": "gaussian_mlp", "hidden_sizes": [16]}, STATE_DIM, ACTION_DIM, 1),
-    )
-    counts = bench.stage_counts(str(tmp_path / "ckpt"), episodes=2, max_steps=8)
+    config = model_config({"name": "gaussian_mlp", "hidden_sizes": [16]}, STATE_DIM, ACTION_DIM, 1)
+    save_checkpoint_folder(tmp_path / "ckpt", policy, config)
+    counts = bench.stage_counts(str(tmp_path / "ckpt"), episodes=1, max_steps=8)
     assert list(counts) == ["held", "lifted", "over the coaster", "lowered", "success"]
-    values = list(counts.values())
-    assert all(0 <= v <= 2 for v in values) and values[:4] == sorted(values[:4], reverse=True)
     with pytest.raises(SystemExit, match="no stages"):
         bench.stage_counts(str(tmp_path / "ckpt"), task="click_bell", episodes=1, max_steps=8)
