@@ -134,7 +134,7 @@ def test_demos_task_collects_on_its_own_tasks_and_keeps_their_cache(tmp_path, mo
 
     train, every = "click_bell:train,adjust_bottle:train", "click_bell:any,adjust_bottle:any"
     recipe, cache = "robotwin_multitask_ppo_mlp_cpu", f"demos.cache_dir={tmp_path}"
-    own = "demos.task=''"  # demos on env.task itself (the recipe sets demos.task)
+    own = "demos.task=''"  # demos on env.task itself
     on_train = load_config(recipe, [f"env.task={train}", own, cache])
     split = load_config(recipe, [f"env.task={every}", f"demos.task={train}", cache])
     assert bootstrap.demos_folder(split) == bootstrap.demos_folder(on_train)
@@ -185,8 +185,8 @@ def test_drop_noop_frames_gets_its_own_sft_cache_and_leaves_the_others_keys_alon
     from rlfleet.config import as_dict, load_config, policy_settings
     from rlfleet.runs import bootstrap
 
-    stock = load_config("robotwin_multitask_ppo_mlp_cpu")
-    dropped = load_config("robotwin_multitask_ppo_mlp_cpu", ["sft.drop_noop_frames=true"])
+    stock = load_config("robotwin_multitask_ppo_mlp_cpu", ["sft.drop_noop_frames=false"])
+    dropped = load_config("robotwin_multitask_ppo_mlp_cpu")  # the recipe drops them
     # the key a run had before the setting existed
     sft = {k: v for k, v in as_dict(stock.sft).items() if k not in ("device", "drop_noop_frames")}
     policy = {k: v for k, v in policy_settings(stock).items() if k not in bootstrap.SAMPLING_ONLY_KEYS}
