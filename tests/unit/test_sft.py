@@ -134,12 +134,11 @@ def test_demos_task_collects_on_its_own_tasks_and_keeps_their_cache(tmp_path, mo
 
     train, every = "click_bell:train,adjust_bottle:train", "click_bell:any,adjust_bottle:any"
     recipe, cache = "robotwin_multitask_ppo_mlp_cpu", f"demos.cache_dir={tmp_path}"
-    own = "demos.task=''"  # demos on env.task itself
-    on_train = load_config(recipe, [f"env.task={train}", own, cache])
+    on_train = load_config(recipe, [f"env.task={train}", cache])  # demos on env.task itself
     split = load_config(recipe, [f"env.task={every}", f"demos.task={train}", cache])
     assert bootstrap.demos_folder(split) == bootstrap.demos_folder(on_train)
     assert bootstrap.sft_folder(split) == bootstrap.sft_folder(on_train)
-    on_every = load_config(recipe, [f"env.task={every}", own, cache])
+    on_every = load_config(recipe, [f"env.task={every}", cache])
     assert bootstrap.demos_folder(on_every) != bootstrap.demos_folder(on_train)
 
     class Collected(Exception):
