@@ -354,3 +354,25 @@ def test_goal_marker_changes_only_the_frames_of_tasks_with_a_goal_site() -> None
     np.testing.assert_array_equal(plain["main_images"], same["main_images"])
     with pytest.raises(ValueError, match="goal_marker_size must be >= 0"):
         MetaWorldEnv(EnvConfig(task="reach-v3", goal_marker_size=-1.0), 1)
+
+
+def test_first_frame_of_an_episode_shows_its_own_goal() -> None:
+    """reach-v3 moves its goal site after its last forward pass; the reset frame must still draw
+    the new goal where the following frames (after physics steps) draw it, and the site must sit
+    at the goal the state reports."""
+    cfg = EnvConfig(task="reach-v3", max_episode_steps=8, chunk_size=2, image_size=64, goal_marker_size=0.05)
+    ys, xs = np.mgrid[0:64, 0:64]
+
+    def centroid(img: np.ndarray) -> np.ndarray:
+        green = (img[..., 1] > 200) & (img[..., 0] < 60) & (img[..., 2] < 60)
+        assert green.sum() >= 6
+        return np.array([(green * ys).sum(), (green * xs).sum()]) / green.sum()
+
+    with MetaWorldEnv(cfg, 1) as env:
+        for seed in (3, 4, 5):
+            obs = env.reset(np.array([seed]))
+            raw = env._envs[0]
+            np.testing.assert_allclose(raw.data.site("goal").xpos, obs["states"][0, 36:39], atol=1e-6)
+            after = env.chunk_step(np.zeros((1, 2, 4), np.float32)).obs
+            np.testing.assert_allclose(centroid(obs["main_images"][0]), centroid(after["main_images"][0]), atol=0.5)
+    assert MetaWorldEnv.FRAMES_REVISION >= 1  # pixel demo caches from before the fix are not reused

@@ -160,11 +160,33 @@ def test_goal_marker_gets_its_own_demo_cache_and_leaves_the_others_keys_alone(tm
     stock = load_config("metaworld_quickstart_tinyoft", [cache])
     marked = load_config("metaworld_quickstart_tinyoft", [cache, "env.goal_marker_size=0.05"])
     e, d = stock.env, stock.demos
-    # the key a run without the marker had before the setting existed
-    before = bootstrap._key("demos", e.task, e.image_size, e.camera, e.max_episode_steps, d.episodes_per_task, d.seed)
-    assert bootstrap.demos_folder(stock).name == f"demos-{before}"
+    # the key a run without the marker had before the setting existed, plus MetaWorld's frames revision
+    base = ["demos", e.task, e.image_size, e.camera, e.max_episode_steps, d.episodes_per_task, d.seed]
+    revised = bootstrap._key(*base, ["frames_revision", 1])
+    assert bootstrap.demos_folder(stock).name == f"demos-{revised}"
     assert bootstrap.demos_folder(marked) != bootstrap.demos_folder(stock)
     assert bootstrap.sft_folder(marked) != bootstrap.sft_folder(stock)
+
+
+def test_a_frames_revision_renews_pixel_demo_caches_only(tmp_path):
+    """An env whose frames changed (FRAMES_REVISION) gets new pixel demo caches; its state-only
+    caches and other envs' caches keep their keys."""
+    from rlfleet.config import load_config
+    from rlfleet.runs import bootstrap
+
+    cache = f"demos.cache_dir={tmp_path}"
+    pixels = load_config("metaworld_quickstart_tinyoft", [cache])
+    states = load_config("metaworld_quickstart_tinyoft", [cache, "env.image_size=0"])
+    e, d = states.env, states.demos
+    unrevised = ["demos", e.task, 0, e.camera, e.max_episode_steps, d.episodes_per_task, d.seed]
+    assert bootstrap.demos_folder(states).name == f"demos-{bootstrap._key(*unrevised)}"
+    stale = [*unrevised[:2], pixels.env.image_size, *unrevised[3:]]
+    assert bootstrap.demos_folder(pixels).name != f"demos-{bootstrap._key(*stale)}"
+    robotwin = load_config("robotwin_multitask_ppo_mlp_cpu", [cache])
+    r, rd = robotwin.env, robotwin.demos
+    parts = ["demos", rd.task or r.task, r.image_size, r.camera, r.max_episode_steps, rd.episodes_per_task, rd.seed]
+    key = bootstrap._key(*parts)
+    assert bootstrap.demos_folder(robotwin).name == f"demos-{key}"
 
 
 def test_drop_noop_frames_needs_the_envs_gripper_dims():

@@ -80,6 +80,7 @@ class MetaWorldEnv(EpisodeEnv):
 
     task_groups = staticmethod(_task_groups)  # difficulty split and ML45 held-out, for reports
     GRIPPER_ACTION_DIMS = (3,)  # dx, dy, dz (mocap deltas), gripper effort
+    FRAMES_REVISION = 1  # 1: the first frame of an episode shows its own goal (reset_one)
 
     @classmethod
     def config_tasks(cls, cfg: EnvConfig) -> list[str]:
@@ -95,6 +96,9 @@ class MetaWorldEnv(EpisodeEnv):
             if cfg.image_size
             else []
         )
+        import mujoco  # after MUJOCO_GL is set (the metaworld package __init__, imported above)
+
+        self._mj_forward = mujoco.mj_forward
         self._rngs: list[np.random.Generator | None] = [None] * num_envs  # per-env episode-seed generators
         self._experts: list[Any] | None = None  # scripted experts, built on first use (demos, DAgger)
         self._raw = [np.zeros(STATE_DIM)] * num_envs  # each env's last observation
@@ -107,6 +111,10 @@ class MetaWorldEnv(EpisodeEnv):
         env.np_random = np.random.default_rng(int(rng.integers(2**63)))
         with _quiet_gym():
             self._raw[i], _ = env.reset()
+        # Tasks move their goal site (and some bodies) in the model after their last forward pass,
+        # so without this the first frame draws the previous episode's goal (reach-v3, plate-slide);
+        # the state and the dynamics are unchanged (forward does not advance time).
+        self._mj_forward(env.model, env.data)
 
     def step_one(self, i: int, action: np.ndarray) -> Outcome:
         obs, reward, _, _, info = self._envs[i].step(action)
