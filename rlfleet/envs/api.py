@@ -180,9 +180,9 @@ class ChunkedEnv(abc.ABC):
     # relative to where it is commanded to be (0: stay), so a demo frame with zero motion and an
     # unchanged gripper command is the expert waiting (sft.drop_noop_frames). None: not declared.
     GRIPPER_ACTION_DIMS: tuple[int, ...] | None = None
-    # Raised when the env's camera frames change for the same seeds (a rendering fix), so demo
-    # caches with frames (rlfleet.runs.bootstrap) are collected again instead of reused.
-    FRAMES_REVISION: int = 0
+    # Raised when a fix changes the demos collected for the same seeds (their frames, or the
+    # expert's actions), so cached demos (rlfleet.runs.bootstrap) are collected again, not reused.
+    DEMOS_REVISION: int = 0
 
     @staticmethod
     def task_groups() -> dict[str, list[str]]:

@@ -136,13 +136,13 @@ def gripper_action_dims(name: str) -> tuple[int, ...] | None:
     return tuple(int(d) for d in dims) if dims is not None else None
 
 
-def frames_revision(name: str) -> int:
-    """The env's ChunkedEnv.FRAMES_REVISION; 0 when it declares none or is unknown."""
+def demos_revision(name: str) -> int:
+    """The env's ChunkedEnv.DEMOS_REVISION; 0 when it declares none or is unknown."""
     try:
         factory = env_factory(name)
     except ValueError:
         return 0
-    return int(getattr(factory, "FRAMES_REVISION", 0))
+    return int(getattr(factory, "DEMOS_REVISION", 0))
 
 
 def register_env_scheme(scheme: str, factory: EnvFactory) -> None:

@@ -17,7 +17,7 @@ from omegaconf import DictConfig
 
 from rlfleet.config import SFTConfig, as_dict, policy_settings
 from rlfleet.envs.api import EnvConfig
-from rlfleet.envs.registry import frames_revision
+from rlfleet.envs.registry import demos_revision
 from rlfleet.runs.collect import collect_env_demos
 from rlfleet.runs.sft import run_sft
 
@@ -37,9 +37,9 @@ def demos_folder(cfg: DictConfig) -> Path:
     parts = ["demos", task, env.image_size, env.camera, env.max_episode_steps, d.episodes_per_task, d.seed]
     if env.get("goal_marker_size", 0):  # other frames; absent from the key when 0, so older caches stay valid
         parts.append(["goal_marker_size", env.goal_marker_size])
-    revision = frames_revision(env.name) if env.image_size else 0
-    if revision:  # the env's frames changed for the same seeds; absent at 0, as above
-        parts.append(["frames_revision", revision])
+    revision = demos_revision(env.name)
+    if revision:  # the env's demos changed for the same seeds; absent at 0, as above
+        parts.append(["demos_revision", revision])
     key = _key(*parts)
     return Path(d.cache_dir) / f"demos-{key}"
 

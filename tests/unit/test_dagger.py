@@ -162,12 +162,16 @@ def test_unbounded_window_and_errors():
 # --- expert labels on the real env ------------------------------------------------------------
 
 
-def _expert_direct(task: str, state: np.ndarray) -> np.ndarray:
-    """The scripted expert called directly, as rlfleet.data.demos records demos."""
+def _expert_direct(task: str, state: np.ndarray, raw_env) -> np.ndarray:
+    """The scripted expert called directly, as rlfleet.data.demos records demos; reach-v3's aims
+    the fingertips (`tcp_center`), not the hand (state[:3]), at the goal (state[36:39])."""
     import rlfleet.envs.metaworld  # noqa: F401, I001  (sets MUJOCO_GL before mujoco is imported)
     from metaworld.policies import ENV_POLICY_MAP
 
-    action = ENV_POLICY_MAP[task]().get_action(state.astype(np.float64))
+    state = state.astype(np.float64)
+    if task == "reach-v3":
+        state[36:39] += state[:3] - raw_env.tcp_center
+    action = ENV_POLICY_MAP[task]().get_action(state)
     return np.clip(np.asarray(action, np.float32), -1.0, 1.0)
 
 
@@ -185,7 +189,8 @@ def test_labels_equal_the_scripted_expert_at_the_visited_states():
         ref_obs = ref.reset(seeds)
         np.testing.assert_array_equal(obs["states"], ref_obs["states"])
         np.testing.assert_array_equal(
-            env.expert_actions(), np.stack([_expert_direct(t, s) for t, s in zip(tasks, obs["states"])])
+            env.expert_actions(),
+            np.stack([_expert_direct(t, s, r) for t, s, r in zip(tasks, obs["states"], ref._envs)]),
         )
         rng = np.random.default_rng(0)
         use_expert = np.array([True, False])
@@ -195,7 +200,7 @@ def test_labels_equal_the_scripted_expert_at_the_visited_states():
             assert isinstance(res, StepResult) and labels.shape == executed.shape == (2, K, D)
             steps = K if chunk == 0 else T - K
             for k in range(steps):
-                want = np.stack([_expert_direct(t, s) for t, s in zip(tasks, ref_obs["states"])])
+                want = np.stack([_expert_direct(t, s, r) for t, s, r in zip(tasks, ref_obs["states"], ref._envs)])
                 np.testing.assert_array_equal(labels[:, k], want)
                 ref_obs = ref.chunk_step(executed[:, k : k + 1]).obs
             np.testing.assert_array_equal(executed[0], labels[0])  # env 0: the expert ran its own chunk

@@ -160,33 +160,30 @@ def test_goal_marker_gets_its_own_demo_cache_and_leaves_the_others_keys_alone(tm
     stock = load_config("metaworld_quickstart_tinyoft", [cache])
     marked = load_config("metaworld_quickstart_tinyoft", [cache, "env.goal_marker_size=0.05"])
     e, d = stock.env, stock.demos
-    # the key a run without the marker had before the setting existed, plus MetaWorld's frames revision
+    # the key a run without the marker had before the setting existed, plus MetaWorld's demos revision
     base = ["demos", e.task, e.image_size, e.camera, e.max_episode_steps, d.episodes_per_task, d.seed]
-    revised = bootstrap._key(*base, ["frames_revision", 1])
-    assert bootstrap.demos_folder(stock).name == f"demos-{revised}"
+    assert bootstrap.demos_folder(stock).name == f"demos-{bootstrap._key(*base, ['demos_revision', 1])}"
     assert bootstrap.demos_folder(marked) != bootstrap.demos_folder(stock)
     assert bootstrap.sft_folder(marked) != bootstrap.sft_folder(stock)
 
 
-def test_a_frames_revision_renews_pixel_demo_caches_only(tmp_path):
-    """An env whose frames changed (FRAMES_REVISION) gets new pixel demo caches; its state-only
-    caches and other envs' caches keep their keys."""
+def test_a_demos_revision_renews_that_envs_demo_caches_only(tmp_path):
+    """An env whose demos changed for the same seeds (DEMOS_REVISION) gets new demo caches, with
+    or without frames; an env at revision 0 keeps its keys."""
     from rlfleet.config import load_config
+    from rlfleet.envs.metaworld import MetaWorldEnv
     from rlfleet.runs import bootstrap
 
     cache = f"demos.cache_dir={tmp_path}"
-    pixels = load_config("metaworld_quickstart_tinyoft", [cache])
+    assert MetaWorldEnv.DEMOS_REVISION == 1
     states = load_config("metaworld_quickstart_tinyoft", [cache, "env.image_size=0"])
     e, d = states.env, states.demos
     unrevised = ["demos", e.task, 0, e.camera, e.max_episode_steps, d.episodes_per_task, d.seed]
-    assert bootstrap.demos_folder(states).name == f"demos-{bootstrap._key(*unrevised)}"
-    stale = [*unrevised[:2], pixels.env.image_size, *unrevised[3:]]
-    assert bootstrap.demos_folder(pixels).name != f"demos-{bootstrap._key(*stale)}"
+    assert bootstrap.demos_folder(states).name == f"demos-{bootstrap._key(*unrevised, ['demos_revision', 1])}"
     robotwin = load_config("robotwin_multitask_ppo_mlp_cpu", [cache])
     r, rd = robotwin.env, robotwin.demos
     parts = ["demos", rd.task or r.task, r.image_size, r.camera, r.max_episode_steps, rd.episodes_per_task, rd.seed]
-    key = bootstrap._key(*parts)
-    assert bootstrap.demos_folder(robotwin).name == f"demos-{key}"
+    assert bootstrap.demos_folder(robotwin).name == f"demos-{bootstrap._key(*parts)}"
 
 
 def test_drop_noop_frames_needs_the_envs_gripper_dims():

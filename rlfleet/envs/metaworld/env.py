@@ -34,6 +34,7 @@ from rlfleet.envs.metaworld.speed import touching_object as _touching_object
 from rlfleet.envs.metaworld.tasks import (  # noqa: F401  (re-exported: callers import the tables from here)
     ALL_TASKS,
     DIFFICULTY,
+    FINGERTIP_GOAL_TASKS,
     TASK_DESCRIPTIONS,
     TASK_SETS,
     _env_dict,
@@ -43,6 +44,7 @@ from rlfleet.envs.metaworld.tasks import task_groups as _task_groups
 
 STATE_DIM = 39
 ACTION_DIM = 4
+HAND, GOAL = slice(0, 3), slice(36, 39)  # in the 39-dim state
 
 
 @contextmanager
@@ -80,7 +82,9 @@ class MetaWorldEnv(EpisodeEnv):
 
     task_groups = staticmethod(_task_groups)  # difficulty split and ML45 held-out, for reports
     GRIPPER_ACTION_DIMS = (3,)  # dx, dy, dz (mocap deltas), gripper effort
-    FRAMES_REVISION = 1  # 1: the first frame of an episode shows its own goal (reset_one)
+    # 1: the first frame of an episode shows its own goal (reset_one); the reach experts aim the
+    # fingertips at the goal (expert_one)
+    DEMOS_REVISION = 1
 
     @classmethod
     def config_tasks(cls, cfg: EnvConfig) -> list[str]:
@@ -142,6 +146,9 @@ class MetaWorldEnv(EpisodeEnv):
                 raise ValueError(f"MetaWorld has no scripted expert for {missing}")
             self._experts = [ENV_POLICY_MAP[t]() for t in self._env_tasks]
         state = np.asarray(self._raw[i], np.float32).astype(np.float64)
+        if self._env_tasks[i] in FINGERTIP_GOAL_TASKS:  # aim the fingertips, not the hand, at the goal
+            env = self._envs[i]
+            state[GOAL] += state[HAND] - env.tcp_center
         with warnings.catch_warnings():  # the experts warn whenever an action exceeds [-1, 1]; we clip
             warnings.filterwarnings("ignore", message=r"Constant\(s\) may be too high")
             action = self._experts[i].get_action(state)

@@ -101,6 +101,12 @@ _DIFFICULTY_TO_TASKS: dict[str, list[str]] = {
 }  # fmt: skip
 DIFFICULTY: dict[str, str] = {t: level for level, tasks in _DIFFICULTY_TO_TASKS.items() for t in tasks}
 
+# Tasks scored at the fingertips (`tcp_center` within 5 cm of the goal) whose MetaWorld expert
+# steers the hand body, about 4.5 cm above the fingertips, onto the goal: its demos end on the
+# rim of the success ball, where a policy imitating them a few cm off fails. Their expert aims
+# the fingertips at the goal instead (MetaWorldEnv.expert_one).
+FINGERTIP_GOAL_TASKS: frozenset[str] = frozenset({"reach-v3", "reach-wall-v3"})
+
 
 def resolve_tasks(task: str) -> list[str]:
     """Expand `EnvConfig.task` (a task, MT10/MT25/MT50, or "a-v3,b-v3") into the env's task list.
