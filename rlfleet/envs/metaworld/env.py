@@ -115,9 +115,9 @@ class MetaWorldEnv(EpisodeEnv):
         env.np_random = np.random.default_rng(int(rng.integers(2**63)))
         with _quiet_gym():
             self._raw[i], _ = env.reset()
-        # Tasks move their goal site (and some bodies) in the model after their last forward pass,
-        # so without this the first frame draws the previous episode's goal (reach-v3, plate-slide);
-        # the state and the dynamics are unchanged (forward does not advance time).
+        # Tasks move their goal site in the model after their last forward pass, so without this
+        # the first frame draws the previous episode's goal (reach-v3, plate-slide-v3); the state
+        # and the dynamics are unchanged (forward does not advance time).
         self._mj_forward(env.model, env.data)
 
     def step_one(self, i: int, action: np.ndarray) -> Outcome:
