@@ -388,3 +388,19 @@ def test_reach_experts_bring_the_fingertips_to_the_goal(task: str) -> None:
                 solved |= bool(env.chunk_step(env.expert_one(0)[None, None]).success[0])
             assert solved
             assert np.linalg.norm(raw.tcp_center - raw._target_pos) < 0.02
+
+
+def test_goal_readout_bench_runs_end_to_end() -> None:
+    """bench/metaworld_goal_readout.py on a few frames: it renders, trains and reports one line."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "bench" / "metaworld_goal_readout.py"
+    args = ["--frames", "12", "--train", "8", "--steps", "3", "--marker", "0.05"]
+    proc = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "reach-v3 marker=0.05 train=8 goals, 4 held out" in proc.stdout
+    assert "within 5 cm" in proc.stdout and "the best constant guess" in proc.stdout
+    bad = subprocess.run([sys.executable, str(script), "--frames", "5", "--train", "5"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "--train must be in (0, --frames=5)" in bad.stderr
