@@ -23,9 +23,8 @@ from torch import nn
 
 from rlfleet.envs import EnvConfig
 from rlfleet.envs.metaworld import MetaWorldEnv
+from rlfleet.envs.metaworld.env import GOAL
 from rlfleet.policies.vla.backbone import CNN_GRID, CNNImageEncoder
-
-GOAL = slice(36, 39)  # MetaWorld's goal position in the 39-dim state
 
 
 def render_goals(task: str, frames: int, image_size: int, marker: float) -> tuple[np.ndarray, np.ndarray]:
