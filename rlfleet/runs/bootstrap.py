@@ -35,7 +35,8 @@ def demos_folder(cfg: DictConfig) -> Path:
         return Path(d.path)
     env, task = cfg.env, d.task or cfg.env.task
     parts = ["demos", task, env.image_size, env.camera, env.max_episode_steps, d.episodes_per_task, d.seed]
-    if env.get("goal_marker_size", 0):  # other frames; absent from the key when 0, so older caches stay valid
+    # Other frames: in the key only with frames and a marker, so older caches stay valid.
+    if env.image_size and env.get("goal_marker_size", 0):
         parts.append(["goal_marker_size", env.goal_marker_size])
     revision = demos_revision(env.name)
     if revision:  # the env's demos changed for the same seeds; absent at 0, as above

@@ -157,14 +157,20 @@ def test_goal_marker_gets_its_own_demo_cache_and_leaves_the_others_keys_alone(tm
     from rlfleet.runs import bootstrap
 
     cache = f"demos.cache_dir={tmp_path}"
-    stock = load_config("metaworld_quickstart_tinyoft", [cache])
+    stock = load_config("metaworld_quickstart_tinyoft", [cache, "env.goal_marker_size=0"])
     marked = load_config("metaworld_quickstart_tinyoft", [cache, "env.goal_marker_size=0.05"])
+    assert load_config("metaworld_quickstart_tinyoft").env.goal_marker_size == 0.05  # the recipe's own
     e, d = stock.env, stock.demos
     # the key a run without the marker had before the setting existed, plus MetaWorld's demos revision
     base = ["demos", e.task, e.image_size, e.camera, e.max_episode_steps, d.episodes_per_task, d.seed]
     assert bootstrap.demos_folder(stock).name == f"demos-{bootstrap._key(*base, ['demos_revision', 1])}"
     assert bootstrap.demos_folder(marked) != bootstrap.demos_folder(stock)
     assert bootstrap.sft_folder(marked) != bootstrap.sft_folder(stock)
+    # without frames the marker changes nothing, so state-only demos keep one cache
+    states = [cache, "env.image_size=0"]
+    assert bootstrap.demos_folder(load_config("metaworld_quickstart_tinyoft", states)) == bootstrap.demos_folder(
+        load_config("metaworld_quickstart_tinyoft", [*states, "env.goal_marker_size=0"])
+    )
 
 
 def test_a_demos_revision_renews_that_envs_demo_caches_only(tmp_path):
