@@ -102,11 +102,13 @@ def test_learner_crash_and_resume_the_same_actor_reconnects(roles, tmp_path):
     summary = json.loads((run / "summary.json").read_text())
     assert summary["version"] > published  # never goes back, even past the crash's unsaved versions
     assert summary["segments_by_client"].get("actor-steady", 0) > 0  # the same actor came back
-    # nothing counted twice: the checkpoint's env steps plus each segment the new learner took, once
-    # (the in-flight push that the crash cut off was re-sent and accepted once)
+    # nothing counted twice: the checkpoint's env steps plus each segment the new learner took, once.
+    # The push in flight at the crash is sent again: accepted once if the first learner never took
+    # it, refused as a duplicate if it took it and died before the ack (the actor pushes one at a
+    # time, so at most one such segment).
     ingest = summary["ingest"]
     assert summary["env_steps"] == resumed_from + ingest["consumed_env_steps"] and summary["env_steps"] >= 2000
-    assert ingest["accepted"] == ingest["consumed"] + ingest["queued"] and ingest["duplicates"] == 0
+    assert ingest["accepted"] == ingest["consumed"] + ingest["queued"] and ingest["duplicates"] <= 1
     assert roles.wait(actor, "actor-steady", 60) == 0
 
 
