@@ -17,7 +17,8 @@ finished its budget, and continues (`rlfleet train --resume`) every seed that ha
 one cut mid-run, or one that finished a smaller `runner.total_env_steps` than the command now asks
 for, so a 1M-step result extends to 3M without rerunning the first million. A resumed seed keeps
 its first evaluation of the starting policy. `--fresh` reruns every seed from scratch. The page
-names each seed's commit and where it was resumed.
+names each seed's commit and where it was resumed; a seed's wall time adds up all its lives, a
+killed one's counted up to the last write to its log.
 """
 
 from __future__ import annotations
@@ -308,6 +309,15 @@ def seed_state(run_dir: Path, total_env_steps: int, wall_budget: bool) -> tuple[
     return "fresh", None
 
 
+def add_cut_life(recorded: dict[str, Any], seed: int, log_path: Path) -> None:
+    """Count the wall time of a seed's life that was killed before it could record its own: from
+    its start to the last write to its log."""
+    started = recorded.get("running", {}).pop(str(seed), None)
+    if started is not None and log_path.exists():
+        lived = max(0.0, log_path.stat().st_mtime - float(started))
+        recorded[str(seed)] = float(recorded.get(str(seed), 0.0)) + lived
+
+
 def resume_notes(recorded: dict[str, Any], seeds: int) -> str:
     """One line naming the seeds that were continued from a checkpoint, and from where."""
     parts = []
@@ -370,19 +380,25 @@ def main(argv: list[str] | None = None) -> int:
             walls.append(float(recorded.get(str(seed), math.nan)))
             continue
         run = cmd + (["--resume"] if state == "resume" else [])
+        log_path = out / f"seed{seed}.log"
         if state == "resume":
+            add_cut_life(recorded, seed, log_path)
             resumes = recorded.setdefault("resumed", {}).setdefault(str(seed), [])
             resumes.append({"from_env_steps": reached, "commit": git_commit()})
         else:
             commits[str(seed)] = git_commit()
             recorded.get("resumed", {}).pop(str(seed), None)
             recorded.pop(str(seed), None)
+        # Written before the life starts, so a life cut by a kill still leaves its record.
+        recorded.setdefault("running", {})[str(seed)] = time.time()
+        wall_file.write_text(json.dumps(recorded, indent=2))
         print(f"[reproduce] seed {seed}: {shlex.join(run)}", flush=True)
         t0 = time.monotonic()
-        with open(out / f"seed{seed}.log", "ab" if state == "resume" else "wb") as log:
+        with open(log_path, "ab" if state == "resume" else "wb") as log:
             res = subprocess.run([sys.executable, "-m", "rlfleet.cli", *run[1:]], stdout=log, stderr=subprocess.STDOUT)
         walls.append(time.monotonic() - t0 + float(recorded.get(str(seed), 0.0)))  # a resumed seed's lives add up
         recorded[str(seed)] = walls[-1]
+        recorded["running"].pop(str(seed), None)
         wall_file.write_text(json.dumps(recorded, indent=2))
         if res.returncode != 0:
             print(

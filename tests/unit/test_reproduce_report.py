@@ -228,3 +228,39 @@ def test_a_larger_budget_resumes_finished_seeds_and_the_page_says_so(tmp_path, c
     # the budget reached: a third run keeps the seed
     monkeypatch.setattr(reproduce.subprocess, "run", lambda *a, **k: pytest.fail("a finished seed was rerun"))
     assert reproduce.main(["metaworld_reach_ppo", "--seeds", "1", "--out", str(tmp_path), *budget]) == 0
+
+
+def test_a_life_killed_mid_run_keeps_its_resume_record_and_wall_time(tmp_path, capsys, monkeypatch):
+    """A kill (a session stop) ends the command before it can record the life: the record is
+    written before the life starts, and the next run counts the killed life's wall time up to the
+    last write to its log."""
+    import json
+    import os
+
+    (tmp_path / "seed0" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "seed0" / "checkpoints" / "latest").write_text("update_000010")
+    (tmp_path / "wall_seconds.json").write_text(json.dumps({"0": 60.0, "commits": {"0": "aaa"}}))
+    monkeypatch.setattr(reproduce, "git_commit", lambda: "bbb")
+
+    def killed(cmd, **kwargs):  # what the wall file holds when the kill lands mid-life
+        recorded = json.loads((tmp_path / "wall_seconds.json").read_text())
+        assert recorded["resumed"]["0"] == [{"from_env_steps": None, "commit": "bbb"}]
+        assert recorded["0"] == 60.0 and "0" in recorded["running"]
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(reproduce.subprocess, "run", killed)
+    with pytest.raises(KeyboardInterrupt):
+        reproduce.main(["metaworld_reach_ppo", "--seeds", "1", "--out", str(tmp_path)])
+    recorded = json.loads((tmp_path / "wall_seconds.json").read_text())
+    log = tmp_path / "seed0.log"
+    os.utime(log, (recorded["running"]["0"] + 100.0,) * 2)  # the killed life last wrote 100 s in
+
+    def finishes(cmd, **kwargs):
+        (tmp_path / "seed0" / "summary.json").write_text(json.dumps(_summary({"a": 0.2}, {"a": 0.7})))
+        return reproduce.subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(reproduce.subprocess, "run", finishes)
+    assert reproduce.main(["metaworld_reach_ppo", "--seeds", "1", "--out", str(tmp_path)]) == 0
+    recorded = json.loads((tmp_path / "wall_seconds.json").read_text())
+    assert 160.0 <= recorded["0"] < 170.0  # 60 s first life + 100 s killed life + this short one
+    assert recorded["running"] == {} and len(recorded["resumed"]["0"]) == 2
