@@ -230,7 +230,7 @@ def test_a_larger_budget_resumes_finished_seeds_and_the_page_says_so(tmp_path, c
     assert reproduce.main(["metaworld_reach_ppo", "--seeds", "1", "--out", str(tmp_path), *budget]) == 0
 
 
-def test_a_life_killed_mid_run_keeps_its_resume_record_and_wall_time(tmp_path, capsys, monkeypatch):
+def test_a_life_killed_mid_run_keeps_its_resume_record_and_wall_time(tmp_path, monkeypatch):
     """A kill (a session stop) ends the command before it can record the life: the record is
     written before the life starts, and the next run counts the killed life's wall time up to the
     last write to its log."""
