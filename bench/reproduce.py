@@ -299,14 +299,24 @@ def git_commit() -> str:
 
 def seed_state(run_dir: Path, total_env_steps: int, wall_budget: bool) -> tuple[str, int | None]:
     """What a rerun does with a seed: "done" (kept), "resume" (from its last checkpoint) or "fresh",
-    and the env steps it had reached (None when unknown: a cut run without a summary)."""
+    and the env steps it stands at: a resume's checkpoint, else its summary (None when unknown)."""
     summary = run_dir / "summary.json"
     steps = int(json.loads(summary.read_text())["env_steps"]) if summary.exists() else None
     if steps is not None and (wall_budget or not total_env_steps or steps >= total_env_steps):
         return "done", steps  # a wall-clock budget ends runs early by design: never extend them
     if (run_dir / "checkpoints" / "latest").exists():
-        return "resume", steps
+        return "resume", checkpoint_env_steps(run_dir) or steps
     return "fresh", None
+
+
+def checkpoint_env_steps(run_dir: Path) -> int | None:
+    """The env steps of the checkpoint a resume starts from (the trainer's counters in it), which
+    can lie behind the last summary: updates after the last checkpoint are retrained."""
+    marker = run_dir / "checkpoints" / "latest"
+    state = run_dir / "checkpoints" / marker.read_text().strip() / "trainer_state.json"
+    if not state.exists():
+        return None
+    return int(json.loads(state.read_text())["counters"]["env_steps"])
 
 
 def add_cut_life(recorded: dict[str, Any], seed: int, log_path: Path) -> None:
@@ -377,6 +387,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.report_only or state == "done":
             if state == "done" and not args.report_only:
                 print(f"[reproduce] seed {seed}: finished before ({run_dir / 'summary.json'}), kept", flush=True)
+                if str(seed) in recorded.get("running", {}):  # killed after its summary, before it returned
+                    add_cut_life(recorded, seed, out / f"seed{seed}.log")
+                    wall_file.write_text(json.dumps(recorded, indent=2))
             walls.append(float(recorded.get(str(seed), math.nan)))
             continue
         run = cmd + (["--resume"] if state == "resume" else [])

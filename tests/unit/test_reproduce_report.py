@@ -197,6 +197,11 @@ def test_which_seeds_a_rerun_keeps_resumes_or_starts_afresh(tmp_path):
     assert reproduce.seed_state(seed("new", None, False), 2000, False) == ("fresh", None)
     # a wall-clock budget ends a run early by design: its summary means done
     assert reproduce.seed_state(tmp_path / "short", 2000, True) == ("done", 1000)
+    # a resume starts from its checkpoint, which can lie behind the last summary
+    (tmp_path / "short" / "checkpoints" / "update_000010").mkdir()
+    state = {"counters": {"update": 10, "env_steps": 900}}
+    (tmp_path / "short" / "checkpoints" / "update_000010" / "trainer_state.json").write_text(json.dumps(state))
+    assert reproduce.seed_state(tmp_path / "short", 2000, False) == ("resume", 900)
 
 
 def test_a_larger_budget_resumes_finished_seeds_and_the_page_says_so(tmp_path, capsys, monkeypatch):
@@ -264,3 +269,26 @@ def test_a_life_killed_mid_run_keeps_its_resume_record_and_wall_time(tmp_path, m
     recorded = json.loads((tmp_path / "wall_seconds.json").read_text())
     assert 160.0 <= recorded["0"] < 170.0  # 60 s first life + 100 s killed life + this short one
     assert recorded["running"] == {} and len(recorded["resumed"]["0"]) == 2
+
+
+def test_a_life_killed_after_its_summary_still_counts_its_wall_time(tmp_path, monkeypatch):
+    """The seconds between the summary's write and the command's return: the seed is done, and the
+    killed life's wall time is counted when the next run keeps it."""
+    import json
+    import os
+    import time
+
+    (tmp_path / "seed0").mkdir()
+    (tmp_path / "seed0" / "summary.json").write_text(json.dumps(_summary({"a": 0.2}, {"a": 0.7})))
+    started = time.time() - 1000.0
+    (tmp_path / "wall_seconds.json").write_text(json.dumps({"commits": {"0": "aaa"}, "running": {"0": started}}))
+    (tmp_path / "seed0.log").write_text("trained\n")
+    os.utime(tmp_path / "seed0.log", (started + 300.0,) * 2)
+    monkeypatch.setattr(reproduce.subprocess, "run", lambda *a, **k: pytest.fail("a finished seed was rerun"))
+    assert reproduce.main(["metaworld_reach_ppo", "--seeds", "1", "--out", str(tmp_path)]) == 0
+    recorded = json.loads((tmp_path / "wall_seconds.json").read_text())
+    assert recorded["0"] == pytest.approx(300.0) and recorded["running"] == {}
+    assert (
+        "Wall seconds per seed (whole command: start-up, evaluations, training): 300"
+        in (tmp_path / "results.md").read_text()
+    )
