@@ -251,6 +251,13 @@ def compare_rich(
     return out
 
 
+def chain_line(metrics: Mapping[str, float]) -> str:
+    """One line of chain metrics (a chained env's whole-chain success alone reads 0% for most policies)."""
+    lens = sorted((k for k in metrics if k.startswith("success_len_")), key=lambda k: int(k.rsplit("_", 1)[1]))
+    cells = " / ".join(f"{100 * metrics[k]:.0f}" for k in lens)
+    return f"avg_num_subtasks {metrics['avg_num_subtasks']:.2f}, success_len_1..{len(lens)} {cells}%"
+
+
 def chain_markdown(rows: Mapping[str, Mapping[str, Any]], title: str, chain_length: int = CHAIN_LENGTH) -> str:
     """RLinf's CALVIN table: one row per model or setting, success_len_k in % and avg_num_subtasks."""
     cols = chain_columns(chain_length)

@@ -28,7 +28,7 @@ from rlfleet.config import as_dict, eval_env_config, fill_model_dims, load_confi
 from rlfleet.envs.chains import chain_report
 from rlfleet.envs.registry import scored_chain_length, task_groups
 from rlfleet.eval.episodes import evaluate_policy
-from rlfleet.eval.report import chain_markdown, success_table, write_before_after, write_report
+from rlfleet.eval.report import chain_line, chain_markdown, success_table, write_before_after, write_report
 from rlfleet.learner.metrics import print_summary
 from rlfleet.policies.checkpoint_io import policy_from_config
 from rlfleet.runs.bootstrap import ensure_sft_checkpoint, needs_bootstrap
@@ -269,6 +269,8 @@ def _keep_before(run_dir: Path, before: dict[str, float], chain_before: dict | N
     print(
         f"starting policy: mean {100 * sum(before.values()) / len(before):.1f}% ({cells})", file=sys.stderr, flush=True
     )
+    if chain_before is not None:  # what a chained env is judged by
+        print(f"starting policy chains: {chain_line(chain_before['all'])}", file=sys.stderr, flush=True)
 
 
 def _supervise(learner: subprocess.Popen, supervisor: ActorSupervisor, every_s: float = 0.5) -> None:

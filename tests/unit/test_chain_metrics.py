@@ -10,7 +10,7 @@ import pytest
 
 from rlfleet.envs.chains import chain_metrics, chain_report
 from rlfleet.envs.registry import chain_length
-from rlfleet.eval.report import chain_markdown
+from rlfleet.eval.report import chain_line, chain_markdown
 from rlfleet.learner.metrics import EpisodeWindow
 
 
@@ -36,6 +36,21 @@ def test_report_and_markdown():
     assert report["calvin-D"]["success_len_5"] == 0.5
     text = chain_markdown(report, "t")
     assert "| calvin-D | 50.0% |" in text and text.rstrip().endswith("| 1.75 |")
+    assert chain_line(report["all"]) == "avg_num_subtasks 1.75, success_len_1..5 75 / 25 / 25 / 25 / 25%"
+
+
+def test_the_starting_policy_line_names_the_chain_metrics(tmp_path, capsys):
+    """Whole-chain success is 0% for most policies: the start of a chained run shows its chain metrics."""
+    import json
+
+    from rlfleet.runs.launcher import _keep_before
+
+    report = chain_report({"calvin-D": [2.0, 0.0, 1.0, 0.0]})
+    _keep_before(tmp_path, {"calvin-D": 0.0}, report)
+    err = capsys.readouterr().err
+    assert "starting policy: mean 0.0% (calvin-D 0%)" in err
+    assert "starting policy chains: avg_num_subtasks 0.75, success_len_1..5 50 / 25 / 0 / 0 / 0%" in err
+    assert json.loads((tmp_path / "eval_chain_before.json").read_text()) == report
 
 
 def _episodes(returns):
