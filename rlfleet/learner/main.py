@@ -395,7 +395,8 @@ class Learner:
                 writer.video(f"eval/video/{path.parent.name}", path, step, video.fps)
         writer.flush()
         self._last_eval = time.monotonic()
-        log.info("eval at %d env steps: success_once %.3f", step, scalars["eval/success_once"])
+        chain_text = f", avg_num_subtasks {scalars['eval/avg_num_subtasks']:.2f}" if self.episodes.chain_length else ""
+        log.info("eval at %d env steps: success_once %.3f%s", step, scalars["eval/success_once"], chain_text)
         return scalars
 
     def evaluate(self) -> dict[str, float]:

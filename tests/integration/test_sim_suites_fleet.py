@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -20,7 +21,13 @@ SUITES = {
         "env.reward_type=dense",
         "eval.task=click_bell:eval,place_empty_cup:eval",
     ],
-    "calvin": ["env.name=calvin", "env.task=D", "env.max_episode_steps=40", "env.reward_type=success"],
+    "calvin": [
+        "env.name=calvin",
+        "env.task=D",
+        "env.max_episode_steps=40",
+        "env.reward_type=success",
+        "eval.every_updates=2",  # periodic evaluation on the held-out chains
+    ],
 }
 NEEDS = {"robotwin": "sapien", "calvin": "pybullet"}
 
@@ -58,6 +65,9 @@ def test_short_fleet_run_then_eval_only(tmp_path, suite):
         assert {"avg_num_subtasks", "success_len_5"} <= set(summary["eval_chain_before"]["all"])
         table = (run / "before_after_chain.md").read_text()
         assert "| calvin-D before |" in table and "| calvin-D after |" in table and "| all after |" in table
+        # a chained env's numbers on screen and in the log are its chain metrics, not only success_once
+        assert "starting policy chains: avg_num_subtasks" in res.stderr
+        assert re.search(r"eval at \d+ env steps: success_once [\d.]+, avg_num_subtasks [\d.]+", res.stderr)
     ckpt = run / "checkpoints" / (run / "checkpoints" / "latest").read_text().strip()
 
     only = tmp_path / "eval_only"
