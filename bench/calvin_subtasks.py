@@ -1,0 +1,73 @@
+"""Where a CALVIN-style policy's chains break: attempts and completions per subtask on the held-out
+eval chains, evaluated the way `rlfleet train` evaluates (same eval seeds, deterministic policy).
+
+    .venv/bin/python bench/calvin_subtasks.py CHECKPOINT [--chains 50] [--recipe calvin_d_d_ppo_tinypi0_cpu]
+
+A chain's subtasks are attempted in order until the first failure, so the subtask a chain stops at
+is attempted and not completed; the ones before it are both. Chain j of an evaluation is eval-pool
+entry `(eval.seed + j) % pool size` (one scene variant: `evaluate_policy` gives task i of n the
+seeds seed + j * n + i).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections import Counter
+from collections.abc import Sequence
+
+from rlfleet.config import eval_env_config, load_config
+from rlfleet.envs.calvin.chains import pool_entry, pool_size
+from rlfleet.envs.registry import task_list
+from rlfleet.runs import launcher
+
+
+def tally(chains: Sequence[Sequence[str]], done: Sequence[int]) -> dict[str, tuple[int, int, int, int]]:
+    """Per subtask: (attempted, completed, chains it starts, chains it starts and completes)."""
+    att: Counter[str] = Counter()
+    ok: Counter[str] = Counter()
+    first: Counter[str] = Counter()
+    first_ok: Counter[str] = Counter()
+    for subtasks, d in zip(chains, done, strict=True):
+        for k, name in enumerate(subtasks[: d + 1]):
+            att[name] += 1
+            ok[name] += int(k < d)
+        first[subtasks[0]] += 1
+        first_ok[subtasks[0]] += int(d > 0)
+    return {name: (att[name], ok[name], first[name], first_ok[name]) for name in att}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("checkpoint")
+    p.add_argument("--chains", type=int, default=50, help="held-out eval chains (the recipes' final evaluation: 50)")
+    p.add_argument("--recipe", default="calvin_d_d_ppo_tinypi0_cpu")
+    args = p.parse_args(argv)
+    cfg = load_config(args.recipe, [f"policy.model_path={args.checkpoint}", f"eval.episodes_per_task={args.chains}"])
+    if len(task_list(eval_env_config(cfg))) != 1:
+        p.error("one scene variant at a time (the chain of episode j is known for one task)")
+    returns: dict[str, list[float]] = {}
+    evaluate = launcher.evaluate_policy
+
+    def keeping_returns(*a, **k):  # evaluate_start's own returns, kept for the tally
+        out = evaluate(*a, **k)
+        returns.update(k["episode_returns"])
+        return out
+
+    launcher.evaluate_policy = keeping_returns
+    try:
+        launcher.evaluate_start(cfg)
+    finally:
+        launcher.evaluate_policy = evaluate
+    (done_f,) = returns.values()
+    done = [int(round(r)) for r in done_f]
+    chains = [pool_entry("eval", (cfg.eval.seed + j) % pool_size("eval")).subtasks for j in range(len(done))]
+    rows = tally(chains, done)
+    print(f"{args.checkpoint}: avg_num_subtasks {sum(done) / len(done):.2f} over {len(done)} eval chains")
+    print("| subtask | attempted | completed | first of a chain | completed as first |\n|---|---:|---:|---:|---:|")
+    for name, (a, o, f, fo) in sorted(rows.items(), key=lambda kv: (-kv[1][0], kv[0])):
+        print(f"| {name} | {a} | {o} ({100 * o / a:.0f}%) | {f} | {fo} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
