@@ -242,22 +242,29 @@ def results_markdown(
     eval_note: str,
     resumed: str = "",
 ) -> str:
-    """The results page: success before / after per task and mean (%, mean +- SE over seeds)."""
+    """The results page: success before / after per task and mean (%, mean +- SE over seeds); for
+    chained envs their chain metrics instead (whole-chain success is their last success_len_k)."""
     n = agg["seeds"]
-    lines = [
-        f"## {recipe}: {n} seeds",
-        "",
-        f"Success (%) on held-out eval seeds, mean +- standard error over {n} training seeds; {eval_note}.",
-        "",
-        "| task | before | after | gain (points) |",
-        "|---|---:|---:|---:|",
-    ]
-    for task, row in agg["tasks"].items():
-        lines.append(f"| {task} | {_pm(row['before'])} | {_pm(row['after'])} | {_pm(row['gain'], signed=True)} |")
-    m = agg["mean"]
-    lines.append(f"| **mean** | {_pm(m['before'])} | {_pm(m['after'])} | {_pm(m['gain'], signed=True)} |")
-    if "chain" in agg:  # CALVIN-style chains: the metrics the env is judged by
-        lines += ["", "| chain metric | before | after | gain |", "|---|---:|---:|---:|"]
+    lines = [f"## {recipe}: {n} seeds", ""]
+    if "chain" not in agg:
+        lines += [
+            f"Success (%) on held-out eval seeds, mean +- standard error over {n} training seeds; {eval_note}.",
+            "",
+            "| task | before | after | gain (points) |",
+            "|---|---:|---:|---:|",
+        ]
+        for task, row in agg["tasks"].items():
+            lines.append(f"| {task} | {_pm(row['before'])} | {_pm(row['after'])} | {_pm(row['gain'], signed=True)} |")
+        m = agg["mean"]
+        lines.append(f"| **mean** | {_pm(m['before'])} | {_pm(m['after'])} | {_pm(m['gain'], signed=True)} |")
+    else:  # CALVIN-style chains: the metrics the env is judged by
+        lines += [
+            f"Chain metrics on held-out eval chains, mean +- standard error over {n} training seeds; {eval_note}; "
+            "whole-chain success is the last success_len_k.",
+            "",
+            "| chain metric | before | after | gain |",
+            "|---|---:|---:|---:|",
+        ]
         for key, row in agg["chain"].items():
             scale, digits = (1.0, 2) if key == "avg_num_subtasks" else (100.0, 1)
             cells = [_pm(row[k], scale, signed=k == "gain", digits=digits) for k in ("before", "after", "gain")]

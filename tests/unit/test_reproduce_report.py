@@ -144,6 +144,8 @@ def test_chained_runs_report_their_chain_metrics_and_plot_subtasks(tmp_path):
     page = reproduce.results_markdown("calvin", agg, ["rlfleet train calvin"], "abc", [1.0, 1.0], {}, "50 chains")
     assert "| avg_num_subtasks | 0.08 +- 0.00 | 0.11 +- 0.09 | +0.03 +- 0.09 |" in page
     assert "| success_len_1 (%) | 8.0 +- 0.0 | 9.0 +- 7.0 | +1.0 +- 7.0 |" in page
+    assert page.index("Chain metrics on held-out eval chains") < page.index("| chain metric |")
+    assert "| task |" not in page  # whole-chain success (0% here) is success_len_5, in the chain table
     assert reproduce.curve_metric(CHAINS[0]) == "avg_num_subtasks"
     assert reproduce.curve_metric(SUMMARIES[0]) == "success_once"
     curves = []
