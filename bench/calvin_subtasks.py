@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from rlfleet.config import eval_env_config, load_config
 from rlfleet.envs.calvin.chains import pool_entry, pool_size
 from rlfleet.envs.registry import task_list
-from rlfleet.runs import launcher
+from rlfleet.runs.launcher import evaluate_start
 
 
 def tally(chains: Sequence[Sequence[str]], done: Sequence[int]) -> dict[str, tuple[int, int, int, int]]:
@@ -46,18 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     if len(task_list(eval_env_config(cfg))) != 1:
         p.error("one scene variant at a time (the chain of episode j is known for one task)")
     returns: dict[str, list[float]] = {}
-    evaluate = launcher.evaluate_policy
-
-    def keeping_returns(*a, **k):  # evaluate_start's own returns, kept for the tally
-        out = evaluate(*a, **k)
-        returns.update(k["episode_returns"])
-        return out
-
-    launcher.evaluate_policy = keeping_returns
-    try:
-        launcher.evaluate_start(cfg)
-    finally:
-        launcher.evaluate_policy = evaluate
+    evaluate_start(cfg, episode_returns=returns)
     (done_f,) = returns.values()
     done = [int(round(r)) for r in done_f]
     chains = [pool_entry("eval", (cfg.eval.seed + j) % pool_size("eval")).subtasks for j in range(len(done))]

@@ -319,20 +319,24 @@ def seed_state(run_dir: Path, total_env_steps: int, wall_budget: bool) -> tuple[
 def checkpoint_env_steps(run_dir: Path) -> int | None:
     """The env steps of the checkpoint a resume starts from (the trainer's counters in it), which
     can lie behind the last summary: updates after the last checkpoint are retrained."""
-    marker = run_dir / "checkpoints" / "latest"
-    state = run_dir / "checkpoints" / marker.read_text().strip() / "trainer_state.json"
-    if not state.exists():
+    from rlfleet.learner.checkpointer import STATE_JSON, Checkpointer  # torch: only when resuming
+
+    latest = Checkpointer(run_dir).latest()
+    if latest is None or not (latest / STATE_JSON).exists():  # none complete, or a legacy .pt one
         return None
-    return int(json.loads(state.read_text())["counters"]["env_steps"])
+    return int(json.loads((latest / STATE_JSON).read_text())["counters"]["env_steps"])
 
 
-def add_cut_life(recorded: dict[str, Any], seed: int, log_path: Path) -> None:
+def add_cut_life(recorded: dict[str, Any], seed: int, log_path: Path) -> bool:
     """Count the wall time of a seed's life that was killed before it could record its own: from
-    its start to the last write to its log."""
+    its start to the last write to its log. False when no life of the seed was cut."""
     started = recorded.get("running", {}).pop(str(seed), None)
-    if started is not None and log_path.exists():
+    if started is None:
+        return False
+    if log_path.exists():
         lived = max(0.0, log_path.stat().st_mtime - float(started))
         recorded[str(seed)] = float(recorded.get(str(seed), 0.0)) + lived
+    return True
 
 
 def resume_notes(recorded: dict[str, Any], seeds: int) -> str:
@@ -391,16 +395,15 @@ def main(argv: list[str] | None = None) -> int:
         cmd = seed_command(args.recipe, seed, run_dir, args.overrides)
         commands.append(shlex.join(cmd))
         state, reached = ("fresh", None) if args.fresh else seed_state(run_dir, budget, wall_budget)
+        log_path = out / f"seed{seed}.log"
         if args.report_only or state == "done":
             if state == "done" and not args.report_only:
                 print(f"[reproduce] seed {seed}: finished before ({run_dir / 'summary.json'}), kept", flush=True)
-                if str(seed) in recorded.get("running", {}):  # killed after its summary, before it returned
-                    add_cut_life(recorded, seed, out / f"seed{seed}.log")
+                if add_cut_life(recorded, seed, log_path):  # killed after its summary, before it returned
                     wall_file.write_text(json.dumps(recorded, indent=2))
             walls.append(float(recorded.get(str(seed), math.nan)))
             continue
         run = cmd + (["--resume"] if state == "resume" else [])
-        log_path = out / f"seed{seed}.log"
         if state == "resume":
             add_cut_life(recorded, seed, log_path)
             resumes = recorded.setdefault("resumed", {}).setdefault(str(seed), [])
@@ -422,7 +425,7 @@ def main(argv: list[str] | None = None) -> int:
         wall_file.write_text(json.dumps(recorded, indent=2))
         if res.returncode != 0:
             print(
-                f"[reproduce] seed {seed} failed (exit {res.returncode}); see {out / f'seed{seed}.log'}",
+                f"[reproduce] seed {seed} failed (exit {res.returncode}); see {log_path}",
                 file=sys.stderr,
             )
             return 1
