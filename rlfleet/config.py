@@ -486,8 +486,9 @@ def policy_settings(cfg: DictConfig) -> dict[str, Any]:
 
 def eval_env_config(cfg: DictConfig) -> EnvConfig:
     """The env evaluation runs in: the training env, or `eval.task` (held-out tasks) on it, with
-    held-out episodes where the env keeps them apart (CALVIN's eval chain pool)."""
-    env = dataclasses.replace(EnvConfig(**as_dict(cfg.env)), pool="eval")
+    held-out episodes where the env keeps them apart (CALVIN's eval chain pool) and the env's own
+    per-subtask budget (a training-only `env.subtask_steps` never shortens evaluation)."""
+    env = dataclasses.replace(EnvConfig(**as_dict(cfg.env)), pool="eval", subtask_steps=0)
     return dataclasses.replace(env, task=cfg.eval.task) if cfg.eval.task else env
 
 

@@ -45,6 +45,11 @@ class EnvConfig:
     # Only the frames change: sites never collide, and rewards and success ignore their size.
     goal_marker_size: float = 0.0
     pool: str = "train"  # CALVIN chains: "train" or the disjoint held-out "eval" pool (others ignore it)
+    # Chained envs (CALVIN): env steps the current subtask may take before the episode is truncated;
+    # 0: the env's own budget (CALVIN's 360). Training only: `rlfleet.config.eval_env_config` sets it
+    # back to 0, so held-out evaluation keeps the benchmark's budget. A shorter training budget stops
+    # spending env steps on an attempt long after it has failed (the truncation is bootstrapped).
+    subtask_steps: int = 0
     # Envs in the whole fleet (actors set it to num_actors x num_envs; 0: this batch alone). Envs that
     # walk a seed list (RoboTwin) stride by it, so workers and actors never replay each other's seeds.
     fleet_envs: int = 0
@@ -83,6 +88,8 @@ def check_env_args(cfg: EnvConfig, num_envs: int, env_offset: int) -> None:
         raise ValueError(
             f"chunk_size and max_episode_steps must be >= 1, got {cfg.chunk_size}, {cfg.max_episode_steps}"
         )
+    if cfg.subtask_steps < 0:
+        raise ValueError(f"subtask_steps must be >= 0 (0: the env's own budget), got {cfg.subtask_steps}")
     if cfg.progress_reward < 0:
         raise ValueError(f"progress_reward must be >= 0 (0: off), got {cfg.progress_reward}")
     if cfg.goal_marker_size < 0:

@@ -165,6 +165,31 @@ def test_truncated_episode_returns_completed_subtasks():
             env.close()
 
 
+@pytest.mark.parametrize("subtask_steps, budget", [(100, 100), (0, 360)])
+def test_subtask_budget_truncates_from_the_last_completion(subtask_steps, budget):
+    env = CalvinEnv(_cfg(task="D", subtask_steps=subtask_steps), 1)
+    try:
+        env.reset(np.array([3]))
+        ignored = np.zeros((1, 1, ACTION_DIM), np.float32)
+        first = 0
+        while True:  # the expert completes the first subtask ...
+            res, _, _ = env.expert_chunk_step(ignored, np.ones(1, bool))
+            first += 1
+            assert first <= 200 and not res.episode_done[0]
+            if res.rewards[0, 0] > 0:
+                break
+        hold = np.zeros((1, 1, ACTION_DIM), np.float32)
+        for _ in range(budget - 1):  # ... then the arm holds: no progress on the second
+            assert not env.chunk_step(hold).episode_done[0]
+        res = env.chunk_step(hold)
+        assert res.truncated[0] and not res.terminated[0]
+        assert res.episode_length[0] == first + budget and res.episode_return[0] == 1
+    finally:
+        env.close()
+    with pytest.raises(ValueError, match="subtask_steps"):
+        CalvinEnv(_cfg(subtask_steps=-1), 1)
+
+
 def test_expert_labels_match_expert_actions_and_student_path():
     env = CalvinEnv(_cfg(task="A", chunk_size=3), 2)
     try:

@@ -204,3 +204,12 @@ def test_every_block_is_valid_config():
         unnamed = "policy" in raw and "name" not in raw["policy"]
         cfg = load_config(str(block), ["policy.name=tiny_pi0"] if unnamed else [])  # bad keys/types fail here
         assert cfg.runner.experiment_name == "rlfleet"
+
+
+def test_eval_env_keeps_the_benchmark_budget_and_the_held_out_pool():
+    from rlfleet.config import eval_env_config
+
+    cfg = load_config("calvin_d_d_ppo_tinypi0_cpu", ["env.subtask_steps=120", "eval.task=ABC"])
+    assert cfg.env.subtask_steps == 120 and cfg.env.pool == "train"
+    env = eval_env_config(cfg)
+    assert (env.subtask_steps, env.pool, env.task, env.image_size) == (0, "eval", "ABC", 64)

@@ -4,8 +4,9 @@ Episodes. Each episode is a `ChainSpec` from the train or eval pool (`EnvConfig.
 starts in the chain's initial state and the instruction observation (`instructions`,
 `task_descriptions`) is the current subtask's; it switches to the next subtask's the step after
 one completes. The episode terminates once all 5 are done, and is truncated when the current
-subtask is not done within `SUBTASK_STEPS` env steps (CALVIN's 360) or the episode reaches
-`EnvConfig.max_episode_steps` (set it to 5 * 360 = 1800 to let the per-subtask budget rule).
+subtask is not done within `EnvConfig.subtask_steps` env steps (0: `SUBTASK_STEPS`, CALVIN's 360)
+or the episode reaches `EnvConfig.max_episode_steps` (set it to 5 * 360 = 1800 to let the
+per-subtask budget rule).
 
 Reward. `reward_type` "success" and "dense": 1 on the step a subtask completes (no shaping: dense
 is treated as sparse), so `episode_return` is the number of subtasks completed; "success_once":
@@ -72,6 +73,7 @@ class CalvinEnv(EpisodeEnv):
         self._variants = [VARIANTS[variants[j]] for j in self._task_ids]
         self._scenes = [Scene(v) for v in self._variants]
         self._size = cfg.image_size
+        self._subtask_steps = cfg.subtask_steps or SUBTASK_STEPS
         self._episodes: list[_Episode | None] = [None] * num_envs
         self._snaps: list[Snapshot | None] = [None] * num_envs
         self._rngs: list[np.random.Generator | None] = [None] * num_envs
@@ -131,7 +133,7 @@ class CalvinEnv(EpisodeEnv):
             float(done_subtask),
             chain_done,
             terminated=chain_done,
-            truncated=ep.stage_steps >= SUBTASK_STEPS,
+            truncated=ep.stage_steps >= self._subtask_steps,
             sparse_reward=float(done_subtask),
         )
 
