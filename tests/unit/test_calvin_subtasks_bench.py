@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import importlib.util
+from collections import Counter
 from pathlib import Path
+
+import pytest
 
 _spec = importlib.util.spec_from_file_location(
     "calvin_subtasks", Path(__file__).resolve().parents[2] / "bench" / "calvin_subtasks.py"
@@ -23,3 +26,28 @@ def test_a_chain_attempts_its_subtasks_up_to_the_first_failure():
     # c: failed in chain 0, done in chains 2 and 3 (first of chain 3)
     assert rows["c"] == (3, 2, 1, 1)
     assert sum(a for a, _, _, _ in rows.values()) == 3 + 1 + 3 + 2  # up to the failure, or the whole chain
+
+
+def test_the_script_evaluates_a_checkpoint_on_the_eval_chains(tmp_path, capsys):
+    """The whole script on a fresh tiny_pi0 (it completes nothing): one row per chain's first
+    subtask, attempted once and never completed, as the eval chains' pool entries say."""
+    pytest.importorskip("pybullet")
+    from rlfleet.config import fill_model_dims, load_config, policy_settings
+    from rlfleet.envs.calvin.chains import pool_entry, pool_size
+    from rlfleet.policies.checkpoint_io import model_config, policy_from_config, save_checkpoint_folder
+
+    cfg = load_config("calvin_d_d_ppo_tinypi0_cpu", ["policy.dim=16", "policy.depth=1", "policy.heads=2"])
+    fill_model_dims(cfg)
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    d, settings = cfg.model_dims, policy_settings(cfg)
+    policy = policy_from_config(settings, d.state_dim, d.action_dim, cfg.env.chunk_size, cfg.env.image_size)
+    config = model_config(settings, d.state_dim, d.action_dim, cfg.env.chunk_size, image_size=cfg.env.image_size)
+    save_checkpoint_folder(tmp_path / "ckpt", policy, config)
+
+    assert calvin_subtasks.main([str(tmp_path / "ckpt"), "--chains", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "avg_num_subtasks 0.00 over 2 eval chains" in out
+    firsts = Counter(pool_entry("eval", (cfg.eval.seed + j) % pool_size("eval")).subtasks[0] for j in range(2))
+    rows = [line for line in out.splitlines() if line.startswith("| ") and not line.startswith("| subtask")]
+    assert sorted(rows) == sorted(f"| {n} | {c} | 0 (0%) | {c} | 0 |" for n, c in firsts.items())
