@@ -48,7 +48,7 @@ class EnvConfig:
     # Chained envs (CALVIN): env steps the current subtask may take before the episode is truncated;
     # 0: the env's own budget (CALVIN's 360). Training only: `rlfleet.config.eval_env_config` sets it
     # back to 0, so held-out evaluation keeps the benchmark's budget. A shorter training budget stops
-    # spending env steps on an attempt long after it has failed (the truncation is bootstrapped).
+    # spending env steps on an attempt long after it has failed (a time limit, as max_episode_steps).
     subtask_steps: int = 0
     # Envs in the whole fleet (actors set it to num_actors x num_envs; 0: this batch alone). Envs that
     # walk a seed list (RoboTwin) stride by it, so workers and actors never replay each other's seeds.
