@@ -4,9 +4,9 @@ eval chains, evaluated the way `rlfleet train` evaluates (same eval seeds, deter
     .venv/bin/python bench/calvin_subtasks.py CHECKPOINT [--chains 50] [--recipe calvin_d_d_ppo_tinypi0_cpu]
 
 A chain's subtasks are attempted in order until the first failure, so the subtask a chain stops at
-is attempted and not completed; the ones before it are both. Chain j of an evaluation is eval-pool
-entry `(eval.seed + j) % pool size` (one scene variant: `evaluate_policy` gives task i of n the
-seeds seed + j * n + i).
+is attempted and not completed; the ones before it are both. Episode j of an evaluation of one scene
+variant has seed `eval_seed_range(cfg, 1)[j]`, and a seeded CALVIN env starts on eval-pool entry
+`seed % pool size`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import argparse
 from collections import Counter
 from collections.abc import Sequence
 
-from rlfleet.config import eval_env_config, load_config
+from rlfleet.config import eval_env_config, eval_seed_range, load_config
 from rlfleet.envs.calvin.chains import pool_entry, pool_size
 from rlfleet.envs.registry import task_list
 from rlfleet.runs.launcher import evaluate_start
@@ -49,7 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     evaluate_start(cfg, episode_returns=returns)
     (done_f,) = returns.values()
     done = [int(round(r)) for r in done_f]
-    chains = [pool_entry("eval", (cfg.eval.seed + j) % pool_size("eval")).subtasks for j in range(len(done))]
+    seeds = eval_seed_range(cfg, 1)[: len(done)]
+    chains = [pool_entry("eval", s % pool_size("eval")).subtasks for s in seeds]
     rows = tally(chains, done)
     print(f"{args.checkpoint}: avg_num_subtasks {sum(done) / len(done):.2f} over {len(done)} eval chains")
     print("| subtask | attempted | completed | first of a chain | completed as first |\n|---|---:|---:|---:|---:|")
