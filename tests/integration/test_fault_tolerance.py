@@ -314,5 +314,8 @@ def test_local_mode_restarts_a_killed_actor_and_counts_every_segment_once(tmp_pa
     assert summary["segments_by_client"] == {"actor0": ingest["accepted"]}  # both lives under one id
     # what the killed life had not pushed is counted: taken (each life's ledger) == counted + lost
     lives = [taken_by_ledger(p) for p in (run / "ledgers").iterdir()]
-    assert len(lives) == 2 and summary["lost_env_steps"].get("actor_crashed", 0) > 0, summary
+    # A kill that lands after the life pushed all it took loses nothing (seen on busy cores), so the
+    # crash's loss may be 0; what must hold is the sum and the causes it is filed under.
+    assert len(lives) == 2, lives
+    assert set(summary["lost_env_steps"]) <= {"actor_crashed", "actor_stopped", "unconsumed_at_end"}, summary
     assert sum(lives) == summary["env_steps"] + sum(summary["lost_env_steps"].values()), (lives, summary)
