@@ -387,6 +387,7 @@ def build_parser() -> argparse.ArgumentParser:
     co.add_argument("--out", required=True, help="dataset folder to create (see docs/datasets.md)")
     co.add_argument("--image-size", type=int, default=64, help="camera frame side in pixels; 0: states only")
     co.add_argument("--camera", default="corner", help="camera for main_images (MetaWorld)")
+    co.add_argument("--wrist-camera", action="store_true", help="also record wrist_images (envs with one: calvin)")
     co.add_argument("--max-episode-steps", type=int, default=150, help="episode limit (calvin chains: 1800)")
     co.add_argument(
         "--envs-per-task",

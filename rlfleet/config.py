@@ -461,13 +461,16 @@ def _check_policy(cfg: DictConfig) -> None:
         raise ConfigError(f"bad value for {key} (policy {name}): expected {field_type}, got {value!r}") from None
     except ValueError as exc:  # the policy's own checks (its settings dataclass's __post_init__)
         raise ConfigError(f"bad value in policy ({name}): {_first_line(exc)}") from None
+    if settings.get("wrist_camera") and not cfg.env.get("wrist_camera", False):
+        raise ConfigError("policy.wrist_camera reads wrist_images: set env.wrist_camera=true too")
 
 
 def fill_model_dims(cfg: DictConfig) -> EnvConfig:
     """Probe one env for its dimensions and record them in `cfg.model_dims` (the config the learner
     hands out); returns the run's EnvConfig."""
     env_cfg = EnvConfig(**as_dict(cfg.env))
-    probe = make_env(dataclasses.replace(env_cfg, image_size=0), 1)  # shapes only: no renderer needed
+    # shapes only: no renderer needed
+    probe = make_env(dataclasses.replace(env_cfg, image_size=0, wrist_camera=False), 1)
     cfg.model_dims.state_dim = probe.spec.state_dim
     cfg.model_dims.action_dim = probe.spec.action_dim
     probe.close()

@@ -36,6 +36,7 @@ Each ``episodes/ep_XXXXXX.npz`` is written with ``np.savez`` (no pickled objects
 key               shape / dtype     meaning
 ================= ================= ===========================================================
 main_images       [L,H,W,3] uint8   camera frame each action was chosen from (absent if image_size 0)
+wrist_images      [L,H,W,3] uint8   gripper-camera frame, likewise (only with env.wrist_camera)
 states            [L,S] float32     the env's state observation each action was chosen from
 actions           [L,D] float32     expert action, clipped to [-1, 1] (what the env executed)
 rewards           [L] float32       reward after each step
@@ -61,6 +62,7 @@ import numpy as np
 FORMAT = "rlfleet-demos/1"
 DEMO_SEED_BASE = 1_000_000  # first demo seed; eval seeds (10_000 + i) stay below it
 ATTEMPTS_PER_EPISODE = 3  # attempt budget: episodes_per_task * 3 expert rollouts per task
+IMAGE_KEYS = ("main_images", "wrist_images")  # camera observations an episode may hold
 
 
 @dataclass
@@ -79,6 +81,7 @@ class DemoEpisode:
     step_success: np.ndarray  # [L] bool: the npz `success` array (info success after step t)
     instruction: np.ndarray  # [128] uint8, encode_instructions of instruction_text
     main_images: np.ndarray | None = None  # [L, H, W, 3] uint8, None for state-only datasets
+    wrist_images: np.ndarray | None = None  # [L, H, W, 3] uint8, only from env.wrist_camera demos
     # [L, 128] uint8: per-step instructions where they change within an episode (CALVIN chains,
     # rlfleet.runs.collect); None: `instruction` holds for every step
     step_instructions: np.ndarray | None = None
@@ -135,6 +138,7 @@ def load_demos(path: str | Path, only_success: bool = True) -> list[DemoEpisode]
                 step_success=arrays["success"],
                 instruction=arrays["instruction"],
                 main_images=arrays.get("main_images"),
+                wrist_images=arrays.get("wrist_images"),
                 step_instructions=arrays.get("step_instructions"),
             )
         )
@@ -186,6 +190,7 @@ def drop_noop_frames(episode: DemoEpisode, gripper_dims: tuple[int, ...]) -> Dem
         rewards=episode.rewards[keep],
         step_success=episode.step_success[keep],
         main_images=cut(episode.main_images),
+        wrist_images=cut(episode.wrist_images),
         step_instructions=cut(episode.step_instructions),
         success_step=int(keep[: episode.success_step].sum()) if episode.success_step >= 0 else -1,
     )

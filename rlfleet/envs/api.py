@@ -40,6 +40,9 @@ class EnvConfig:
     terminate_on_success: bool = False
     image_size: int = 0  # side of the square `main_images` camera frame; 0: state-only (no renderer)
     camera: str = "corner"  # simulator camera for `main_images`
+    # Also render the env's gripper (wrist) camera into `wrist_images`, at image_size like
+    # `main_images` (RLinf's key). Needs image_size > 0 and an env that has one (`WRIST_CAMERA`).
+    wrist_camera: bool = False
     # MetaWorld: draw the task's `goal` site (where it has one) as a green sphere of this radius (m)
     # in `main_images`; 0: as the task ships it (a 1.5-2 cm red dot, a pixel or two at 64 px).
     # Only the frames change: sites never collide, and rewards and success ignore their size.
@@ -94,6 +97,8 @@ def check_env_args(cfg: EnvConfig, num_envs: int, env_offset: int) -> None:
         raise ValueError(f"progress_reward must be >= 0 (0: off), got {cfg.progress_reward}")
     if cfg.goal_marker_size < 0:
         raise ValueError(f"goal_marker_size must be >= 0 (0: as the task ships it), got {cfg.goal_marker_size}")
+    if cfg.wrist_camera and cfg.image_size <= 0:
+        raise ValueError("wrist_camera renders at image_size: set env.image_size > 0 too")
     if cfg.reward_type not in ("dense", "success", "success_once"):
         raise ValueError(f"reward_type must be 'dense', 'success' or 'success_once', got {cfg.reward_type!r}")
 
@@ -112,6 +117,7 @@ def batch_observation(
     task_ids: np.ndarray,
     descriptions: list[str],
     images: np.ndarray | None,
+    wrist_images: np.ndarray | None = None,
 ) -> dict:
     """The observation dict of an in-process adapter, as copies: the adapter keeps reusing its buffers."""
     obs = {
@@ -122,6 +128,8 @@ def batch_observation(
     }
     if images is not None:
         obs["main_images"] = images.copy()
+    if wrist_images is not None:
+        obs["wrist_images"] = wrist_images.copy()
     return obs
 
 
@@ -133,6 +141,8 @@ def observation_spec(cfg: "EnvConfig", state_dim: int) -> dict[str, tuple[tuple[
     }
     if cfg.image_size > 0:
         spec["main_images"] = ((cfg.image_size, cfg.image_size, 3), "uint8")
+        if cfg.wrist_camera:
+            spec["wrist_images"] = ((cfg.image_size, cfg.image_size, 3), "uint8")
     return spec
 
 
@@ -159,7 +169,7 @@ class StepResult:
     """
 
     obs: dict  # states [B,S] float32, instructions [B,L] uint8, main_images [B,H,W,3] uint8 (when
-    # rendering), task_ids [B] int64, task_descriptions list[str] (len B)
+    # rendering; wrist_images too with wrist_camera), task_ids [B] int64, task_descriptions list[str] (len B)
     rewards: np.ndarray  # [B,K] float32; 0 for substeps skipped after an episode ended
     terminated: np.ndarray  # [B] bool: episode ended by the task itself during this chunk
     truncated: np.ndarray  # [B] bool: episode hit max_episode_steps during this chunk
@@ -187,6 +197,8 @@ class ChunkedEnv(abc.ABC):
     # relative to where it is commanded to be (0: stay), so a demo frame with zero motion and an
     # unchanged gripper command is the expert waiting (sft.drop_noop_frames). None: not declared.
     GRIPPER_ACTION_DIMS: tuple[int, ...] | None = None
+    # The env can render a gripper (wrist) camera into `wrist_images` (EnvConfig.wrist_camera).
+    WRIST_CAMERA: bool = False
     # Raised when a fix changes the demos collected for the same seeds (their frames, or the
     # expert's actions), so cached demos (rlfleet.runs.bootstrap) are collected again, not reused.
     DEMOS_REVISION: int = 0

@@ -6,6 +6,7 @@ A simulator adapter subclasses `EpisodeEnv` and supplies per-env hooks only:
     step_one(i, action)     one env step -> `Outcome(reward, success, terminated, truncated, sparse_reward)`
     state_one(i)            the current state vector of env i
     render_one(i)           the current `main_images` frame (only called when image_size > 0)
+    render_wrist_one(i)     the current `wrist_images` frame (envs with WRIST_CAMERA; only with wrist_camera)
     instruction_one(i)      the current instruction text (re-read every step when `DYNAMIC_INSTRUCTIONS`)
     expert_one(i)           the scripted expert's action at env i's current state (expert-capable envs)
 
@@ -73,6 +74,8 @@ class EpisodeEnv(ChunkedEnv):
         check_env_args(cfg, num_envs, env_offset)
         if not 0 <= cfg.image_size <= 1024:
             raise ValueError(f"image_size must be 0 (no images) or 1..1024, got {cfg.image_size}")
+        if cfg.wrist_camera and not self.WRIST_CAMERA:
+            raise ValueError(f"env {cfg.name!r} has no wrist camera: set env.wrist_camera=false")
         if not task_list:
             raise ValueError("an env needs at least one task")
         self._cfg = cfg
@@ -94,6 +97,7 @@ class EpisodeEnv(ChunkedEnv):
         )
         size = cfg.image_size
         self._images = np.zeros((num_envs, size, size, 3), np.uint8) if size else None
+        self._wrist = np.zeros((num_envs, size, size, 3), np.uint8) if size and cfg.wrist_camera else None
         self._states = np.zeros((num_envs, state_dim), np.float32)
         self._descriptions = [""] * num_envs
         self._instructions = np.zeros((num_envs, INSTRUCTION_BYTES), np.uint8)
@@ -118,6 +122,10 @@ class EpisodeEnv(ChunkedEnv):
 
     def render_one(self, i: int) -> np.ndarray:
         """Env i's current camera frame uint8 [H, W, 3] (called only when image_size > 0)."""
+        raise NotImplementedError
+
+    def render_wrist_one(self, i: int) -> np.ndarray:
+        """Env i's current gripper-camera frame uint8 [H, W, 3] (called only with wrist_camera)."""
         raise NotImplementedError
 
     def instruction_one(self, i: int) -> str:
@@ -192,6 +200,8 @@ class EpisodeEnv(ChunkedEnv):
         self._states[i] = self.state_one(i)
         if self._images is not None:
             self._images[i] = self.render_one(i)
+        if self._wrist is not None:
+            self._wrist[i] = self.render_wrist_one(i)
 
     def _refresh_instruction(self, i: int) -> None:
         text = self.instruction_one(i)
@@ -262,6 +272,8 @@ class EpisodeEnv(ChunkedEnv):
                     final_obs["instructions"][i] = self._instructions[i]
                     if self._images is not None:
                         final_obs["main_images"][i] = self.render_one(i)
+                    if self._wrist is not None:
+                        final_obs["wrist_images"][i] = self.render_wrist_one(i)
                     self.episode_finished(i)
                     self._begin(i, None)
                     if labels is not None and executed is not None:  # skipped substeps: pad
@@ -284,13 +296,17 @@ class EpisodeEnv(ChunkedEnv):
         )
 
     def _obs(self) -> dict:
-        return batch_observation(self._states, self._instructions, self._task_ids, self._descriptions, self._images)
+        return batch_observation(
+            self._states, self._instructions, self._task_ids, self._descriptions, self._images, self._wrist
+        )
 
     def _blank_obs(self) -> dict:
         """Zeroed tensor observations, filled in only for envs whose episode ends (`final_obs`)."""
         obs = {"states": np.zeros_like(self._states), "instructions": np.zeros_like(self._instructions)}
         if self._images is not None:
             obs["main_images"] = np.zeros_like(self._images)
+        if self._wrist is not None:
+            obs["wrist_images"] = np.zeros_like(self._wrist)
         return obs
 
 

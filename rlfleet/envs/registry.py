@@ -179,7 +179,8 @@ def task_list(env_cfg: EnvConfig) -> list[str]:
     tasks = getattr(env_factory(env_cfg.name), "config_tasks", lambda cfg: None)(env_cfg)
     if tasks is not None:
         return list(tasks)
-    probe = make_env(dataclasses.replace(env_cfg, image_size=0), 1)  # other envs say themselves (no renderer)
+    # other envs say themselves (no renderer)
+    probe = make_env(dataclasses.replace(env_cfg, image_size=0, wrist_camera=False), 1)
     try:
         return probe.task_list
     finally:

@@ -479,6 +479,12 @@ class RemoteEnv(ChunkedEnv):
                 f"env.image_size={size} but env server {self._target.address} sends main_images {have}: "
                 f"start it with image_size={size}, or set env.image_size to match"
             )
+        if self._cfg.wrist_camera and obs_spec.get("wrist_images") != ((size, size, 3), "uint8"):
+            have = obs_spec.get("wrist_images", "none")
+            raise ValueError(
+                f"env.wrist_camera is set but env server {self._target.address} sends wrist_images {have}: "
+                f"start it with wrist_camera=true and image_size={size}, or set env.wrist_camera=false"
+            )
         return spec, task_list, obs_spec
 
     def _checked_obs(self, msg, reset: bool) -> dict:

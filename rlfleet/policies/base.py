@@ -4,6 +4,7 @@ Observations are a dict of batched tensors named as in the env API (RLinf names)
 
     states        float32 [B, S]        full simulator state (a policy may read only a prefix)
     main_images   uint8   [B, H, W, 3]  present when `EnvConfig.image_size > 0`
+    wrist_images  uint8   [B, H, W, 3]  gripper camera, present with `EnvConfig.wrist_camera`
     instructions  uint8   [B, L]        UTF-8 bytes of the task instruction, zero padded
                                         (`rlfleet.envs.api.encode_instructions`)
 

@@ -38,6 +38,8 @@ def demos_folder(cfg: DictConfig) -> Path:
     # Other frames: in the key only with frames and a marker, so older caches stay valid.
     if env.image_size and env.get("goal_marker_size", 0):
         parts.append(["goal_marker_size", env.goal_marker_size])
+    if env.image_size and env.get("wrist_camera", False):
+        parts.append(["wrist_camera", True])
     revision = demos_revision(env.name)
     if revision:  # the env's demos changed for the same seeds; absent at 0, as above
         parts.append(["demos_revision", revision])

@@ -30,7 +30,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from rlfleet.data.demos import ATTEMPTS_PER_EPISODE, DEMO_SEED_BASE, FORMAT
+from rlfleet.data.demos import ATTEMPTS_PER_EPISODE, DEMO_SEED_BASE, FORMAT, IMAGE_KEYS
 from rlfleet.envs.api import EnvConfig, decode_instructions
 from rlfleet.envs.registry import make_env
 
@@ -47,8 +47,7 @@ def _record_round(env: Any, seeds: np.ndarray, max_steps: int) -> list[dict[str,
     n = len(seeds)
     obs = env.reset(seeds)
     steps: list[dict[str, list]] = [
-        {k: [] for k in ("states", "actions", "rewards", "success", "step_instructions", "main_images")}
-        for _ in range(n)
+        {k: [] for k in ("states", "actions", "rewards", "success", "step_instructions", *IMAGE_KEYS)} for _ in range(n)
     ]
     done = np.zeros(n, bool)
     first = np.full(n, -1)
@@ -59,8 +58,9 @@ def _record_round(env: Any, seeds: np.ndarray, max_steps: int) -> list[dict[str,
             rec = steps[i]
             rec["states"].append(obs["states"][i])
             rec["step_instructions"].append(obs["instructions"][i])
-            if "main_images" in obs:
-                rec["main_images"].append(obs["main_images"][i])
+            for key in IMAGE_KEYS:
+                if key in obs:
+                    rec[key].append(obs[key][i])
             rec["actions"].append(actions[i])
             rec["rewards"].append(float(res.rewards[i, 0]))
             # the env's own success: a solved task, or a whole CALVIN chain
@@ -227,6 +227,7 @@ def main(args: Namespace) -> int:
             max_episode_steps=args.max_episode_steps,
             image_size=args.image_size,
             camera=args.camera,
+            wrist_camera=getattr(args, "wrist_camera", False),
         )
         summary = collect_env_demos(
             Path(args.out),

@@ -59,7 +59,7 @@ from rlfleet.learner.metrics import MetricsWriter
 from rlfleet.policies.checkpoint_io import model_config, policy_from_config
 from rlfleet.policies.vla.normalization import compute_norm_stats, get_norm_stats, save_norm_stats, set_norm_stats
 from rlfleet.runs.bootstrap import demos_folder
-from rlfleet.runs.sft import _shift, build_sft_data, without_noop_frames
+from rlfleet.runs.sft import augment_images, build_sft_data, without_noop_frames
 from rlfleet.telemetry.trackers import log_eval
 
 log = logging.getLogger(__name__)
@@ -161,8 +161,7 @@ def train_on_dataset(
     for _ in range(cfg.train_steps):
         idx = torch.randint(0, n, (min(cfg.batch_size, n),), generator=gen)
         mb = {k: v[idx] for k, v in obs_t.items()}
-        if "main_images" in mb:
-            mb["main_images"] = _shift(mb["main_images"], cfg.shift_augment, gen)
+        augment_images(mb, cfg.shift_augment, gen)
         mb = {k: v.to(device, non_blocking=True) for k, v in mb.items()}
         loss = policy.sft_loss(mb, actions_t[idx].to(device, non_blocking=True))
         optimizer.zero_grad(set_to_none=True)

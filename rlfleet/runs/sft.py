@@ -23,7 +23,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from rlfleet.config import SFTConfig, as_dict, load_config, policy_settings
-from rlfleet.data.demos import DemoEpisode, drop_noop_frames, load_demos
+from rlfleet.data.demos import IMAGE_KEYS, DemoEpisode, drop_noop_frames, load_demos
 from rlfleet.envs.api import EnvConfig
 from rlfleet.envs.registry import gripper_action_dims
 from rlfleet.eval.episodes import evaluate_policy
@@ -59,9 +59,9 @@ def build_sft_data(episodes: list[Any], chunk_size: int) -> SFTData:
     if not episodes:
         raise ValueError("no demonstration episodes to train on")
     obs: dict[str, list[np.ndarray]] = {"states": [], "instructions": []}
-    has_images = getattr(episodes[0], "main_images", None) is not None
-    if has_images:
-        obs["main_images"] = []
+    cameras = [k for k in IMAGE_KEYS if getattr(episodes[0], k, None) is not None]
+    for key in cameras:
+        obs[key] = []
     actions, index = [], []
     for i, ep in enumerate(episodes):
         L = ep.actions.shape[0]
@@ -70,8 +70,8 @@ def build_sft_data(episodes: list[Any], chunk_size: int) -> SFTData:
         obs["instructions"].append(
             per_step if per_step is not None else np.broadcast_to(ep.instruction, (L, ep.instruction.shape[-1]))
         )
-        if has_images:
-            obs["main_images"].append(ep.main_images)
+        for key in cameras:
+            obs[key].append(getattr(ep, key))
         actions.append(action_chunks(ep.actions.astype(np.float32), chunk_size))
         index.append(np.full(L, i, np.int64))
     return SFTData(
@@ -94,6 +94,14 @@ def _shift(images: torch.Tensor, pad: int, gen: torch.Generator) -> torch.Tensor
     cols = (dx[:, None] + torch.arange(W, device=dev)[None, :])[:, None, :].expand(B, H, W)
     out = padded[torch.arange(B, device=dev)[:, None, None], :, rows, cols]  # [B, H, W, C]
     return out.to(torch.uint8)
+
+
+def augment_images(mb: dict[str, torch.Tensor], pad: int, gen: torch.Generator) -> dict[str, torch.Tensor]:
+    """`_shift` every camera of a minibatch, each by its own random offsets (in place)."""
+    for key in IMAGE_KEYS:
+        if key in mb:
+            mb[key] = _shift(mb[key], pad, gen)
+    return mb
 
 
 def train_sft(
@@ -133,8 +141,7 @@ def train_sft(
             policy.train()
             idx = torch.randint(0, n, (min(cfg.batch_size, n),), generator=gen).to(device)
             mb = {k: v[idx] for k, v in obs_t.items()}
-            if "main_images" in mb:
-                mb["main_images"] = _shift(mb["main_images"], cfg.shift_augment, gen)
+            augment_images(mb, cfg.shift_augment, gen)
             loss = policy.sft_loss(mb, actions_t[idx])
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -195,6 +202,12 @@ def run_sft(
         )
     torch.manual_seed(cfg.seed)
     policy = make_policy(policy_cfg, state_dim, action_dim, env_cfg.chunk_size, image_size=env_cfg.image_size)
+    missing = [k for k in policy.obs_keys if k not in data.obs]
+    if missing:
+        raise ValueError(
+            f"the policy reads {', '.join(missing)} but the demos in {demos} hold none: "
+            "collect them with the run's env settings (env.wrist_camera for wrist_images)"
+        )
     unnorm_key = policy_cfg.get("unnorm_key", "metaworld")
     stats = None
     try:

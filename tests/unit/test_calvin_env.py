@@ -8,7 +8,7 @@ import pytest
 
 p = pytest.importorskip("pybullet")
 
-from rlfleet.envs.api import INSTRUCTION_BYTES, EnvConfig, decode_instructions  # noqa: E402
+from rlfleet.envs.api import INSTRUCTION_BYTES, EnvConfig, decode_instructions, observation_spec  # noqa: E402
 from rlfleet.envs.calvin.chains import CHAIN_LENGTH, EVAL_POOL_SIZE, chain_split, pool_entry  # noqa: E402
 from rlfleet.envs.calvin.env import ACTION_DIM, CalvinEnv  # noqa: E402
 from rlfleet.envs.calvin.layout import VARIANTS, resolve_variants  # noqa: E402
@@ -126,6 +126,28 @@ def test_rendering_main_images_at_64_px():
         assert res.final_obs["main_images"].std() > 10
         grip = env.render_gripper(32)
         assert grip.shape == (2, 32, 32, 3) and grip.dtype == np.uint8
+    finally:
+        env.close()
+
+
+def test_wrist_camera_adds_wrist_images_that_follow_the_hand():
+    cfg = _cfg(task="D", image_size=32, max_episode_steps=3, wrist_camera=True)
+    env = CalvinEnv(cfg, 2)
+    try:
+        obs = env.reset(np.array([0, 1]))
+        assert set(observation_spec(cfg, STATE_DIM)) == {"states", "instructions", "main_images", "wrist_images"}
+        wrist = obs["wrist_images"]
+        assert wrist.shape == (2, 32, 32, 3) and wrist.dtype == np.uint8 and wrist.std() > 10
+        assert not np.array_equal(wrist, obs["main_images"])  # another camera, not a copy
+        np.testing.assert_array_equal(wrist, env.render_gripper(32))
+        down = np.zeros((2, 1, ACTION_DIM), np.float32)
+        down[:, :, 2] = -1.0  # the hand moves: its camera's frame changes, the static one's view of the desk stays
+        res = env.chunk_step(down)
+        assert not np.array_equal(res.obs["wrist_images"], wrist)
+        env.chunk_step(down)
+        res = env.chunk_step(down)
+        assert res.episode_done.all() and res.final_obs["wrist_images"].std() > 10
+        assert not np.array_equal(res.final_obs["wrist_images"], res.obs["wrist_images"])  # the new episode's
     finally:
         env.close()
 

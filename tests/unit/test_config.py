@@ -97,6 +97,14 @@ def test_unknown_key_raises(override):
         load_config("metaworld_reach_ppo", [override])
 
 
+def test_a_wrist_camera_policy_needs_the_envs_wrist_camera():
+    with pytest.raises(ConfigError, match="policy.wrist_camera reads wrist_images: set env.wrist_camera=true too"):
+        load_config("calvin_d_d_ppo_tinypi0_cpu", ["policy.wrist_camera=true"])
+    cfg = load_config("calvin_d_d_ppo_tinypi0_cpu", ["policy.wrist_camera=true", "env.wrist_camera=true"])
+    assert cfg.env.wrist_camera and cfg.policy.wrist_camera
+    assert load_config("calvin_d_d_ppo_tinypi0_cpu").env.wrist_camera is False
+
+
 def test_override_without_equals_is_a_value_error():
     with pytest.raises(ValueError, match="key=value") as info:
         load_config("metaworld_reach_ppo", ["actor.num_envs=4", "actor.num_envs"])

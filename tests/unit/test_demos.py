@@ -225,6 +225,7 @@ def test_drop_noop_frames_cuts_every_per_step_array() -> None:
         step_success=np.arange(L) >= 5,
         instruction=np.zeros(128, np.uint8),
         main_images=np.arange(L, dtype=np.uint8)[:, None, None, None].repeat(4, 1).repeat(4, 2).repeat(3, 3),
+        wrist_images=np.arange(L, dtype=np.uint8)[:, None, None, None].repeat(2, 1).repeat(2, 2).repeat(3, 3),
         step_instructions=np.arange(L, dtype=np.uint8)[:, None].repeat(128, 1),
     )
     out = drop_noop_frames(episode, (3,))
@@ -233,6 +234,7 @@ def test_drop_noop_frames_cuts_every_per_step_array() -> None:
     np.testing.assert_array_equal(out.states[:, 0], kept)
     np.testing.assert_array_equal(out.rewards, kept)
     np.testing.assert_array_equal(out.main_images[:, 0, 0, 0], kept)
+    np.testing.assert_array_equal(out.wrist_images[:, 0, 0, 0], kept)
     np.testing.assert_array_equal(out.step_instructions[:, 0], kept)
     np.testing.assert_array_equal(out.actions, actions[kept])
     moving = DemoEpisode(**{**episode.__dict__, "actions": np.full((L, 4), 0.5, np.float32)})

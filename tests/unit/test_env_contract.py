@@ -212,6 +212,17 @@ def test_images_when_asked(build, case) -> None:
     assert res.obs["main_images"].shape == (2, 16, 16, 3) and res.final_obs["main_images"].shape == (2, 16, 16, 3)
 
 
+def test_wrist_camera_only_where_the_env_has_one(build, case) -> None:
+    with pytest.raises(ValueError, match="set env.image_size > 0 too"):
+        build(2, wrist_camera=True)  # renders at image_size: none without it
+    if case.name == "calvin":
+        pytest.skip("CALVIN has a gripper camera: tests/unit/test_calvin_env.py")
+    if case.remote:
+        pytest.skip("a remote env is checked against the server's spec: tests/unit/test_remote_env.py")
+    with pytest.raises(ValueError, match="has no wrist camera: set env.wrist_camera=false"):
+        build(2, image_size=16, wrist_camera=True)
+
+
 def test_seeds_reproduce(build) -> None:
     a, b = build(2), build(2)
     oa, ob = a.reset(np.array([5, 9])), b.reset(np.array([5, 9]))

@@ -3,6 +3,8 @@ env (state-only, so no renderer is needed), read back and turned into SFT sample
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -74,6 +76,31 @@ def test_calvin_chain_demo_switches_instructions(tmp_path):
     texts = list(dict.fromkeys(decode_instructions(ep.step_instructions)))
     assert len(texts) == 5 and ep.instruction_text == " | ".join(texts)  # one per subtask of the chain
     assert ep.rewards.sum() == 5 and ep.states.shape[1] == 39 and ep.actions.shape[1] == 7
+
+
+def test_wrist_camera_demos_hold_wrist_images_and_train_a_wrist_policy(tmp_path):
+    pytest.importorskip("pybullet")
+    from rlfleet.cli import main
+    from rlfleet.config import SFTConfig
+    from rlfleet.runs.sft import run_sft
+
+    argv = ["collect", "--env", "calvin", "--tasks", "D", "--episodes-per-task", "1", "--out", str(tmp_path / "wrist")]
+    assert main([*argv, "--image-size", "16", "--max-episode-steps", "1800", "--wrist-camera"]) == 0
+    cfg = EnvConfig(name="calvin", task="D", max_episode_steps=1800, image_size=16, wrist_camera=True)
+    assert read_index(tmp_path / "wrist")["env"]["wrist_camera"] is True
+    (ep,) = load_demos(tmp_path / "wrist")
+    assert ep.wrist_images.shape == ep.main_images.shape == (ep.length, 16, 16, 3)
+    assert not np.array_equal(ep.wrist_images, ep.main_images)
+    policy = {"name": "tiny_pi0", "depth": 1, "proprio_dims": 15, "unnorm_key": "calvin", "wrist_camera": True}
+    sft = SFTConfig(steps=3, batch_size=8, eval_episodes_per_task=0)
+    run_sft(tmp_path / "wrist", tmp_path / "ckpt", policy, cfg, sft, progress=False)
+    saved = json.loads((tmp_path / "ckpt" / "config.json").read_text())
+    assert saved["policy"]["wrist_camera"] is True
+    # demos without the wrist camera cannot teach a policy that reads it
+    plain = EnvConfig(name="calvin", task="D", max_episode_steps=1800, image_size=16)
+    collect_env_demos(tmp_path / "plain", plain, episodes_per_task=1, progress=False)
+    with pytest.raises(ValueError, match="reads wrist_images but the demos in .* hold none"):
+        run_sft(tmp_path / "plain", tmp_path / "ckpt2", policy, cfg, sft, progress=False)
 
 
 def test_metaworld_goes_through_the_same_collector(tmp_path):

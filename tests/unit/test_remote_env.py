@@ -192,6 +192,19 @@ def test_image_size_must_match_the_server(server):
         make_env(_remote_cfg(address, image_size=32), 1)
 
 
+def test_wrist_camera_must_be_served():
+    cfg = EnvServerConfig(env=env_config("bench", overrides=["chunk_size=2", "image_size=8"]), num_envs=1, max_envs=4)
+    srv, port, servicer = serve_env(cfg)
+    try:
+        with pytest.raises(ValueError, match="env.wrist_camera is set but env server .* sends wrist_images none"):
+            make_env(_remote_cfg(f"127.0.0.1:{port}", image_size=8, wrist_camera=True), 1)
+        with make_env(_remote_cfg(f"127.0.0.1:{port}", image_size=8), 1) as env:  # without it: served as before
+            assert env.reset()["main_images"].shape == (1, 8, 8, 3)
+    finally:
+        srv.stop(0)
+        servicer.close()
+
+
 def test_unreachable_server_is_a_clear_error():
     t0 = time.monotonic()
     with pytest.raises(ConnectionError, match=r"env server 127.0.0.1:1 unreachable: no connection within 0.5s"):

@@ -172,6 +172,20 @@ def test_goal_marker_gets_its_own_demo_cache_and_leaves_the_others_keys_alone(tm
     )
 
 
+def test_wrist_camera_gets_its_own_demo_and_sft_caches(tmp_path):
+    from rlfleet.config import load_config
+    from rlfleet.runs import bootstrap
+
+    cache = f"demos.cache_dir={tmp_path}"
+    plain = load_config("calvin_d_d_ppo_tinypi0_cpu", [cache])
+    explicit = load_config("calvin_d_d_ppo_tinypi0_cpu", [cache, "env.wrist_camera=false"])
+    wrist = load_config("calvin_d_d_ppo_tinypi0_cpu", [cache, "env.wrist_camera=true", "policy.wrist_camera=true"])
+    assert bootstrap.demos_folder(explicit) == bootstrap.demos_folder(plain)  # older caches stay valid
+    assert bootstrap.sft_folder(explicit) == bootstrap.sft_folder(plain)
+    assert bootstrap.demos_folder(wrist) != bootstrap.demos_folder(plain)
+    assert bootstrap.sft_folder(wrist) != bootstrap.sft_folder(plain)
+
+
 def test_a_demos_revision_renews_that_envs_demo_caches_only(tmp_path):
     """An env whose demos changed for the same seeds (DEMOS_REVISION) gets new demo caches, with
     or without frames; an env at revision 0 keeps its keys."""

@@ -233,6 +233,29 @@ def test_value_is_a_function_of_the_observation(name):
     torch.testing.assert_close(policy.act(obs)["values"], policy.value(obs), atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("name", list(CLASSES))
+def test_wrist_camera_is_read_through_its_own_encoder(name):
+    policy = build(name, wrist_camera=True).eval()
+    assert policy.obs_keys == ("main_images", "wrist_images", "states", "instructions")
+    assert build(name).obs_keys == ("main_images", "states", "instructions")  # the class default is untouched
+    obs = make_obs()
+    obs["wrist_images"] = make_obs(seed=1)["main_images"]
+    out = policy.act(obs, deterministic=True)
+    logp, _, values = policy.evaluate(obs, out["actions"], extras_of(policy, out))
+    torch.testing.assert_close(values, out["values"], atol=1e-5, rtol=0)
+    other = dict(obs, wrist_images=make_obs(seed=2)["main_images"])  # only the wrist view changes
+    assert not torch.allclose(policy.prefix_feature(other), policy.prefix_feature(obs))
+    if name == "tiny_oft":  # the flow heads start at a zero output, whatever they see
+        assert not torch.allclose(policy.act(other, deterministic=True)["actions"], out["actions"])
+    names = {n for n, _ in policy.named_parameters()}
+    assert any(n.startswith("backbone.wrist.") for n in names)  # its own weights, not the main camera's
+    with pytest.raises(ValueError, match="reads wrist_images"):
+        policy.act(make_obs())
+    policy.train()
+    policy.sft_loss(obs, torch.rand(B, K, D) * 2 - 1).backward()
+    assert all(p.grad is not None for n, p in policy.named_parameters() if n.startswith("backbone.wrist."))
+
+
 def test_pi0_evaluate_needs_noise():
     policy = build("tiny_pi0")
     obs = make_obs()

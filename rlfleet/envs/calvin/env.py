@@ -63,6 +63,7 @@ class CalvinEnv(EpisodeEnv):
     DYNAMIC_INSTRUCTIONS = True  # the instruction moves on to the next subtask of the chain
     CHAIN_LENGTH = CHAIN_LENGTH  # chained-instruction env: returns count subtasks done in a row
     GRIPPER_ACTION_DIMS = (6,)  # position and orientation deltas, then the gripper
+    WRIST_CAMERA = True  # CALVIN's gripper camera (`wrist_images` with env.wrist_camera)
 
     def __init__(self, cfg: EnvConfig, num_envs: int, env_offset: int = 0) -> None:
         self._pool = getattr(cfg, "pool", "train")
@@ -97,7 +98,8 @@ class CalvinEnv(EpisodeEnv):
         return [ep.chain for ep in self._episodes if ep is not None]
 
     def render_gripper(self, size: int) -> np.ndarray:
-        """Gripper-camera frames uint8 [B, size, size, 3] (not part of the observation)."""
+        """Gripper-camera frames uint8 [B, size, size, 3] at any size (the observation's are
+        `wrist_images`, with env.wrist_camera)."""
         return np.stack([s.render_gripper(size) for s in self._scenes])
 
     # --- EpisodeEnv hooks ------------------------------------------------------------------------
@@ -142,6 +144,9 @@ class CalvinEnv(EpisodeEnv):
 
     def render_one(self, i: int) -> np.ndarray:
         return self._scenes[i].render(self._size)
+
+    def render_wrist_one(self, i: int) -> np.ndarray:
+        return self._scenes[i].render_gripper(self._size)
 
     def instruction_one(self, i: int) -> str:
         ep = self._episodes[i]

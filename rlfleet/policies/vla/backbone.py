@@ -42,6 +42,9 @@ class VLAConfig:
     vocab_size: int = 4096
     max_text_len: int = 16
     proprio_dims: int = 4  # RLinf reads the first 4 state dims: hand xyz + gripper
+    # Also read `wrist_images` (env.wrist_camera): a second image encoder of the same kind, its
+    # own weights (a hand-held view looks nothing like the static one), 16 more prefix tokens.
+    wrist_camera: bool = False
     num_bins: int = 256  # OFT action bins; pi05 proprio bins
     temperature: float = 1.0  # OFT sampling temperature (log-probs are of the tempered policy)
     # OFT's deterministic action (evaluation): each token's argmax bin, the median of its tempered
@@ -111,7 +114,7 @@ def _to_float_nchw(images: torch.Tensor) -> torch.Tensor:
     """uint8 [B, H, W, 3] -> float [B, 3, H, W] in [0, 1], kept channels-last in memory (a
     contiguous NCHW copy costs more than the first conv on CPU)."""
     if images.dim() != 4 or images.shape[-1] != 3:
-        raise ValueError(f"main_images must be uint8 [B, H, W, 3], got shape {tuple(images.shape)}")
+        raise ValueError(f"camera images must be uint8 [B, H, W, 3], got shape {tuple(images.shape)}")
     return images.permute(0, 3, 1, 2).to(torch.float32) / 255.0
 
 
@@ -275,6 +278,10 @@ class FusionBlock(nn.Module):
         return x + self.drop(self.ff(self.norm2(x)))
 
 
+def _image_encoder(cfg: VLAConfig, image_size: int) -> nn.Module:
+    return CNNImageEncoder(cfg.dim) if cfg.image_encoder == "cnn" else ViTImageEncoder(cfg.dim, image_size)
+
+
 class VLABackbone(nn.Module):
     """[image tokens, text tokens, proprio tokens, (+ queries)] -> pre-norm transformer -> tokens.
 
@@ -285,7 +292,8 @@ class VLABackbone(nn.Module):
     def __init__(self, cfg: VLAConfig, image_size: int, discrete_proprio: bool):
         super().__init__()
         self.cfg = cfg
-        self.image = CNNImageEncoder(cfg.dim) if cfg.image_encoder == "cnn" else ViTImageEncoder(cfg.dim, image_size)
+        self.image = _image_encoder(cfg, image_size)
+        self.wrist = _image_encoder(cfg, image_size) if cfg.wrist_camera else None
         self.text = BuiltinTextEncoder(cfg) if cfg.text_encoder == "builtin" else MiniLMTextEncoder(cfg)
         self.proprio: nn.Module | None = None
         if cfg.proprio_dims > 0:
@@ -306,11 +314,16 @@ class VLABackbone(nn.Module):
         instructions: torch.Tensor,
         proprio: torch.Tensor,
         queries: torch.Tensor | None = None,
+        wrist_images: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Fused tokens [B, T, dim] and the prefix's valid mask [B, T_prefix] (False at text pads)."""
         grad = torch.is_grad_enabled() and (not self.frozen or queries is not None)
         with torch.set_grad_enabled(grad):
             img = self.image(images)
+            if self.wrist is not None:
+                if wrist_images is None:
+                    raise ValueError("this policy reads wrist_images (policy.wrist_camera): the obs has none")
+                img = torch.cat([img, self.wrist(wrist_images)], 1)
             txt, txt_pad = self.text(instructions)
             parts, pads = [img, txt], [torch.zeros(img.shape[:2], dtype=torch.bool, device=img.device), txt_pad]
             if self.proprio is not None:
@@ -369,6 +382,8 @@ class VLAPolicyBase(nn.Module):
         if action_dim < 1 or chunk_size < 1:
             raise ValueError(f"action_dim and chunk_size must be >= 1, got {action_dim} and {chunk_size}")
         self.state_dim, self.action_dim, self.chunk_size = state_dim, action_dim, chunk_size
+        if cfg.wrist_camera:
+            self.obs_keys = ("main_images", "wrist_images", "states", "instructions")
         self.cfg, self.image_size = cfg, image_size
         self.num_tokens = chunk_size * action_dim
         self.logprob_shape: tuple[int, ...] = {"token": (self.num_tokens,), "action": (chunk_size,), "chunk": ()}[
@@ -382,7 +397,7 @@ class VLAPolicyBase(nn.Module):
         self, obs: dict[str, torch.Tensor], queries: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         proprio = self.norm.normalize_state(obs["states"].to(self.norm.state_q01.dtype))
-        return self.backbone(obs["main_images"], obs["instructions"], proprio, queries)
+        return self.backbone(obs["main_images"], obs["instructions"], proprio, queries, obs.get("wrist_images"))
 
     def prefix_feature(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
         """Mean fused prefix token [B, dim]: the observation summary heads and critics read."""
