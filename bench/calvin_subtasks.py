@@ -1,7 +1,10 @@
 """Where a CALVIN-style policy's chains break: attempts and completions per subtask on the held-out
 eval chains, evaluated the way `rlfleet train` evaluates (same eval seeds, deterministic policy).
 
-    .venv/bin/python bench/calvin_subtasks.py CHECKPOINT [--chains 50] [--recipe calvin_d_d_ppo_tinypi0_cpu]
+    .venv/bin/python bench/calvin_subtasks.py CHECKPOINT [--chains 50] [--recipe RECIPE] [KEY=VALUE ...]
+
+KEY=VALUE overrides are the run's own env and policy settings, e.g. `env.wrist_camera=true
+policy.wrist_camera=true` for a checkpoint that reads the gripper camera.
 
 A chain's subtasks are attempted in order until the first failure, so the subtask a chain stops at
 is attempted and not completed; the ones before it are both. Episode j of an evaluation of one scene
@@ -41,8 +44,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("checkpoint")
     p.add_argument("--chains", type=int, default=50, help="held-out eval chains (the recipes' final evaluation: 50)")
     p.add_argument("--recipe", default="calvin_d_d_ppo_tinypi0_cpu")
+    p.add_argument("overrides", nargs="*", help="the run's key=value overrides, e.g. env.wrist_camera=true")
     args = p.parse_args(argv)
-    cfg = load_config(args.recipe, [f"policy.model_path={args.checkpoint}", f"eval.episodes_per_task={args.chains}"])
+    own = [f"policy.model_path={args.checkpoint}", f"eval.episodes_per_task={args.chains}"]
+    cfg = load_config(args.recipe, [*args.overrides, *own])
     if len(task_list(eval_env_config(cfg))) != 1:
         p.error("one scene variant at a time (the chain of episode j is known for one task)")
     returns: dict[str, list[float]] = {}

@@ -25,6 +25,7 @@ from rlfleet.policies.vla import (
     save_norm_stats,
     set_norm_stats,
 )
+from rlfleet.policies.vla.backbone import SpatialSoftmax
 from rlfleet.policies.vla.tokenizer import fnv1a_32
 
 STATE_DIM, K, D, B = 39, 4, 4, 3
@@ -256,6 +257,41 @@ def test_wrist_camera_is_read_through_its_own_encoder(name):
     assert all(p.grad is not None for n, p in policy.named_parameters() if n.startswith("backbone.wrist."))
 
 
+def test_spatial_softmax_keypoints_are_feature_peak_positions():
+    ss = SpatialSoftmax(channels=3, keypoints=2, dim=4)
+    with torch.no_grad():
+        ss.maps.weight.zero_()
+        ss.maps.bias.zero_()
+        ss.maps.weight[0, 0, 0, 0] = ss.maps.weight[1, 2, 0, 0] = 1.0  # keypoint k reads map 0 / 2
+        ss.proj.weight.zero_()
+        ss.proj.bias.zero_()
+        ss.proj.weight[0, 0] = ss.proj.weight[1, 1] = 1.0  # token dims 0, 1 = (x, y)
+        ss.which.zero_()
+    maps = torch.full((1, 3, 5, 7), -60.0)
+    maps[0, 0, 1, 6] = 60.0  # row 1 of 5, column 6 of 7
+    maps[0, 2, 4, 0] = 60.0  # bottom-left corner
+    out = ss(maps)
+    assert out.shape == (1, 2, 4)
+    torch.testing.assert_close(out[0, :, :2], torch.tensor([[1.0, -0.5], [-1.0, 1.0]]), atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("name", list(CLASSES))
+def test_keypoint_tokens_join_the_prefix_and_leave_old_checkpoints_loadable(name):
+    plain, kp = build(name), build(name, keypoints=8)
+    obs = make_obs()
+    assert kp.backbone.image(obs["main_images"]).shape[1] == plain.backbone.image(obs["main_images"]).shape[1] + 8
+    out = kp.act(obs)
+    logp, _, _ = kp.evaluate(obs, out["actions"], extras_of(kp, out))
+    assert torch.isfinite(logp).all()
+    # without keypoints the encoder's parameters are the ones checkpoints saved before the setting
+    assert {n for n in plain.state_dict() if n.startswith("backbone.image.")} == {
+        f"backbone.image.{n}" for n in ("pos", "net.0.weight", "net.0.bias", "net.2.weight", "net.2.bias")
+    } | {"backbone.image.net.4.weight", "backbone.image.net.4.bias"}
+    kp.train()
+    kp.sft_loss(obs, torch.rand(B, K, D) * 2 - 1).backward()
+    assert kp.backbone.image.keypoints.log_temperature.grad is not None
+
+
 def test_pi0_evaluate_needs_noise():
     policy = build("tiny_pi0")
     obs = make_obs()
@@ -430,6 +466,8 @@ def test_make_policy_builds_each_by_name():
         ({"init_log_std": 3.0}, "init_log_std"),
         ({"image_encoder": "resnet"}, "image_encoder"),
         ({"decode": "mode"}, "decode must be one of"),
+        ({"keypoints": -1}, "keypoints must be >= 0"),
+        ({"keypoints": 8, "image_encoder": "vit"}, "keypoints need image_encoder: cnn"),
     ],
 )
 def test_config_validation(bad, match):

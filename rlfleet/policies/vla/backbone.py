@@ -45,6 +45,10 @@ class VLAConfig:
     # Also read `wrist_images` (env.wrist_camera): a second image encoder of the same kind, its
     # own weights (a hand-held view looks nothing like the static one), 16 more prefix tokens.
     wrist_camera: bool = False
+    # CNN encoder: also this many spatial-softmax keypoints (Levine et al. 2016; robomimic's image
+    # encoder), each the expected (x, y) of one feature map, one more token each: an exact image
+    # position the 4x4 pooled grid blurs away. 0: off.
+    keypoints: int = 0
     num_bins: int = 256  # OFT action bins; pi05 proprio bins
     temperature: float = 1.0  # OFT sampling temperature (log-probs are of the tempered policy)
     # OFT's deterministic action (evaluation): each token's argmax bin, the median of its tempered
@@ -92,6 +96,10 @@ class VLAConfig:
             raise ValueError(f"vocab_size must be >= 2 (id 0 is the pad), got {self.vocab_size}")
         if self.proprio_dims < 0:
             raise ValueError(f"proprio_dims must be >= 0, got {self.proprio_dims}")
+        if self.keypoints < 0:
+            raise ValueError(f"keypoints must be >= 0 (0: off), got {self.keypoints}")
+        if self.keypoints and self.image_encoder != "cnn":
+            raise ValueError("keypoints need image_encoder: cnn")
         if self.num_bins < 2:
             raise ValueError(f"num_bins must be >= 2, got {self.num_bins}")
         if not self.temperature > 0:
@@ -125,7 +133,7 @@ class CNNImageEncoder(nn.Module):
     64x64: a stride-2 first layer spends most of the compute on full-resolution maps.
     """
 
-    def __init__(self, dim: int):
+    def __init__(self, dim: int, keypoints: int = 0):
         super().__init__()
         self.net = nn.Sequential(
             nn.Conv2d(3, 32, 4, stride=4),
@@ -137,9 +145,36 @@ class CNNImageEncoder(nn.Module):
             nn.AdaptiveAvgPool2d(CNN_GRID),
         )
         self.pos = nn.Parameter(torch.randn(CNN_GRID * CNN_GRID, dim) * 0.02)
+        self.keypoints: SpatialSoftmax | None = SpatialSoftmax(64, keypoints, dim) if keypoints else None
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
-        return self.net(_to_float_nchw(images)).flatten(2).transpose(1, 2) + self.pos
+        mid = self.net[:4](_to_float_nchw(images))  # 64 maps at 1/8 of the image side
+        tokens = self.net[4:](mid).flatten(2).transpose(1, 2) + self.pos
+        if self.keypoints is None:
+            return tokens
+        return torch.cat([tokens, self.keypoints(mid)], 1)
+
+
+class SpatialSoftmax(nn.Module):
+    """[B, C, H, W] maps -> K keypoints, each the softmax-weighted mean (x, y) in [-1, 1] of one
+    1x1-conv map (learned temperature), -> K tokens: a shared projection of (x, y) plus a learned
+    embedding of which keypoint it is."""
+
+    def __init__(self, channels: int, keypoints: int, dim: int):
+        super().__init__()
+        self.maps = nn.Conv2d(channels, keypoints, 1)
+        self.log_temperature = nn.Parameter(torch.zeros(()))
+        self.proj = nn.Linear(2, dim)
+        self.which = nn.Parameter(torch.randn(keypoints, dim) * 0.02)
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        logits = self.maps(features)  # [B, K, H, W]
+        B, K, H, W = logits.shape
+        attn = torch.softmax(logits.flatten(2) / self.log_temperature.exp(), -1)  # [B, K, H*W]
+        ys = torch.linspace(-1.0, 1.0, H, device=features.device, dtype=attn.dtype)
+        xs = torch.linspace(-1.0, 1.0, W, device=features.device, dtype=attn.dtype)
+        grid = torch.stack(torch.meshgrid(xs, ys, indexing="xy"), -1).reshape(H * W, 2)  # (x, y) per cell
+        return self.proj(attn @ grid) + self.which  # [B, K, dim]
 
 
 class ViTImageEncoder(nn.Module):
@@ -279,7 +314,9 @@ class FusionBlock(nn.Module):
 
 
 def _image_encoder(cfg: VLAConfig, image_size: int) -> nn.Module:
-    return CNNImageEncoder(cfg.dim) if cfg.image_encoder == "cnn" else ViTImageEncoder(cfg.dim, image_size)
+    return (
+        CNNImageEncoder(cfg.dim, cfg.keypoints) if cfg.image_encoder == "cnn" else ViTImageEncoder(cfg.dim, image_size)
+    )
 
 
 class VLABackbone(nn.Module):
