@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--chains", type=int, default=50, help="held-out eval chains (the recipes' final evaluation: 50)")
     p.add_argument("--recipe", default="calvin_d_d_ppo_tinypi0_cpu")
     p.add_argument("overrides", nargs="*", help="the run's key=value overrides, e.g. env.wrist_camera=true")
-    args = p.parse_args(argv)
+    args = p.parse_intermixed_args(argv)  # overrides may follow --chains
     own = [f"policy.model_path={args.checkpoint}", f"eval.episodes_per_task={args.chains}"]
     cfg = load_config(args.recipe, [*args.overrides, *own])
     if len(task_list(eval_env_config(cfg))) != 1:

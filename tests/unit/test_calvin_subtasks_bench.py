@@ -30,13 +30,15 @@ def test_a_chain_attempts_its_subtasks_up_to_the_first_failure():
 
 def test_the_script_evaluates_a_checkpoint_on_the_eval_chains(tmp_path, capsys):
     """The whole script on a fresh tiny_pi0 (it completes nothing): one row per chain's first
-    subtask, attempted once and never completed, as the eval chains' pool entries say."""
+    subtask, attempted once and never completed, as the eval chains' pool entries say. The policy
+    reads the gripper camera, which the run's overrides turn on."""
     pytest.importorskip("pybullet")
     from rlfleet.config import fill_model_dims, load_config, policy_settings
     from rlfleet.envs.calvin.chains import pool_entry, pool_size
     from rlfleet.policies.checkpoint_io import model_config, policy_from_config, save_checkpoint_folder
 
-    cfg = load_config("calvin_d_d_ppo_tinypi0_cpu", ["policy.dim=16", "policy.depth=1", "policy.heads=2"])
+    wrist = ["env.wrist_camera=true", "policy.wrist_camera=true"]
+    cfg = load_config("calvin_d_d_ppo_tinypi0_cpu", ["policy.dim=16", "policy.depth=1", "policy.heads=2", *wrist])
     fill_model_dims(cfg)
     torch = pytest.importorskip("torch")
     torch.manual_seed(0)
@@ -45,7 +47,7 @@ def test_the_script_evaluates_a_checkpoint_on_the_eval_chains(tmp_path, capsys):
     config = model_config(settings, d.state_dim, d.action_dim, cfg.env.chunk_size, image_size=cfg.env.image_size)
     save_checkpoint_folder(tmp_path / "ckpt", policy, config)
 
-    assert calvin_subtasks.main([str(tmp_path / "ckpt"), "--chains", "2"]) == 0
+    assert calvin_subtasks.main([str(tmp_path / "ckpt"), "--chains", "2", *wrist]) == 0
     out = capsys.readouterr().out
     assert "avg_num_subtasks 0.00 over 2 eval chains" in out
     firsts = Counter(pool_entry("eval", (cfg.eval.seed + j) % pool_size("eval")).subtasks[0] for j in range(2))
