@@ -141,7 +141,7 @@ def test_wrist_camera_adds_wrist_images_that_follow_the_hand():
         assert not np.array_equal(wrist, obs["main_images"])  # another camera, not a copy
         np.testing.assert_array_equal(wrist, env.render_gripper(32))
         down = np.zeros((2, 1, ACTION_DIM), np.float32)
-        down[:, :, 2] = -1.0  # the hand moves: its camera's frame changes, the static one's view of the desk stays
+        down[:, :, 2] = -1.0  # the hand moves down: the camera on it sees the desk from nearer
         res = env.chunk_step(down)
         assert not np.array_equal(res.obs["wrist_images"], wrist)
         env.chunk_step(down)
