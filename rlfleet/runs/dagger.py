@@ -51,8 +51,10 @@ from rlfleet.algorithms.dagger import (
 from rlfleet.config import as_dict, eval_env_config, fill_model_dims, to_yaml
 from rlfleet.data.demos import load_demos
 from rlfleet.envs.api import EnvConfig
-from rlfleet.envs.registry import make_env
+from rlfleet.envs.chains import chain_report
+from rlfleet.envs.registry import make_env, scored_chain_length
 from rlfleet.eval.episodes import evaluate_policy, obs_tensors
+from rlfleet.eval.report import chain_markdown
 from rlfleet.learner.checkpointer import Checkpointer, TrainerCounters, run_info
 from rlfleet.learner.main import archive_previous_run
 from rlfleet.learner.metrics import MetricsWriter
@@ -270,11 +272,17 @@ def run_dagger(cfg: DictConfig, progress: bool = True) -> dict[str, Any]:
         need_norm = not _maybe_set_norm_stats(policy, data)
 
     eval_env = eval_env_config(cfg)
+    # chained envs (CALVIN) are judged by their chain metrics, from the same episodes' returns
+    chain_length = scored_chain_length(cfg.env.name, cfg.env.reward_type)
+    returns_before: dict[str, list[float]] = {}
+    returns_after: dict[str, list[float]] = {}
     before = None
     if cfg.eval.before and counters.update == 0:
         if progress:
             print("evaluating the starting policy ...", flush=True)
-        before = evaluate_policy(policy, eval_env, cfg.eval.episodes_per_task, seed=cfg.eval.seed)
+        before = evaluate_policy(
+            policy, eval_env, cfg.eval.episodes_per_task, seed=cfg.eval.seed, episode_returns=returns_before
+        )
 
     writer = MetricsWriter.for_run(cfg, run_dir)
     unnorm_key = cfg.policy.get("unnorm_key", "metaworld")
@@ -410,7 +418,13 @@ def run_dagger(cfg: DictConfig, progress: bool = True) -> dict[str, Any]:
         video, t0 = OmegaConf.to_object(cfg.eval.video_cfg), time.time()
         try:
             after = evaluate_policy(
-                policy, eval_env, cfg.eval.episodes_per_task, seed=cfg.eval.seed, video_cfg=video, out_dir=run_dir
+                policy,
+                eval_env,
+                cfg.eval.episodes_per_task,
+                seed=cfg.eval.seed,
+                video_cfg=video,
+                out_dir=run_dir,
+                episode_returns=returns_after,
             )
             log_eval(
                 writer,
@@ -427,10 +441,17 @@ def run_dagger(cfg: DictConfig, progress: bool = True) -> dict[str, Any]:
             writer.close()
         summary["eval_success"] = after
         summary["eval_success_mean"] = sum(after.values()) / len(after)
+        if chain_length:
+            summary["eval_chain"] = chain = chain_report(returns_after, chain_length)
+            text = chain_markdown(chain, f"Chains of {final} (deterministic)", chain_length)
+            (run_dir / "eval_chain.md").write_text(text)
+            print(text, flush=True)
     else:
         writer.close()
     if before is not None:
         summary["eval_before"] = before
         summary["eval_before_mean"] = sum(before.values()) / len(before)
+        if chain_length:
+            summary["eval_chain_before"] = chain_report(returns_before, chain_length)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary

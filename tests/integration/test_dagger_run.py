@@ -102,3 +102,36 @@ def test_hg_dagger_resume_continues_the_iterations(tmp_path):
     )
     assert second["iterations"] == 3 and [r["iteration"] for r in second["history"]] == [3]
     assert second["dataset_size"] == 3 * 12
+
+
+def test_dagger_on_a_chained_env_reports_chain_metrics(tmp_path):
+    """CALVIN-style chains: the before / after evaluations also give avg_num_subtasks and
+    success_len_1..5 (summary, eval_chain.md, before_after_chain.md), as the PPO fleet's do."""
+    import pytest
+
+    pytest.importorskip("pybullet")
+    run_dir = tmp_path / "run"
+    overrides = [
+        "dagger.enabled=true",
+        "demos.bootstrap=false",
+        "env.max_episode_steps=24",
+        "env.image_size=16",
+        "policy.dim=32",
+        "policy.depth=1",
+        "policy.heads=2",
+        "dagger.iterations=1",
+        "dagger.num_envs=2",
+        "dagger.train_steps=2",
+        "dagger.batch_size=8",
+        "eval.episodes_per_task=2",
+        "runner.max_wall_seconds=0",
+        f"runner.logger.log_path={run_dir}",
+    ]
+    assert main(["train", "calvin_d_d_ppo_tinypi0_cpu", *overrides]) == 0
+    summary = json.loads((run_dir / "summary.json").read_text())
+    for key in ("eval_chain", "eval_chain_before"):
+        row = summary[key]["all"]
+        assert set(row) == {f"success_len_{k}" for k in range(1, 6)} | {"avg_num_subtasks"}
+        assert 0.0 <= row["avg_num_subtasks"] <= 5.0
+    assert "avg_num_subtasks" in (run_dir / "eval_chain.md").read_text()
+    assert "calvin-D before" in (run_dir / "before_after_chain.md").read_text()
