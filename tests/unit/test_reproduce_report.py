@@ -89,13 +89,18 @@ def test_a_resumed_runs_wall_clock_runs_on_across_its_lives(tmp_path):
     """Each learner life logs eval/elapsed_s from 0: the curve continues from the last life's end."""
     tb = tmp_path / "tb"
     # two writers: two lives; the first life's last evaluation has no elapsed_s (an older log)
-    for lives in (((250, 15.0), (500, 30.0), (600, None)), ((750, 10.0), (1000, 25.0))):
+    for life, points in enumerate((((250, 15.0), (500, 30.0), (600, None)), ((750, 10.0), (1000, 25.0)))):
         w = SummaryWriter(str(tb))
-        for step, elapsed in lives:
+        for step, elapsed in points:
             w.add_scalar("eval/success_once", 0.5, step)
             if elapsed is not None:
                 w.add_scalar("eval/elapsed_s", elapsed, step)
         w.close()
+        # Lives are read in file-name order: real lives start seconds apart (the name begins with the
+        # start time), but two writers of one second in one process differ only in a counter whose
+        # "10" sorts before "9". Name this life's file as a later start would.
+        (new,) = [f for f in tb.iterdir() if ".life" not in f.name]
+        new.rename(tb / f"events.out.tfevents.{1_700_000_000 + life:010d}.life{life}")
     raw = reproduce.read_curves(tb)
     assert list(raw["steps"]) == [250, 500, 600, 750, 1000]
     np.testing.assert_array_equal(raw["seconds"], [15, 30, np.nan, 40, 55])
