@@ -100,27 +100,23 @@ PIXEL_RUN = [
 ]
 
 
-@pytest.mark.parametrize("policy", ["tiny_oft", "tiny_pi05"])
-def test_short_pixel_training_run_through_real_processes(tmp_path, policy):
-    run = tmp_path / "run"
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+def _train(recipe: str, *overrides: str) -> None:
+    """`rlfleet train RECIPE OVERRIDES` in a child process (learner, inference server and actors
+    are its children); fails the test with the run's stderr tail."""
     res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "rlfleet.cli",
-            "train",
-            "metaworld_quickstart_tinyoft",
-            *PIXEL_RUN,
-            f"policy.name={policy}",
-            f"runner.logger.log_path={run}",
-        ],
+        [sys.executable, "-m", "rlfleet.cli", "train", recipe, *overrides],
         capture_output=True,
         text=True,
-        env=env,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
         timeout=600,
     )
     assert res.returncode == 0, res.stderr[-3000:]
+
+
+@pytest.mark.parametrize("policy", ["tiny_oft", "tiny_pi05"])
+def test_short_pixel_training_run_through_real_processes(tmp_path, policy):
+    run = tmp_path / "run"
+    _train("metaworld_quickstart_tinyoft", *PIXEL_RUN, f"policy.name={policy}", f"runner.logger.log_path={run}")
     summary = json.loads((run / "summary.json").read_text())
     assert summary["updates"] >= 4 and summary["rejected_segments"] == 0
     assert set(summary["eval_success"]) == set(summary["eval_before"]) == {"reach-v3", "button-press-topdown-v3"}
@@ -142,37 +138,26 @@ def test_short_calvin_run_with_the_wrist_camera_through_real_processes(tmp_path)
     chain = EnvConfig(name="calvin", task="D", max_episode_steps=1800, image_size=16, wrist_camera=True)
     collect_env_demos(demos, chain, episodes_per_task=1, progress=False)
     run = tmp_path / "run"
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "rlfleet.cli",
-            "train",
-            "calvin_d_d_ppo_tinypi0_cpu",
-            "env.image_size=16",
-            "env.wrist_camera=true",
-            "policy.wrist_camera=true",
-            "policy.depth=1",
-            "env.max_episode_steps=40",
-            f"demos.path={demos}",
-            f"demos.cache_dir={tmp_path / 'cache'}",
-            "sft.steps=5",
-            "sft.eval_episodes_per_task=0",
-            "actor.num_envs=2",
-            "actor.num_workers=1",
-            "actor.rollout_len=2",
-            "learner.batch_env_steps=8",  # samples: chunks of 8 env steps
-            "runner.total_env_steps=256",
-            "runner.max_wall_seconds=0",
-            "eval.episodes_per_task=1",
-            f"runner.logger.log_path={run}",
-        ],
-        capture_output=True,
-        text=True,
-        env=dict(os.environ, OMP_NUM_THREADS="1"),
-        timeout=600,
+    _train(
+        "calvin_d_d_ppo_tinypi0_cpu",
+        "env.image_size=16",
+        "env.wrist_camera=true",
+        "policy.wrist_camera=true",
+        "policy.depth=1",
+        "env.max_episode_steps=40",
+        f"demos.path={demos}",
+        f"demos.cache_dir={tmp_path / 'cache'}",
+        "sft.steps=5",
+        "sft.eval_episodes_per_task=0",
+        "actor.num_envs=2",
+        "actor.num_workers=1",
+        "actor.rollout_len=2",
+        "learner.batch_env_steps=8",  # samples: chunks of 8 env steps
+        "runner.total_env_steps=256",
+        "runner.max_wall_seconds=0",
+        "eval.episodes_per_task=1",
+        f"runner.logger.log_path={run}",
     )
-    assert res.returncode == 0, res.stderr[-3000:]
     summary = json.loads((run / "summary.json").read_text())
     assert summary["updates"] >= 3 and summary["rejected_segments"] == 0
     ckpt = run / "checkpoints" / (run / "checkpoints" / "latest").read_text().strip()
