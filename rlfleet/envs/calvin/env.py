@@ -8,8 +8,9 @@ subtask is not done within `EnvConfig.subtask_steps` env steps (0: `SUBTASK_STEP
 or the episode reaches `EnvConfig.max_episode_steps` (set it to 5 * 360 = 1800 to let the
 per-subtask budget rule).
 
-Reward. `reward_type` "success" and "dense": 1 on the step a subtask completes (no shaping: dense
-is treated as sparse), so `episode_return` is the number of subtasks completed; "success_once":
+Reward. `reward_type` "success": 1 on the step a subtask completes, so `episode_return` is the
+number of subtasks completed; "dense": the same plus a potential-based shaping term for the block
+subtasks (`shaping.py`: the hand nearing the named block, holding it while lifting); "success_once":
 1 only when the whole chain completes (return = chain success, 0/1). `episode_success_once` is
 "all 5 done"; `success` marks chunks in which a chain completed (success and termination
 coincide, so `terminate_on_success` changes nothing here). `last_chain_progress` holds, per
@@ -36,6 +37,7 @@ from rlfleet.envs.calvin.chains import CHAIN_LENGTH, POOLS, ChainSpec, pool_entr
 from rlfleet.envs.calvin.experts import ExpertContext, expert_action
 from rlfleet.envs.calvin.layout import VARIANTS, resolve_variants
 from rlfleet.envs.calvin.scene import STATE_DIM, Scene, Snapshot
+from rlfleet.envs.calvin.shaping import block_potential
 from rlfleet.envs.calvin.subtasks import SUBTASKS
 from rlfleet.envs.calvin.symbolic import SymState
 from rlfleet.envs.core import EpisodeEnv, Outcome, episode_rng
@@ -51,6 +53,8 @@ class _Episode:
     start: Snapshot  # scene at the start of the current subtask
     stage: int = 0  # index of the current subtask (= subtasks completed)
     stage_steps: int = 0
+    steps: int = 0
+    potential: float = 0.0  # shaping potential of the last step's scene and stage (dense reward)
 
     @property
     def subtask(self) -> str:
@@ -114,28 +118,34 @@ class CalvinEnv(EpisodeEnv):
         scene = self._scenes[i]
         scene.reset(plan[0], np.random.default_rng([chain.init_seed, 2]))
         snap = scene.snapshot()
-        self._episodes[i] = _Episode(chain, plan, snap)
+        self._episodes[i] = _Episode(chain, plan, snap, potential=block_potential(SUBTASKS[chain.subtasks[0]], snap))
         self._snaps[i] = snap
 
     def step_one(self, i: int, action: np.ndarray) -> Outcome:
-        """Reward 1 when a subtask completes (dense = sparse); success and termination: the whole chain."""
+        """Reward 1 when a subtask completes (dense: plus the shaping difference); success and
+        termination: the whole chain."""
         ep = self._episodes[i]
         assert ep is not None
         scene = self._scenes[i]
         scene.step(action)
         now = self._snaps[i] = scene.snapshot()
         ep.stage_steps += 1
+        ep.steps += 1
         done_subtask = SUBTASKS[ep.subtask].success(ep.start, now)
         if done_subtask:
             ep.stage += 1
             ep.stage_steps = 0
             ep.start = now
         chain_done = ep.stage == CHAIN_LENGTH
+        failed = ep.stage_steps >= self._subtask_steps
+        ends = chain_done or failed or ep.steps >= self._cfg.max_episode_steps
+        potential = 0.0 if ends else block_potential(SUBTASKS[ep.subtask], now)  # 0 at the episode's end
+        shaping, ep.potential = potential - ep.potential, potential
         return Outcome(
-            float(done_subtask),
+            float(done_subtask) + shaping,
             chain_done,
             terminated=chain_done,
-            truncated=ep.stage_steps >= self._subtask_steps,
+            truncated=failed,
             sparse_reward=float(done_subtask),
         )
 
