@@ -267,52 +267,56 @@ def test_expert_solves_eval_chains(seed):
 
 
 def _phi_from_states(states: np.ndarray, subtask: str, held: bool) -> float:
-    """The documented block potential recomputed from the `states` observation (tcp, block poses)."""
+    """The documented block progress recomputed from the `states` observation (tcp, block poses)."""
     from rlfleet.envs.calvin.layout import BLOCK_COLORS
-    from rlfleet.envs.calvin.shaping import GRASP_WEIGHT, REACH_RANGE, REACH_WEIGHT
+    from rlfleet.envs.calvin.shaping import REACH_RANGE
 
     task = SUBTASKS[subtask]
     if task.kind not in ("lift", "push", "rotate"):
         return 0.0
     j = 15 + 6 + 6 * BLOCK_COLORS.index(task.color)
     d = float(np.linalg.norm(states[:3] - states[j : j + 3]))
-    return REACH_WEIGHT * max(0.0, 1 - d / REACH_RANGE) + (GRASP_WEIGHT if held else 0.0)
+    return 0.5 * max(0.0, 1 - d / REACH_RANGE) + (0.5 if held else 0.0)
 
 
-def test_dense_reward_shapes_block_subtasks_by_a_potential_difference():
-    from rlfleet.envs.calvin.shaping import GRASP_WEIGHT, REACH_WEIGHT
-
+def test_progress_reward_shapes_block_subtasks_by_a_potential_difference():
+    w = 0.4
     seed = next(s for s in range(200) if pool_entry("train", s).subtasks[0].startswith("lift_"))
     chain = pool_entry("train", seed).subtasks
     runs, returns = {}, {}
-    for reward_type in ("success", "dense"):
-        env = CalvinEnv(_cfg(task="D", reward_type=reward_type), 1)
+    for shaped in (0.0, w):
+        env = CalvinEnv(_cfg(task="D", progress_reward=shaped), 1)
         try:
             env.reset(np.array([seed]))
             steps = list(_run_expert(env))
-            runs[reward_type] = [(obs["states"][0], float(res.rewards[0, 0])) for obs, res in steps]
-            returns[reward_type] = float(steps[-1][1].episode_return[0])
+            runs[shaped] = [(obs["states"][0], float(res.rewards[0, 0])) for obs, res in steps]
+            returns[shaped] = float(steps[-1][1].episode_return[0])
         finally:
             env.close()
-    sparse, dense = [r for _, r in runs["success"]], [r for _, r in runs["dense"]]
-    states = [s for s, _ in runs["dense"]]
-    assert len(sparse) == len(dense)  # the reward type does not change what happens
+    sparse, dense = [r for _, r in runs[0.0]], [r for _, r in runs[w]]
+    states = [s for s, _ in runs[w]]
+    assert len(sparse) == len(dense)  # the shaping does not change what happens
     ends = [i for i, r in enumerate(sparse) if r == 1.0]
-    assert len(ends) == CHAIN_LENGTH and returns["success"] == CHAIN_LENGTH
-    # The shaping sums to -phi(s_0) over the episode: the return still rounds to the subtasks done.
+    assert len(ends) == CHAIN_LENGTH and returns[0.0] == CHAIN_LENGTH
+    # The shaping sums to -w * Phi(s_0) over the episode: the return still rounds to the subtasks done.
     phi0 = _phi_from_states(states[0], chain[0], held=False)
-    assert 0.0 <= phi0 < REACH_WEIGHT
-    assert returns["dense"] == pytest.approx(CHAIN_LENGTH - phi0, abs=1e-4)
-    assert sum(dense) == pytest.approx(returns["dense"], abs=1e-4)
-    # A step of the approach pays exactly the change of the potential the observations show ...
-    for k in (4, 5, 10):
+    assert 0.0 <= phi0 < 0.5
+    assert returns[w] == pytest.approx(CHAIN_LENGTH - w * phi0, abs=1e-4)
+    assert sum(dense) == pytest.approx(returns[w], abs=1e-4)
+    # A step of the approach pays w times the change of progress the observations show ...
+    approach = [k for k in range(ends[0] - 1) if dense[k] != 0.0]
+    assert len(approach) > 10
+    for k in approach[:10]:
         want = _phi_from_states(states[k + 1], chain[0], False) - _phi_from_states(states[k], chain[0], False)
-        assert want != 0 and dense[k] == pytest.approx(want, abs=1e-4)
-    # ... and up to the lift's completion the hand earned the reach and the grasp (block in hand).
-    assert sum(dense[: ends[0]]) == pytest.approx(REACH_WEIGHT + GRASP_WEIGHT - phi0, abs=0.03)
+        assert dense[k] == pytest.approx(w * want, abs=1e-4)
+    # ... and up to the lift's completion the hand earned the reach and the hold (block in hand).
+    assert sum(dense[: ends[0]]) == pytest.approx(w * (1.0 - phi0), abs=0.03)
     # Subtasks that name no block (placing in the drawer, the LED) are paid as sparse until their
-    # last step (which starts the next subtask's potential).
+    # last step (which starts the next subtask's progress).
     unshaped = [j for j, n in enumerate(chain) if SUBTASKS[n].kind not in ("lift", "push", "rotate")]
     assert unshaped
     for j in unshaped:
         assert dense[ends[j - 1] + 1 : ends[j]] == sparse[ends[j - 1] + 1 : ends[j]]
+    for bad, reward_type in ((1.0, "success"), (0.5, "success_once")):
+        with pytest.raises(ValueError, match="progress_reward"):
+            CalvinEnv(_cfg(progress_reward=bad, reward_type=reward_type), 1)

@@ -8,9 +8,10 @@ subtask is not done within `EnvConfig.subtask_steps` env steps (0: `SUBTASK_STEP
 or the episode reaches `EnvConfig.max_episode_steps` (set it to 5 * 360 = 1800 to let the
 per-subtask budget rule).
 
-Reward. `reward_type` "success": 1 on the step a subtask completes, so `episode_return` is the
-number of subtasks completed; "dense": the same plus a potential-based shaping term for the block
-subtasks (`shaping.py`: the hand nearing the named block, holding it while lifting); "success_once":
+Reward. `reward_type` "success" and "dense": 1 on the step a subtask completes (dense is treated
+as sparse), so `episode_return` is the number of subtasks completed; `progress_reward` w in [0, 1)
+adds potential-based shaping for the block subtasks (`shaping.py`: the hand nearing the named
+block, holding it while lifting), which keeps returns within 0.5 of that number; "success_once":
 1 only when the whole chain completes (return = chain success, 0/1). `episode_success_once` is
 "all 5 done"; `success` marks chunks in which a chain completed (success and termination
 coincide, so `terminate_on_success` changes nothing here). `last_chain_progress` holds, per
@@ -37,7 +38,7 @@ from rlfleet.envs.calvin.chains import CHAIN_LENGTH, POOLS, ChainSpec, pool_entr
 from rlfleet.envs.calvin.experts import ExpertContext, expert_action
 from rlfleet.envs.calvin.layout import VARIANTS, resolve_variants
 from rlfleet.envs.calvin.scene import STATE_DIM, Scene, Snapshot
-from rlfleet.envs.calvin.shaping import block_potential
+from rlfleet.envs.calvin.shaping import block_progress
 from rlfleet.envs.calvin.subtasks import SUBTASKS
 from rlfleet.envs.calvin.symbolic import SymState
 from rlfleet.envs.core import EpisodeEnv, Outcome, episode_rng
@@ -54,7 +55,7 @@ class _Episode:
     stage: int = 0  # index of the current subtask (= subtasks completed)
     stage_steps: int = 0
     steps: int = 0
-    potential: float = 0.0  # shaping potential of the last step's scene and stage (dense reward)
+    progress: float = 0.0  # block progress of the last step's scene and stage (progress_reward)
 
     @property
     def subtask(self) -> str:
@@ -73,6 +74,11 @@ class CalvinEnv(EpisodeEnv):
         self._pool = getattr(cfg, "pool", "train")
         if self._pool not in POOLS:
             raise ValueError(f"pool must be one of {POOLS}, got {self._pool!r}")
+        if not 0 <= cfg.progress_reward < 1 or (cfg.progress_reward and cfg.reward_type == "success_once"):
+            raise ValueError(
+                "CALVIN's progress_reward must be in [0, 1) (returns must round to the subtasks done) and "
+                f"needs reward_type 'success' or 'dense', got {cfg.progress_reward} with {cfg.reward_type!r}"
+            )
         variants = resolve_variants(cfg.task)
         self._init_core(cfg, num_envs, env_offset, STATE_DIM, ACTION_DIM, [f"calvin-{v}" for v in variants])
         self._variants = [VARIANTS[variants[j]] for j in self._task_ids]
@@ -118,12 +124,12 @@ class CalvinEnv(EpisodeEnv):
         scene = self._scenes[i]
         scene.reset(plan[0], np.random.default_rng([chain.init_seed, 2]))
         snap = scene.snapshot()
-        self._episodes[i] = _Episode(chain, plan, snap, potential=block_potential(SUBTASKS[chain.subtasks[0]], snap))
+        self._episodes[i] = _Episode(chain, plan, snap, progress=block_progress(SUBTASKS[chain.subtasks[0]], snap))
         self._snaps[i] = snap
 
     def step_one(self, i: int, action: np.ndarray) -> Outcome:
-        """Reward 1 when a subtask completes (dense: plus the shaping difference); success and
-        termination: the whole chain."""
+        """Reward 1 when a subtask completes (plus w times the change of block progress); success
+        and termination: the whole chain."""
         ep = self._episodes[i]
         assert ep is not None
         scene = self._scenes[i]
@@ -139,15 +145,10 @@ class CalvinEnv(EpisodeEnv):
         chain_done = ep.stage == CHAIN_LENGTH
         failed = ep.stage_steps >= self._subtask_steps
         ends = chain_done or failed or ep.steps >= self._cfg.max_episode_steps
-        potential = 0.0 if ends else block_potential(SUBTASKS[ep.subtask], now)  # 0 at the episode's end
-        shaping, ep.potential = potential - ep.potential, potential
-        return Outcome(
-            float(done_subtask) + shaping,
-            chain_done,
-            terminated=chain_done,
-            truncated=failed,
-            sparse_reward=float(done_subtask),
-        )
+        progress = 0.0 if ends else block_progress(SUBTASKS[ep.subtask], now)  # 0 at the episode's end
+        reward = float(done_subtask) + self._cfg.progress_reward * (progress - ep.progress)
+        ep.progress = progress
+        return Outcome(reward, chain_done, terminated=chain_done, truncated=failed, sparse_reward=reward)
 
     def state_one(self, i: int) -> np.ndarray:
         return self._scenes[i].state()
