@@ -1,0 +1,109 @@
+"""How near a CALVIN-style policy brings the hand to the named block: on the held-out eval chains
+that begin with a block subtask (lift / push / rotate a colored block), the deterministic policy
+runs the first subtask, and per chain this reports the hand's closest distance to that block and
+whether the subtask completed.
+
+    .venv/bin/python bench/calvin_reach.py CHECKPOINT [--chains 16] [--recipe RECIPE] [KEY=VALUE ...]
+
+Distances come from the `states` observation alone (tool centre point: robot_obs[0:3]; block
+centres: scene_obs, 6 per block after the 6 fixture values), so they are what the policy could
+read too. Chains are the eval pool's entries from `eval.seed` on, in order, that start with a
+block subtask; a chain's first subtask ends when it completes or fails (360 env steps).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+import torch
+
+from rlfleet.config import as_dict, eval_env_config, fill_model_dims, load_config
+from rlfleet.envs.calvin.chains import pool_entry, pool_size
+from rlfleet.envs.calvin.layout import BLOCK_COLORS
+from rlfleet.envs.calvin.scene import ROBOT_OBS_DIM
+from rlfleet.envs.calvin.shaping import BLOCK_KINDS
+from rlfleet.envs.calvin.subtasks import SUBTASKS
+from rlfleet.envs.registry import make_env
+from rlfleet.eval.episodes import obs_tensors
+from rlfleet.policies.checkpoint_io import policy_from_config
+
+FIXTURE_VALUES = 6  # scene_obs: slider, drawer, button, switch, bulb, led; then x y z and euler per block
+
+
+def hand_to_block(states: np.ndarray, color: str) -> np.ndarray:
+    """Distance (m) from the tool centre point to the centre of block `color`, per row of `states`."""
+    j = ROBOT_OBS_DIM + FIXTURE_VALUES + 6 * BLOCK_COLORS.index(color)
+    return np.linalg.norm(states[:, :3] - states[:, j : j + 3], axis=1)
+
+
+def block_first_seeds(first_seed: int, count: int) -> list[int]:
+    """The first `count` eval seeds from `first_seed` whose chain starts with a block subtask."""
+    seeds, s = [], first_seed
+    while len(seeds) < count:
+        if s - first_seed >= pool_size("eval"):
+            raise ValueError(f"the eval pool has fewer than {count} chains that start with a block subtask")
+        if SUBTASKS[pool_entry("eval", s % pool_size("eval")).subtasks[0]].kind in BLOCK_KINDS:
+            seeds.append(s)
+        s += 1
+    return seeds
+
+
+@torch.no_grad()
+def reach(cfg, seeds: list[int]) -> list[tuple[str, float, bool]]:
+    """(first subtask, closest hand-to-block distance, completed) per chain."""
+    torch.manual_seed(cfg.runner.seed)
+    fill_model_dims(cfg)
+    d = cfg.model_dims
+    policy = policy_from_config(as_dict(cfg.policy), d.state_dim, d.action_dim, cfg.env.chunk_size, cfg.env.image_size)
+    policy.eval()
+    env = make_env(eval_env_config(cfg), len(seeds))
+    try:
+        obs = env.reset(np.array(seeds))
+        first = list(env.current_subtasks())
+        colors = [SUBTASKS[n].color for n in first]
+        closest = np.full(len(seeds), np.inf)
+        completed = np.zeros(len(seeds), bool)
+        active = np.ones(len(seeds), bool)
+        while active.any():
+            for i in np.flatnonzero(active):
+                closest[i] = min(closest[i], float(hand_to_block(obs["states"][i : i + 1], colors[i])[0]))
+            out = policy.act(obs_tensors(obs, policy.obs_keys), deterministic=True)
+            res = env.chunk_step(out["actions"].numpy())
+            now = env.current_subtasks()
+            for i in np.flatnonzero(active):
+                if res.episode_done[i]:  # failed (or the chain was done); the env reset to a new chain
+                    completed[i], active[i] = res.episode_return[i] >= 1, False
+                elif now[i] != first[i]:  # the first subtask completed, the chain goes on
+                    completed[i], active[i] = True, False
+                else:
+                    closest[i] = min(closest[i], float(hand_to_block(res.obs["states"][i : i + 1], colors[i])[0]))
+            obs = res.obs
+    finally:
+        env.close()
+    return [(first[i], float(closest[i]), bool(completed[i])) for i in range(len(seeds))]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("checkpoint")
+    p.add_argument("--chains", type=int, default=16, help="eval chains that start with a block subtask")
+    p.add_argument("--recipe", default="calvin_d_d_ppo_tinypi0_cpu")
+    p.add_argument("overrides", nargs="*", help="the run's key=value overrides, e.g. env.wrist_camera=true")
+    args = p.parse_intermixed_args(argv)
+    cfg = load_config(args.recipe, [*args.overrides, f"policy.model_path={args.checkpoint}"])
+    rows = reach(cfg, block_first_seeds(cfg.eval.seed, args.chains))
+    dist = np.array([r[1] for r in rows])
+    print(
+        f"{args.checkpoint}: {len(rows)} chains that start with a block subtask; closest hand-to-block "
+        f"distance median {100 * np.median(dist):.1f} cm, within 5 cm on {int((dist < 0.05).sum())}, "
+        f"completed {sum(r[2] for r in rows)}"
+    )
+    print("| first subtask | closest (cm) | completed |\n|---|---:|---|")
+    for name, closest_m, ok in rows:
+        print(f"| {name} | {100 * closest_m:.1f} | {'yes' if ok else 'no'} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
