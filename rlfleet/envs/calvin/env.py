@@ -54,7 +54,7 @@ class _Episode:
     start: Snapshot  # scene at the start of the current subtask
     stage: int = 0  # index of the current subtask (= subtasks completed)
     stage_steps: int = 0
-    steps: int = 0
+    steps: int = 0  # env steps of the whole episode (max_episode_steps ends it)
     progress: float = 0.0  # block progress of the last step's scene and stage (progress_reward)
 
     @property
