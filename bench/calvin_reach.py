@@ -62,22 +62,19 @@ def reach(cfg, seeds: list[int]) -> list[tuple[str, float, bool]]:
         obs = env.reset(np.array(seeds))
         first = list(env.current_subtasks())
         colors = [SUBTASKS[n].color for n in first]
-        closest = np.full(len(seeds), np.inf)
+        closest = np.array([hand_to_block(obs["states"][i : i + 1], c)[0] for i, c in enumerate(colors)])
         completed = np.zeros(len(seeds), bool)
         active = np.ones(len(seeds), bool)
         while active.any():
-            for i in np.flatnonzero(active):
-                closest[i] = min(closest[i], float(hand_to_block(obs["states"][i : i + 1], colors[i])[0]))
             out = policy.act(obs_tensors(obs, policy.obs_keys), deterministic=True)
             res = env.chunk_step(out["actions"].numpy())
             now = env.current_subtasks()
             for i in np.flatnonzero(active):
-                if res.episode_done[i]:  # failed (or the chain was done); the env reset to a new chain
-                    completed[i], active[i] = res.episode_return[i] >= 1, False
-                elif now[i] != first[i]:  # the first subtask completed, the chain goes on
-                    completed[i], active[i] = True, False
-                else:
-                    closest[i] = min(closest[i], float(hand_to_block(res.obs["states"][i : i + 1], colors[i])[0]))
+                done = bool(res.episode_done[i])  # failed (or the chain was done); the env reset to a new chain
+                states = (res.final_obs if done else res.obs)["states"][i : i + 1]
+                closest[i] = min(closest[i], float(hand_to_block(states, colors[i])[0]))
+                if done or now[i] != first[i]:  # else the first subtask goes on
+                    completed[i], active[i] = (res.episode_return[i] >= 1) if done else True, False
             obs = res.obs
     finally:
         env.close()
