@@ -14,6 +14,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributions import Normal
 
+from rlfleet.policies.vla.tokenizer import WordTokenizer
+
 
 @dataclass
 class PolicyConfig:
@@ -25,6 +27,11 @@ class PolicyConfig:
     max_log_std: float = 1.0
     obs_norm: bool = True
     obs_clip: float = 10.0
+    # > 0: also read the `instructions` observation, as the mean of hashed-word embeddings of this
+    # width beside the states (actor and critic). Envs whose state does not say what is asked need
+    # it: a CALVIN chain's subtask, a multitask batch whose tasks share a state layout.
+    instruction_dim: int = 0
+    instruction_vocab: int = 1024  # hashed word ids (rlfleet.policies.vla.tokenizer), 0 = padding
 
 
 _HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
@@ -106,9 +113,10 @@ class RunningNorm(nn.Module):
 
 
 class GaussianMLPPolicy(nn.Module):
-    """pi(a_chunk | s) = N(mu(s), diag(sigma)); the chunk's log-prob sums over its K*D dims.
+    """pi(a_chunk | s, l) = N(mu(s, l), diag(sigma)); the chunk's log-prob sums over its K*D dims.
 
-    Implements `rlfleet.policies.base.Policy` on `states` alone.
+    Implements `rlfleet.policies.base.Policy` on `states`, and on `instructions` (l) as well with
+    `instruction_dim` > 0.
     """
 
     obs_keys = ("states",)
@@ -122,22 +130,42 @@ class GaussianMLPPolicy(nn.Module):
         hidden = list(cfg.hidden_sizes)
         out = action_dim * chunk_size
         self.obs_norm = RunningNorm(state_dim, cfg.obs_clip) if cfg.obs_norm else None
-        self.actor = _mlp([state_dim, *hidden, out], cfg.activation, out_gain=0.01)
-        self.critic = _mlp([state_dim, *hidden, 1], cfg.activation, out_gain=1.0)
+        if cfg.instruction_dim < 0 or (cfg.instruction_dim and cfg.instruction_vocab < 2):
+            raise ValueError(
+                f"instruction_dim must be >= 0 and instruction_vocab >= 2, got {cfg.instruction_dim}, "
+                f"{cfg.instruction_vocab}"
+            )
+        self.word_embed: nn.EmbeddingBag | None = None
+        if cfg.instruction_dim:
+            self.obs_keys = ("states", "instructions")
+            self.tokenizer = WordTokenizer(cfg.instruction_vocab)
+            # mode "mean" leaves padding_idx out of the mean: the embedding of the words alone
+            self.word_embed = nn.EmbeddingBag(cfg.instruction_vocab, cfg.instruction_dim, mode="mean", padding_idx=0)
+        width = state_dim + cfg.instruction_dim
+        self.actor = _mlp([width, *hidden, out], cfg.activation, out_gain=0.01)
+        self.critic = _mlp([width, *hidden, 1], cfg.activation, out_gain=1.0)
         self.log_std = nn.Parameter(torch.full((out,), float(cfg.init_log_std)))
 
-    def _features(self, states: torch.Tensor) -> torch.Tensor:
-        return self.obs_norm(states) if self.obs_norm is not None else states
+    def _features(self, states: torch.Tensor, instructions: torch.Tensor | None = None) -> torch.Tensor:
+        x = self.obs_norm(states) if self.obs_norm is not None else states
+        if self.word_embed is None:
+            return x
+        if instructions is None:
+            raise ValueError("this gaussian_mlp reads instructions (instruction_dim > 0): pass obs['instructions']")
+        return torch.cat([x, self.word_embed(self.tokenizer(instructions, x.device))], dim=-1)
+
+    def _obs_features(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
+        return self._features(obs["states"], obs.get("instructions"))
 
     def _log_std(self) -> torch.Tensor:
         return self.log_std.clamp(self.cfg.min_log_std, self.cfg.max_log_std)
 
-    def distribution(self, states: torch.Tensor) -> Normal:
-        mu = self.actor(self._features(states))
+    def distribution(self, states: torch.Tensor, instructions: torch.Tensor | None = None) -> Normal:
+        mu = self.actor(self._features(states, instructions))
         return Normal(mu, self._log_std().exp().expand_as(mu), validate_args=False)
 
     def value(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
-        return self.critic(self._features(obs["states"])).squeeze(-1)
+        return self.critic(self._obs_features(obs)).squeeze(-1)
 
     @torch.no_grad()
     def act(self, obs: dict[str, torch.Tensor], deterministic: bool = False) -> dict[str, torch.Tensor]:
@@ -147,7 +175,7 @@ class GaussianMLPPolicy(nn.Module):
         path, and at small batches the distribution objects cost more than the MLP.
         log N(a; mu, sigma) = -eps^2/2 - log sigma - log(2 pi)/2 with a = mu + sigma * eps.
         """
-        x = self._features(obs["states"])
+        x = self._obs_features(obs)
         mu, log_std = _run_mlp(self.actor, x), self._log_std()
         eps = torch.zeros_like(mu) if deterministic else torch.randn_like(mu)
         flat = mu + log_std.exp() * eps
@@ -162,14 +190,15 @@ class GaussianMLPPolicy(nn.Module):
         self, obs: dict[str, torch.Tensor], actions: torch.Tensor, extras: dict[str, torch.Tensor] | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """log pi(a|s) [N], entropy [N] and V(s) [N] for the PPO update."""
-        states = obs["states"]
-        dist = self.distribution(states)
+        x = self._obs_features(obs)
+        mu = self.actor(x)
+        dist = Normal(mu, self._log_std().exp().expand_as(mu), validate_args=False)
         flat = actions.reshape(actions.shape[0], -1)
-        return dist.log_prob(flat).sum(-1), dist.entropy().sum(-1), self.value(obs)
+        return dist.log_prob(flat).sum(-1), dist.entropy().sum(-1), self.critic(x).squeeze(-1)
 
     def sft_loss(self, obs: dict[str, torch.Tensor], actions: torch.Tensor) -> torch.Tensor:
         """Behaviour cloning by maximum likelihood: mean -log pi(a_demo | s) per action dim."""
-        dist = self.distribution(obs["states"])
+        dist = self.distribution(obs["states"], obs.get("instructions"))
         return -dist.log_prob(actions.reshape(actions.shape[0], -1)).mean()
 
     def update_normalization(self, obs: dict[str, torch.Tensor]) -> None:
