@@ -16,7 +16,7 @@ from torch import nn
 from rlfleet.config import VideoConfig, eval_env_config
 from rlfleet.envs.api import ChunkedEnv, EnvConfig
 from rlfleet.envs.registry import make_env, task_list
-from rlfleet.eval.report import chain_markdown
+from rlfleet.eval.report import write_chain_table
 from rlfleet.eval.video import EpisodeRecorder
 
 # A rendering env holds a ~60 MB offscreen context: evaluate in rounds of at most this many envs.
@@ -169,4 +169,4 @@ class RunEvaluation:
 
     def write_chains(self, run_dir: Path, chain: Mapping[str, Mapping[str, float]], chain_length: int) -> None:
         title = f"{self.cfg.runner.experiment_name}: chains"
-        (Path(run_dir) / "eval_chain.md").write_text(chain_markdown(chain, title, chain_length))
+        write_chain_table(run_dir, chain, title, chain_length)

@@ -15,7 +15,7 @@ from rlfleet.envs.api import EnvConfig
 from rlfleet.envs.chains import chain_report
 from rlfleet.envs.registry import scored_chain_length, task_groups
 from rlfleet.eval.episodes import evaluate_policy
-from rlfleet.eval.report import chain_markdown, rich_table, success_table, write_report
+from rlfleet.eval.report import rich_table, success_table, write_chain_table, write_report
 from rlfleet.policies.checkpoint_io import is_hub_path, load_checkpoint
 
 
@@ -67,9 +67,7 @@ def main(args: Namespace) -> int:
     if n:
         table["chains"] = chain_report(returns, n)  # CALVIN's columns, also in eval.json
         write_report(table, out, name="eval", title=f"Evaluation of {args.checkpoint}")
-        text = chain_markdown(table["chains"], f"Chains of {args.checkpoint} ({mode})", n)
-        (out / "eval_chain.md").write_text(text)
-        print(text)
+        print(write_chain_table(out, table["chains"], f"Chains of {args.checkpoint} ({mode})", n))
     print(f"report: {json_path} {md_path}")
     if args.json:
         print(json.dumps(table))

@@ -268,6 +268,15 @@ def chain_markdown(rows: Mapping[str, Mapping[str, Any]], title: str, chain_leng
     return "\n".join(lines) + "\n"
 
 
+def write_chain_table(
+    folder: Path, rows: Mapping[str, Mapping[str, Any]], title: str, chain_length: int = CHAIN_LENGTH
+) -> str:
+    """`eval_chain.md` in `folder` (the chain table of one evaluation, atomically); returns its text."""
+    text = chain_markdown(rows, title, chain_length)
+    _atomic_write(Path(folder) / "eval_chain.md", text)
+    return text
+
+
 def write_before_after(
     run_dir: Path, summary: Mapping[str, Any], experiment: str, env_name: str, chain_episodes: int = 0
 ) -> None:

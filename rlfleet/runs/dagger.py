@@ -54,7 +54,7 @@ from rlfleet.envs.api import EnvConfig
 from rlfleet.envs.chains import chain_report
 from rlfleet.envs.registry import make_env, scored_chain_length
 from rlfleet.eval.episodes import evaluate_policy, obs_tensors
-from rlfleet.eval.report import chain_markdown
+from rlfleet.eval.report import write_chain_table
 from rlfleet.learner.checkpointer import Checkpointer, TrainerCounters, run_info
 from rlfleet.learner.main import archive_previous_run
 from rlfleet.learner.metrics import MetricsWriter
@@ -443,9 +443,7 @@ def run_dagger(cfg: DictConfig, progress: bool = True) -> dict[str, Any]:
         summary["eval_success_mean"] = sum(after.values()) / len(after)
         if chain_length:
             summary["eval_chain"] = chain = chain_report(returns_after, chain_length)
-            text = chain_markdown(chain, f"Chains of {final} (deterministic)", chain_length)
-            (run_dir / "eval_chain.md").write_text(text)
-            print(text, flush=True)
+            print(write_chain_table(run_dir, chain, f"Chains of {final} (deterministic)", chain_length), flush=True)
     else:
         writer.close()
     if before is not None:

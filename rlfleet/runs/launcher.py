@@ -28,7 +28,7 @@ from rlfleet.config import as_dict, eval_env_config, fill_model_dims, load_confi
 from rlfleet.envs.chains import chain_report
 from rlfleet.envs.registry import scored_chain_length, task_groups
 from rlfleet.eval.episodes import evaluate_policy
-from rlfleet.eval.report import chain_line, chain_markdown, success_table, write_before_after, write_report
+from rlfleet.eval.report import chain_line, success_table, write_before_after, write_chain_table, write_report
 from rlfleet.learner.metrics import print_summary
 from rlfleet.policies.checkpoint_io import policy_from_config
 from rlfleet.runs.bootstrap import ensure_sft_checkpoint, needs_bootstrap
@@ -165,9 +165,7 @@ def evaluate_only(cfg: DictConfig, run_dir: Path) -> dict:
     if chain is not None:  # chained envs (CALVIN) are judged by their chain metrics: the table and summary get them too
         summary["eval_chain"] = chain
         n = scored_chain_length(cfg.env.name, cfg.env.reward_type)
-        text = chain_markdown(chain, f"Chains of {cfg.policy.model_path}", n)
-        (run_dir / "eval_chain.md").write_text(text)
-        print(text, flush=True)
+        print(write_chain_table(run_dir, chain, f"Chains of {cfg.policy.model_path}", n), flush=True)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
 
