@@ -5,6 +5,9 @@ whether the subtask completed.
 
     .venv/bin/python bench/calvin_reach.py CHECKPOINT [--chains 16] [--recipe RECIPE] [KEY=VALUE ...]
 
+`--recipe` names the run's recipe (default: the pixel one; `calvin_d_d_ppo_mlp_cpu` for a
+state-based checkpoint).
+
 Distances come from the `states` observation alone (tool centre point: robot_obs[0:3]; block
 centres: scene_obs, 6 per block after the 6 fixture values), so they are what the policy could
 read too. Chains are the eval pool's entries from `eval.seed` on, in order, that start with a

@@ -4,7 +4,8 @@ eval chains, evaluated the way `rlfleet train` evaluates (same eval seeds, deter
     .venv/bin/python bench/calvin_subtasks.py CHECKPOINT [--chains 50] [--recipe RECIPE] [KEY=VALUE ...]
 
 KEY=VALUE overrides are the run's own env and policy settings, e.g. `env.wrist_camera=true
-policy.wrist_camera=true` for a checkpoint that reads the gripper camera.
+policy.wrist_camera=true` for a checkpoint that reads the gripper camera. `--recipe` names the
+run's recipe (default: the pixel one); a state-based checkpoint needs `--recipe calvin_d_d_ppo_mlp_cpu`.
 
 A chain's subtasks are attempted in order until the first failure, so the subtask a chain stops at
 is attempted and not completed; the ones before it are both. Episode j of an evaluation of one scene
