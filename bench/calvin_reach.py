@@ -34,10 +34,10 @@ from rlfleet.policies.checkpoint_io import policy_from_config
 FIXTURE_VALUES = 6  # scene_obs: slider, drawer, button, switch, bulb, led; then x y z and euler per block
 
 
-def hand_to_block(states: np.ndarray, color: str) -> np.ndarray:
-    """Distance (m) from the tool centre point to the centre of block `color`, per row of `states`."""
+def hand_to_block(state: np.ndarray, color: str) -> float:
+    """Distance (m) from the tool centre point to the centre of block `color`, from one `states` row."""
     j = ROBOT_OBS_DIM + FIXTURE_VALUES + 6 * BLOCK_COLORS.index(color)
-    return np.linalg.norm(states[:, :3] - states[:, j : j + 3], axis=1)
+    return float(np.linalg.norm(state[:3] - state[j : j + 3]))
 
 
 def block_first_seeds(first_seed: int, count: int) -> list[int]:
@@ -65,7 +65,7 @@ def reach(cfg, seeds: list[int]) -> list[tuple[str, float, bool]]:
         obs = env.reset(np.array(seeds))
         first = list(env.current_subtasks())
         colors = [SUBTASKS[n].color for n in first]
-        closest = np.array([hand_to_block(obs["states"][i : i + 1], c)[0] for i, c in enumerate(colors)])
+        closest = np.array([hand_to_block(obs["states"][i], c) for i, c in enumerate(colors)])
         completed = np.zeros(len(seeds), bool)
         active = np.ones(len(seeds), bool)
         while active.any():
@@ -74,8 +74,8 @@ def reach(cfg, seeds: list[int]) -> list[tuple[str, float, bool]]:
             now = env.current_subtasks()
             for i in np.flatnonzero(active):
                 done = bool(res.episode_done[i])  # failed (or the chain was done); the env reset to a new chain
-                states = (res.final_obs if done else res.obs)["states"][i : i + 1]
-                closest[i] = min(closest[i], float(hand_to_block(states, colors[i])[0]))
+                state = (res.final_obs if done else res.obs)["states"][i]
+                closest[i] = min(closest[i], hand_to_block(state, colors[i]))
                 if done or now[i] != first[i]:  # else the first subtask goes on
                     completed[i], active[i] = (res.episode_return[i] >= 1) if done else True, False
             obs = res.obs

@@ -162,9 +162,12 @@ class GaussianMLPPolicy(nn.Module):
     def _log_std(self) -> torch.Tensor:
         return self.log_std.clamp(self.cfg.min_log_std, self.cfg.max_log_std)
 
-    def distribution(self, states: torch.Tensor, instructions: torch.Tensor | None = None) -> Normal:
-        mu = self.actor(self._features(states, instructions))
+    def _normal(self, x: torch.Tensor) -> Normal:
+        mu = self.actor(x)
         return Normal(mu, self._log_std().exp().expand_as(mu), validate_args=False)
+
+    def distribution(self, states: torch.Tensor, instructions: torch.Tensor | None = None) -> Normal:
+        return self._normal(self._features(states, instructions))
 
     def value(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
         return self.critic(self._obs_features(obs)).squeeze(-1)
@@ -192,9 +195,8 @@ class GaussianMLPPolicy(nn.Module):
         self, obs: dict[str, torch.Tensor], actions: torch.Tensor, extras: dict[str, torch.Tensor] | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """log pi(a|s) [N], entropy [N] and V(s) [N] for the PPO update."""
-        x = self._obs_features(obs)
-        mu = self.actor(x)
-        dist = Normal(mu, self._log_std().exp().expand_as(mu), validate_args=False)
+        x = self._obs_features(obs)  # one feature pass for the policy and the value
+        dist = self._normal(x)
         flat = actions.reshape(actions.shape[0], -1)
         return dist.log_prob(flat).sum(-1), dist.entropy().sum(-1), self.critic(x).squeeze(-1)
 

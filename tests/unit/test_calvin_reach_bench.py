@@ -30,7 +30,7 @@ def test_hand_to_block_matches_the_scene_snapshot():
             snap = scene.snapshot()
             for color in BLOCK_COLORS:
                 want = np.linalg.norm(snap.tcp_pos - snap.block_pos[color])
-                got = calvin_reach.hand_to_block(obs["states"][i : i + 1], color)[0]
+                got = calvin_reach.hand_to_block(obs["states"][i], color)
                 assert got == pytest.approx(want, abs=1e-4)
     finally:
         env.close()
