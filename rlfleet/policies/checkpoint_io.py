@@ -24,7 +24,7 @@ from safetensors.torch import load as st_load
 from safetensors.torch import load_file, save, save_file
 from torch import nn
 
-from rlfleet.policies.registry import make_policy
+from rlfleet.policies.registry import complete_settings, make_policy
 
 log = logging.getLogger(__name__)
 
@@ -110,10 +110,16 @@ def model_config(
     env: dict[str, Any] | None = None,
     image_size: int = 0,
 ) -> dict[str, Any]:
-    """config.json: enough to rebuild the policy (and to know which env it was trained on)."""
-    policy_cfg = {k: v for k, v in policy_cfg.items() if k != "model_path"}
+    """config.json: enough to rebuild the policy (and to know which env it was trained on). The
+    policy settings are recorded whole, as the policy was built (a `model_path` checkpoint's settings
+    under the run's) with defaults filled in, so a later change of a default does not change what
+    the checkpoint rebuilds."""
+    policy_cfg = dict(policy_cfg)
+    model_path = policy_cfg.pop("model_path", None)
+    if model_path:
+        policy_cfg = {**read_model_config(model_path)["policy"], **policy_cfg}
     return {
-        "policy": policy_cfg,
+        "policy": complete_settings(policy_cfg),
         "state_dim": state_dim,
         "action_dim": action_dim,
         "chunk_size": chunk_size,

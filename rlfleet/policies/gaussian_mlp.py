@@ -32,6 +32,7 @@ class PolicyConfig:
     # it: a CALVIN chain's subtask, a multitask batch whose tasks share a state layout.
     instruction_dim: int = 0
     instruction_vocab: int = 1024  # hashed word ids (rlfleet.policies.vla.tokenizer), 0 = padding
+    instruction_max_words: int = 16  # words read per instruction, the rest cut off
 
 
 _HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
@@ -138,7 +139,7 @@ class GaussianMLPPolicy(nn.Module):
         self.word_embed: nn.EmbeddingBag | None = None
         if cfg.instruction_dim:
             self.obs_keys = ("states", "instructions")
-            self.tokenizer = WordTokenizer(cfg.instruction_vocab)
+            self.tokenizer = WordTokenizer(cfg.instruction_vocab, cfg.instruction_max_words)
             # mode "mean" leaves padding_idx out of the mean: the embedding of the words alone. Actor
             # and critic share it, so the value loss trains it too (critic warm-up included): the
             # setting calvin_d_d_ppo_mlp_cpu was measured with.

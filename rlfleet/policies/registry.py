@@ -46,12 +46,9 @@ def _settings(cfg_cls: type, raw: dict[str, Any]) -> dict[str, Any]:
     return raw if "name" in cfg_cls.__dataclass_fields__ else {k: v for k, v in raw.items() if k != "name"}
 
 
-def make_policy(
-    cfg: Mapping[str, Any] | Any, state_dim: int, action_dim: int, chunk_size: int, *, image_size: int = 0
-) -> nn.Module:
-    """`image_size` (the env's camera side, 0 = no camera) reaches only policies that read images."""
-    is_dc = dataclasses.is_dataclass(cfg) and not isinstance(cfg, type)
-    raw = dict(vars(cfg)) if is_dc else OmegaConf.to_container(OmegaConf.create(cfg), resolve=True)
+def _settings_object(raw: dict[str, Any]) -> tuple[str, type, Any]:
+    """(name, policy class, settings dataclass instance) of a policy section; an unknown setting is a
+    one-line ValueError."""
     name = raw.get("name", "gaussian_mlp")
     cls, cfg_cls = policy_classes(name)
     raw = _settings(cfg_cls, raw)
@@ -59,9 +56,27 @@ def make_policy(
     unknown = set(raw) - known
     if unknown:
         raise ValueError(f"policy {name!r} has no settings {sorted(unknown)} (known: {sorted(known)})")
+    return name, cls, cfg_cls(**raw)
+
+
+def make_policy(
+    cfg: Mapping[str, Any] | Any, state_dim: int, action_dim: int, chunk_size: int, *, image_size: int = 0
+) -> nn.Module:
+    """`image_size` (the env's camera side, 0 = no camera) reaches only policies that read images."""
+    is_dc = dataclasses.is_dataclass(cfg) and not isinstance(cfg, type)
+    raw = dict(vars(cfg)) if is_dc else OmegaConf.to_container(OmegaConf.create(cfg), resolve=True)
+    _, cls, settings = _settings_object(raw)
     if "image_size" in inspect.signature(cls).parameters:
-        return cls(state_dim, action_dim, chunk_size, cfg_cls(**raw), image_size=image_size)
-    return cls(state_dim, action_dim, chunk_size, cfg_cls(**raw))
+        return cls(state_dim, action_dim, chunk_size, settings, image_size=image_size)
+    return cls(state_dim, action_dim, chunk_size, settings)
+
+
+def complete_settings(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """A policy section (without `model_path`) with every default of its settings filled in: what a
+    checkpoint's config.json records, so the checkpoint rebuilds the same policy after a default
+    changes."""
+    name, _, settings = _settings_object(OmegaConf.to_container(OmegaConf.create(dict(cfg)), resolve=True))
+    return {"name": name, **dataclasses.asdict(settings)}
 
 
 def check_policy_config(cfg: Mapping[str, Any]) -> None:

@@ -217,6 +217,52 @@ def test_load_checkpoint_with_weights_of_another_shape_is_a_clear_error(tmp_path
         load_checkpoint(folder)
 
 
+def test_config_json_records_every_setting_so_a_changed_default_cannot_change_an_old_checkpoint(tmp_path, monkeypatch):
+    settings = {"name": "gaussian_mlp", "hidden_sizes": [12], "instruction_dim": 4}
+    policy = GaussianMLPPolicy(S, D, K, PolicyConfig(**settings))
+    save_checkpoint_folder(tmp_path / "ck", policy, model_config(settings, S, D, K))
+    saved = json.loads((tmp_path / "ck" / "config.json").read_text())["policy"]
+    assert saved == {**dataclasses.asdict(PolicyConfig()), **settings}  # the run's keys and the defaults
+    assert (saved["instruction_vocab"], saved["instruction_max_words"]) == (1024, 16)
+    # a later release with other defaults still rebuilds what was trained
+    monkeypatch.setattr(PolicyConfig, "__init__", _with_defaults(instruction_vocab=64, instruction_max_words=2))
+    assert PolicyConfig().instruction_vocab == 64
+    loaded, _ = load_checkpoint(tmp_path / "ck")
+    assert (loaded.tokenizer.vocab_size, loaded.tokenizer.max_len) == (1024, 16)
+    assert_same_state(loaded, policy)
+
+
+def _with_defaults(**defaults):
+    init = PolicyConfig.__init__
+
+    def patched(self, **kwargs):
+        init(self, **{**defaults, **kwargs})
+
+    return patched
+
+
+def test_a_checkpoint_trained_from_another_records_the_settings_it_was_built_with(tmp_path):
+    """RL from an SFT checkpoint: the run's policy section names model_path and what it changes; the
+    checkpoint it writes holds the SFT checkpoint's other settings, not the defaults."""
+    sft = {"name": "gaussian_mlp", "hidden_sizes": [12, 8], "activation": "relu"}
+    save_checkpoint_folder(
+        tmp_path / "sft", GaussianMLPPolicy(S, D, K, PolicyConfig(**sft)), model_config(sft, S, D, K)
+    )
+    recorded = model_config({"model_path": str(tmp_path / "sft"), "init_log_std": -2.0}, S, D, K)["policy"]
+    assert recorded == {**dataclasses.asdict(PolicyConfig()), **sft, "init_log_std": -2.0}
+    assert "model_path" not in recorded
+
+
+def test_config_json_of_a_partial_old_style_record_still_loads(tmp_path):
+    folder = tmp_path / "ck"
+    save_checkpoint_folder(folder, make_policy(0), mcfg())
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["policy"] = {"hidden_sizes": [12, 8], "activation": "relu"}  # before config.json recorded defaults
+    (folder / "config.json").write_text(json.dumps(cfg))
+    loaded, _ = load_checkpoint(folder)
+    assert_same_state(loaded, make_policy(0))
+
+
 @pytest.mark.parametrize("present", [[], ["config.json"], ["model.safetensors"]])
 def test_missing_files_give_a_clear_file_not_found(tmp_path, present):
     src = tmp_path / "full"
