@@ -1,9 +1,10 @@
 """How near a CALVIN-style policy brings the hand to the named block: on the held-out eval chains
 that begin with a block subtask (lift / push / rotate a colored block), the deterministic policy
-runs the first subtask, and per chain this reports the hand's closest distance to that block and
-whether the subtask completed.
+(`--sample`: sampled actions) runs the first subtask, and per chain this reports the hand's closest
+distance to that block and whether the subtask completed; over all chains, how far the hand travels
+per action chunk (median) and the share of chunks it stays within 3 mm of where it was (stalls).
 
-    .venv/bin/python bench/calvin_reach.py CHECKPOINT [--chains 16] [--recipe RECIPE] [KEY=VALUE ...]
+    .venv/bin/python bench/calvin_reach.py CHECKPOINT [--chains 16] [--recipe RECIPE] [--sample] [KEY=VALUE ...]
 
 `--recipe` names the run's recipe (default: the pixel one; `calvin_d_d_ppo_mlp_cpu` for a
 state-based checkpoint).
@@ -31,6 +32,7 @@ from rlfleet.envs.registry import make_env
 from rlfleet.eval.episodes import obs_tensors
 from rlfleet.policies.checkpoint_io import policy_from_config
 
+STALL_M = 0.003  # a chunk after which the hand is within this of where it was
 FIXTURE_VALUES = 6  # scene_obs: slider, drawer, button, switch, bulb, led; then x y z and euler per block
 
 
@@ -53,8 +55,9 @@ def block_first_seeds(first_seed: int, count: int) -> list[int]:
 
 
 @torch.no_grad()
-def reach(cfg, seeds: list[int]) -> list[tuple[str, float, bool]]:
-    """(first subtask, closest hand-to-block distance, completed) per chain."""
+def reach(cfg, seeds: list[int], sample: bool = False) -> tuple[list[tuple[str, float, bool]], np.ndarray]:
+    """(first subtask, closest hand-to-block distance, completed) per chain, and the hand's travel (m)
+    over each chunk of the first subtasks."""
     torch.manual_seed(cfg.runner.seed)
     fill_model_dims(cfg)
     d = cfg.model_dims
@@ -68,20 +71,22 @@ def reach(cfg, seeds: list[int]) -> list[tuple[str, float, bool]]:
         closest = np.array([hand_to_block(obs["states"][i], c) for i, c in enumerate(colors)])
         completed = np.zeros(len(seeds), bool)
         active = np.ones(len(seeds), bool)
+        travel: list[float] = []
         while active.any():
-            out = policy.act(obs_tensors(obs, policy.obs_keys), deterministic=True)
+            out = policy.act(obs_tensors(obs, policy.obs_keys), deterministic=not sample)
             res = env.chunk_step(out["actions"].numpy())
             now = env.current_subtasks()
             for i in np.flatnonzero(active):
                 done = bool(res.episode_done[i])  # failed (or the chain was done); the env reset to a new chain
                 state = (res.final_obs if done else res.obs)["states"][i]
                 closest[i] = min(closest[i], hand_to_block(state, colors[i]))
+                travel.append(float(np.linalg.norm(state[:3] - obs["states"][i][:3])))
                 if done or now[i] != first[i]:  # else the first subtask goes on
                     completed[i], active[i] = (res.episode_return[i] >= 1) if done else True, False
             obs = res.obs
     finally:
         env.close()
-    return [(first[i], float(closest[i]), bool(completed[i])) for i in range(len(seeds))]
+    return [(first[i], float(closest[i]), bool(completed[i])) for i in range(len(seeds))], np.array(travel)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -89,15 +94,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("checkpoint")
     p.add_argument("--chains", type=int, default=16, help="eval chains that start with a block subtask")
     p.add_argument("--recipe", default="calvin_d_d_ppo_tinypi0_cpu")
+    p.add_argument("--sample", action="store_true", help="sampled actions instead of the deterministic policy")
     p.add_argument("overrides", nargs="*", help="the run's key=value overrides, e.g. env.wrist_camera=true")
     args = p.parse_intermixed_args(argv)
     cfg = load_config(args.recipe, [*args.overrides, f"policy.model_path={args.checkpoint}"])
-    rows = reach(cfg, block_first_seeds(cfg.eval.seed, args.chains))
+    rows, travel = reach(cfg, block_first_seeds(cfg.eval.seed, args.chains), args.sample)
     dist = np.array([r[1] for r in rows])
     print(
-        f"{args.checkpoint}: {len(rows)} chains that start with a block subtask; closest hand-to-block "
-        f"distance median {100 * np.median(dist):.1f} cm, within 5 cm on {int((dist < 0.05).sum())}, "
-        f"completed {sum(r[2] for r in rows)}"
+        f"{args.checkpoint} ({'sampled' if args.sample else 'deterministic'}): {len(rows)} chains that start "
+        f"with a block subtask; closest hand-to-block distance median {100 * np.median(dist):.1f} cm, within "
+        f"5 cm on {int((dist < 0.05).sum())}, completed {sum(r[2] for r in rows)}; hand travel per chunk "
+        f"median {1000 * np.median(travel):.1f} mm, {100 * np.mean(travel < STALL_M):.0f}% of "
+        f"{len(travel)} chunks under {1000 * STALL_M:.0f} mm"
     )
     print("| first subtask | closest (cm) | completed |\n|---|---:|---|")
     for name, closest_m, ok in rows:

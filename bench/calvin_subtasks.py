@@ -1,7 +1,8 @@
 """Where a CALVIN-style policy's chains break: attempts and completions per subtask on the held-out
-eval chains, evaluated the way `rlfleet train` evaluates (same eval seeds, deterministic policy).
+eval chains, evaluated the way `rlfleet train` evaluates (same eval seeds, deterministic policy;
+`--sample`: sampled actions).
 
-    .venv/bin/python bench/calvin_subtasks.py CHECKPOINT [--chains 50] [--recipe RECIPE] [KEY=VALUE ...]
+    .venv/bin/python bench/calvin_subtasks.py CHECKPOINT [--chains 50] [--recipe RECIPE] [--sample] [KEY=VALUE ...]
 
 KEY=VALUE overrides are the run's own env and policy settings, e.g. `env.wrist_camera=true
 policy.wrist_camera=true` for a checkpoint that reads the gripper camera. `--recipe` names the
@@ -45,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("checkpoint")
     p.add_argument("--chains", type=int, default=50, help="held-out eval chains (the recipes' final evaluation: 50)")
     p.add_argument("--recipe", default="calvin_d_d_ppo_tinypi0_cpu")
+    p.add_argument("--sample", action="store_true", help="sampled actions instead of the deterministic policy")
     p.add_argument("overrides", nargs="*", help="the run's key=value overrides, e.g. env.wrist_camera=true")
     args = p.parse_intermixed_args(argv)  # overrides may follow --chains
     own = [f"policy.model_path={args.checkpoint}", f"eval.episodes_per_task={args.chains}"]
@@ -52,13 +54,14 @@ def main(argv: list[str] | None = None) -> int:
     if len(task_list(eval_env_config(cfg))) != 1:
         p.error("one scene variant at a time (the chain of episode j is known for one task)")
     returns: dict[str, list[float]] = {}
-    evaluate_start(cfg, episode_returns=returns)
+    evaluate_start(cfg, episode_returns=returns, deterministic=not args.sample)
     (done_f,) = returns.values()
     done = [int(round(r)) for r in done_f]
     seeds = eval_seed_range(cfg, 1)[: len(done)]
     chains = [pool_entry("eval", s % pool_size("eval")).subtasks for s in seeds]
     rows = tally(chains, done)
-    print(f"{args.checkpoint}: avg_num_subtasks {sum(done) / len(done):.2f} over {len(done)} eval chains")
+    mode = "sampled" if args.sample else "deterministic"
+    print(f"{args.checkpoint} ({mode}): avg_num_subtasks {sum(done) / len(done):.2f} over {len(done)} eval chains")
     print("| subtask | attempted | completed | first of a chain | completed as first |\n|---|---:|---:|---:|---:|")
     for name, (a, o, f, fo) in sorted(rows.items(), key=lambda kv: (-kv[1][0], kv[0])):
         print(f"| {name} | {a} | {o} ({100 * o / a:.0f}%) | {f} | {fo} |")

@@ -132,18 +132,24 @@ def _stop_all(procs: list[subprocess.Popen], grace: float) -> None:
 
 
 def evaluate_start(
-    cfg: DictConfig, episode_returns: dict[str, list[float]] | None = None
+    cfg: DictConfig, episode_returns: dict[str, list[float]] | None = None, deterministic: bool = True
 ) -> tuple[dict[str, float], dict | None]:
     """Success of the policy the run starts from (fresh or `policy.model_path`), for before/after,
     and for chained envs (CALVIN) its chain metrics from the same episodes (else None).
-    `episode_returns`, when given, receives each task's episode returns in episode order."""
+    `episode_returns`, when given, receives each task's episode returns in episode order;
+    `deterministic=False` samples the actions (diagnostics; runs evaluate deterministically)."""
     torch.manual_seed(cfg.runner.seed)
     fill_model_dims(cfg)
     d = cfg.model_dims
     policy = policy_from_config(as_dict(cfg.policy), d.state_dim, d.action_dim, cfg.env.chunk_size, cfg.env.image_size)
     returns: dict[str, list[float]] = {} if episode_returns is None else episode_returns
     success = evaluate_policy(
-        policy, eval_env_config(cfg), cfg.eval.episodes_per_task, seed=cfg.eval.seed, episode_returns=returns
+        policy,
+        eval_env_config(cfg),
+        cfg.eval.episodes_per_task,
+        seed=cfg.eval.seed,
+        episode_returns=returns,
+        deterministic=deterministic,
     )
     n = scored_chain_length(cfg.env.name, cfg.env.reward_type)
     return success, (chain_report(returns, n) if n else None)

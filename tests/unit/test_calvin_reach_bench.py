@@ -4,6 +4,7 @@ block-first chain selection, and the whole script on a fresh tiny_pi0."""
 from __future__ import annotations
 
 import importlib.util
+import re
 from pathlib import Path
 
 import numpy as np
@@ -62,9 +63,26 @@ def test_the_script_reports_each_chain(tmp_path, capsys):
 
     assert calvin_reach.main([str(tmp_path / "ckpt"), "--chains", "2"]) == 0
     out = capsys.readouterr().out
-    assert "2 chains that start with a block subtask" in out and "completed 0" in out
+    assert "(deterministic): 2 chains that start with a block subtask" in out and "completed 0" in out
+    travel = re.search(r"hand travel per chunk median ([\d.]+) mm, (\d+)% of (\d+) chunks under 3 mm", out)
+    assert travel and float(travel[1]) >= 0 and 0 <= int(travel[2]) <= 100
+    assert int(travel[3]) >= 2 * 360 // cfg.env.chunk_size  # each chain's first subtask ran to its limit
     rows = [line.split(" | ") for line in out.splitlines() if line.startswith("| ") and "first subtask" not in line]
     assert len(rows) == 2
     for name, closest, ok in rows:
         assert name.strip("| ").split("_")[0] in ("lift", "push", "rotate")
         assert 0.0 < float(closest) < 150.0 and ok.strip(" |") == "no"
+
+
+def test_sampled_actions_move_the_hand_more_than_the_mean_of_a_fresh_policy(tmp_path):
+    """A fresh policy's mean action barely moves the hand; its samples do (the --sample switch reaches
+    the policy)."""
+    torch = pytest.importorskip("torch")
+    from rlfleet.config import load_config
+
+    cfg = load_config("calvin_d_d_ppo_mlp_cpu", ["policy.hidden_sizes=[8]"])
+    seeds = calvin_reach.block_first_seeds(cfg.eval.seed, 2)
+    torch.manual_seed(0)
+    _, mean_travel = calvin_reach.reach(cfg, seeds)
+    _, sampled_travel = calvin_reach.reach(cfg, seeds, sample=True)
+    assert np.median(sampled_travel) > 2 * np.median(mean_travel)

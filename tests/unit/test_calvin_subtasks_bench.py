@@ -53,3 +53,18 @@ def test_the_script_evaluates_a_checkpoint_on_the_eval_chains(tmp_path, capsys):
     firsts = Counter(pool_entry("eval", (cfg.eval.seed + j) % pool_size("eval")).subtasks[0] for j in range(2))
     rows = [line for line in out.splitlines() if line.startswith("| ") and not line.startswith("| subtask")]
     assert sorted(rows) == sorted(f"| {n} | {c} | 0 (0%) | {c} | 0 |" for n, c in firsts.items())
+
+
+def test_sample_evaluates_with_sampled_actions(monkeypatch, capsys):
+    """`--sample` reaches the evaluation as deterministic=False and the report says so."""
+    seen = {}
+
+    def fake_evaluate_start(cfg, episode_returns, deterministic=True):
+        seen["deterministic"] = deterministic
+        episode_returns["D"] = [1.0, 0.0]
+        return {"D": 0.5}, None
+
+    monkeypatch.setattr(calvin_subtasks, "evaluate_start", fake_evaluate_start)
+    assert calvin_subtasks.main(["some/ckpt", "--chains", "2", "--sample", "--recipe", "calvin_d_d_ppo_mlp_cpu"]) == 0
+    assert seen == {"deterministic": False}
+    assert "some/ckpt (sampled): avg_num_subtasks 0.50 over 2 eval chains" in capsys.readouterr().out
