@@ -1,8 +1,9 @@
 """How near a CALVIN-style policy brings the hand to the named block: on the held-out eval chains
 that begin with a block subtask (lift / push / rotate a colored block), the deterministic policy
 (`--sample`: sampled actions) runs the first subtask, and per chain this reports the hand's closest
-distance to that block and whether the subtask completed; over all chains, how far the hand travels
-per action chunk (median) and the share of chunks it stays within 3 mm of where it was (stalls).
+distance to that block and whether the subtask completed; over all chains, how far the hand moves
+per action chunk (net displacement, median) and the share of chunks that end with it within 3 mm
+of where it was (stalls).
 
     .venv/bin/python bench/calvin_reach.py CHECKPOINT [--chains 16] [--recipe RECIPE] [--sample] [KEY=VALUE ...]
 

@@ -123,6 +123,9 @@ class Learner:
             as_dict(cfg.env),
             cfg.env.image_size,
         )
+        # the settings the policy was built with, for the inference servers and actors that build
+        # their copy from the run's config (a model_path checkpoint's settings the recipe leaves out)
+        cfg.policy = {**self.model_config["policy"], **{k: v for k, v in cfg.policy.items() if k == "model_path"}}
         self.trainer = PPOTrainer(
             self.policy,
             ppo_config(cfg.algorithm),

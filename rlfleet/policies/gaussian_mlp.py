@@ -131,10 +131,10 @@ class GaussianMLPPolicy(nn.Module):
         hidden = list(cfg.hidden_sizes)
         out = action_dim * chunk_size
         self.obs_norm = RunningNorm(state_dim, cfg.obs_clip) if cfg.obs_norm else None
-        if cfg.instruction_dim < 0 or (cfg.instruction_dim and cfg.instruction_vocab < 2):
+        if cfg.instruction_dim < 0 or cfg.instruction_vocab < 2 or cfg.instruction_max_words < 1:
             raise ValueError(
-                f"instruction_dim must be >= 0 and instruction_vocab >= 2, got {cfg.instruction_dim}, "
-                f"{cfg.instruction_vocab}"
+                f"instruction_dim must be >= 0, instruction_vocab >= 2 and instruction_max_words >= 1, got "
+                f"{cfg.instruction_dim}, {cfg.instruction_vocab}, {cfg.instruction_max_words}"
             )
         self.word_embed: nn.EmbeddingBag | None = None
         if cfg.instruction_dim:

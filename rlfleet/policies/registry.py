@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -76,7 +77,17 @@ def complete_settings(cfg: Mapping[str, Any]) -> dict[str, Any]:
     checkpoint's config.json records, so the checkpoint rebuilds the same policy after a default
     changes."""
     name, _, settings = _settings_object(OmegaConf.to_container(OmegaConf.create(dict(cfg)), resolve=True))
-    return {"name": name, **dataclasses.asdict(settings)}
+    values = dataclasses.asdict(settings)  # nested settings dataclasses as dicts
+    recorded = {f.name: values[f.name] for f in dataclasses.fields(settings) if f.init}
+    for key, value in recorded.items():
+        try:
+            json.dumps(value)
+        except TypeError:
+            raise ValueError(
+                f"policy {name!r} setting {key!r} = {value!r} cannot be written to config.json: "
+                "settings must be JSON values (numbers, strings, booleans, lists, dicts)"
+            ) from None
+    return {"name": name, **recorded}
 
 
 def check_policy_config(cfg: Mapping[str, Any]) -> None:

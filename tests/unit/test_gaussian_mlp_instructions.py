@@ -63,5 +63,7 @@ def test_behaviour_cloning_tells_instructions_apart_in_the_same_state():
 def test_bad_settings_and_missing_instructions_are_one_line_errors():
     with pytest.raises(ValueError, match="instruction_dim must be >= 0"):
         make_policy({"name": "gaussian_mlp", "instruction_dim": -1}, 5, 2, 1)
+    with pytest.raises(ValueError, match="instruction_max_words >= 1, got 8, 1024, 0"):
+        make_policy({"name": "gaussian_mlp", "instruction_dim": 8, "instruction_max_words": 0}, 5, 2, 1)
     with pytest.raises(ValueError, match="reads instructions"):
         _policy().act({"states": torch.zeros(1, 5)})

@@ -57,3 +57,65 @@ def test_unknown_names_are_one_line_saying_what_was_looked_up(monkeypatch) -> No
 def test_a_policy_class_must_name_its_settings() -> None:
     with pytest.raises(ValueError, match="config_class"):
         make_policy({"name": "rlfleet.policies.gaussian_mlp:GaussianMLPPolicy"}, 3, 1, 1)
+
+
+def _toy_policy_module(monkeypatch, settings_cls: type) -> str:
+    """A plugin policy class in a module of its own; returns its `module:Class` name."""
+    import sys
+    import types
+
+    from torch import nn
+
+    class ToyPolicy(nn.Module):
+        config_class = settings_cls
+
+        def __init__(self, state_dim, action_dim, chunk_size, cfg):
+            super().__init__()
+            self.cfg = cfg
+
+    module = types.ModuleType("toy_policy_mod")
+    module.ToyPolicy = ToyPolicy
+    monkeypatch.setitem(sys.modules, "toy_policy_mod", module)
+    return "toy_policy_mod:ToyPolicy"
+
+
+def test_plugin_settings_recorded_in_config_json_round_trip(monkeypatch, tmp_path) -> None:
+    """config.json records a plugin's settings whole but not fields the dataclass computes itself
+    (init=False), and `name` although its dataclass has no such field."""
+    import dataclasses
+    import json
+
+    from rlfleet.policies.checkpoint_io import load_checkpoint, model_config, save_checkpoint_folder
+
+    @dataclasses.dataclass
+    class Settings:
+        width: int = 4
+        tags: list[str] = dataclasses.field(default_factory=lambda: ["a"])
+        derived: int = dataclasses.field(init=False, default=0)
+
+        def __post_init__(self):
+            self.derived = 2 * self.width
+
+    name = _toy_policy_module(monkeypatch, Settings)
+    config = model_config({"name": name, "width": 3}, 2, 1, 1)
+    assert config["policy"] == {"name": name, "width": 3, "tags": ["a"]}
+    save_checkpoint_folder(tmp_path / "ck", make_policy({"name": name, "width": 3}, 2, 1, 1), config)
+    assert json.loads((tmp_path / "ck" / "config.json").read_text())["policy"]["width"] == 3
+    policy, _ = load_checkpoint(tmp_path / "ck")
+    assert policy.cfg == Settings(width=3)
+
+
+def test_a_setting_json_cannot_hold_is_a_one_line_error(monkeypatch) -> None:
+    import dataclasses
+    from pathlib import Path
+
+    from rlfleet.policies.checkpoint_io import model_config
+
+    @dataclasses.dataclass
+    class Settings:
+        data_dir: Path = Path("/tmp/x")
+
+    name = _toy_policy_module(monkeypatch, Settings)
+    with pytest.raises(ValueError) as err:
+        model_config({"name": name}, 2, 1, 1)
+    assert "\n" not in str(err.value) and "setting 'data_dir'" in str(err.value) and "JSON values" in str(err.value)
