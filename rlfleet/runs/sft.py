@@ -208,6 +208,10 @@ def run_sft(
             f"the policy reads {', '.join(missing)} but the demos in {demos} hold none: "
             "collect them with the run's env settings (env.wrist_camera for wrist_images)"
         )
+    # built before training, so a setting config.json cannot hold fails now, not after the last step
+    config = model_config(
+        dict(policy_cfg), state_dim, action_dim, env_cfg.chunk_size, dict(vars(env_cfg)), env_cfg.image_size
+    )
     unnorm_key = policy_cfg.get("unnorm_key", "metaworld")
     stats = None
     try:
@@ -223,11 +227,7 @@ def run_sft(
 
     history = train_sft(policy, data, cfg, progress, evaluate)
     out = Path(out)
-    save_checkpoint_folder(
-        out,
-        policy,
-        model_config(dict(policy_cfg), state_dim, action_dim, env_cfg.chunk_size, vars(env_cfg), env_cfg.image_size),
-    )
+    save_checkpoint_folder(out, policy, config)
     if stats is not None:
         save_norm_stats(out, unnorm_key, stats)
     summary = {

@@ -119,3 +119,27 @@ def test_a_setting_json_cannot_hold_is_a_one_line_error(monkeypatch) -> None:
     with pytest.raises(ValueError) as err:
         model_config({"name": name}, 2, 1, 1)
     assert "\n" not in str(err.value) and "setting 'data_dir'" in str(err.value) and "JSON values" in str(err.value)
+
+
+def test_sft_with_a_setting_json_cannot_hold_fails_before_training(monkeypatch, tmp_path) -> None:
+    import dataclasses
+    import sys
+    from pathlib import Path
+
+    from rlfleet.config import SFTConfig
+    from rlfleet.envs.api import EnvConfig
+    from rlfleet.runs import sft
+    from rlfleet.runs.collect import collect_env_demos
+
+    @dataclasses.dataclass
+    class Settings:
+        data_dir: Path = Path("/tmp/x")
+
+    name = _toy_policy_module(monkeypatch, Settings)
+    monkeypatch.setattr(sys.modules["toy_policy_mod"].ToyPolicy, "obs_keys", ("states",), raising=False)
+    env = EnvConfig(task="reach-v3", max_episode_steps=200)
+    collect_env_demos(tmp_path / "demos", env, 1, progress=False)
+    monkeypatch.setattr(sft, "train_sft", lambda *a, **k: pytest.fail("trained before the settings were checked"))
+    with pytest.raises(ValueError, match="setting 'data_dir'"):
+        sft.run_sft(tmp_path / "demos", tmp_path / "out", {"name": name}, env, SFTConfig(steps=1), progress=False)
+    assert not (tmp_path / "out").exists()
