@@ -125,7 +125,8 @@ class Learner:
         )
         # the settings the policy was built with, for the inference servers and actors that build
         # their copy from the run's config (a model_path checkpoint's settings the recipe leaves out)
-        cfg.policy = {**self.model_config["policy"], **{k: v for k, v in cfg.policy.items() if k == "model_path"}}
+        model_path = cfg.policy.get("model_path")
+        cfg.policy = {**self.model_config["policy"], **({"model_path": model_path} if model_path else {})}
         self.trainer = PPOTrainer(
             self.policy,
             ppo_config(cfg.algorithm),
