@@ -44,7 +44,13 @@ from rlfleet.learner.service import LearnerServicer, segment_byte_limit
 from rlfleet.learner.trainer import PPOTrainer, ppo_config
 from rlfleet.learner.weight_publisher import WeightPublisher, tensor_digests
 from rlfleet.policies.base import Policy
-from rlfleet.policies.checkpoint_io import cpu_state_dict, model_config, policy_from_config, reference_policy
+from rlfleet.policies.checkpoint_io import (
+    cpu_state_dict,
+    model_config,
+    pin_model_path,
+    policy_from_config,
+    reference_policy,
+)
 from rlfleet.telemetry.prometheus import LearnerCollector, MetricsPortError, start_role_metrics
 from rlfleet.telemetry.trackers import log_eval
 from rlfleet.wire.gen import learner_pb2_grpc
@@ -111,6 +117,8 @@ class Learner:
         torch.manual_seed(cfg.runner.seed)
         self.env_cfg = fill_model_dims(cfg)
         dims = cfg.model_dims
+        if cfg.policy.get("model_path"):  # the reads below, the ranks and the servers see one Hub revision
+            cfg.policy.model_path = pin_model_path(cfg.policy.model_path)
         self.policy = policy_from_config(
             as_dict(cfg.policy), dims.state_dim, dims.action_dim, cfg.env.chunk_size, cfg.env.image_size
         )

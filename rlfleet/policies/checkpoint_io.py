@@ -169,6 +169,19 @@ def resolve_model_path(path: str | os.PathLike) -> Path:
         raise FileNotFoundError(f"{path}: {str(exc).splitlines()[0]}") from exc
 
 
+def pin_model_path(path: str) -> str:
+    """`hf://org/name[@branch or tag]` as `hf://org/name@COMMIT`, the commit it resolves to now
+    (the snapshot folder's name in huggingface_hub's cache); a local path as it is.
+
+    Why: a run reads its starting checkpoint several times (the policy, the KL reference,
+    config.json, the starting policy's evaluation). Pinned once, every read sees the same files
+    (a push to the branch mid-start cannot mix two revisions) and the later reads need no Hub call."""
+    if not is_hub_path(path):
+        return str(path)
+    repo, _ = parse_hub_path(path)
+    return f"{HF_PREFIX}{repo}@{resolve_model_path(path).name}"
+
+
 def read_model_config(folder: str | Path) -> dict[str, Any]:
     folder = resolve_model_path(folder)
     cfg_path, weights = folder / "config.json", folder / "model.safetensors"

@@ -212,3 +212,56 @@ def test_push_without_network_is_one_line(tmp_path):
     assert res.returncode == 2
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and "push to acme/reach-mlp failed" in lines[0], res.stderr
+
+
+_PIN_SCRIPT = textwrap.dedent("""
+    import json, sys
+    import huggingface_hub
+    from rlfleet.config import config_from_yaml, load_config
+    from rlfleet.learner.main import Learner
+    from rlfleet.policies.checkpoint_io import pin_model_path
+    lookups = []  # every snapshot_download the run makes, by revision
+    real = huggingface_hub.snapshot_download
+    def counted(repo_id, revision=None, **kw):
+        lookups.append(revision)
+        return real(repo_id, revision=revision, **kw)
+    huggingface_hub.snapshot_download = counted
+    run_dir, local = sys.argv[1:]
+    out = {p: pin_model_path(p) for p in ("hf://acme/reach-mlp", "hf://acme/reach-mlp@v1", local)}
+    lookups.clear()
+    cfg = load_config("metaworld_reach_ppo", [f"runner.logger.log_path={run_dir}", "actor.num_envs=4",
+        "policy.model_path=hf://acme/reach-mlp", "policy.hidden_sizes=[16,16]", "algorithm.kl_beta=0.1"])
+    learner = Learner(cfg, __import__("pathlib").Path(run_dir))
+    out["served"] = config_from_yaml(learner.servicer.config_yaml).policy.model_path
+    out["config_yaml"] = config_from_yaml(open(f"{run_dir}/config.yaml").read()).policy.model_path
+    out["lookups"] = lookups
+    learner.close()
+    print(json.dumps(out))
+""")
+
+
+def test_a_run_pins_its_hub_checkpoint_to_one_commit(tmp_path):
+    """The learner reads its starting checkpoint several times (policy, KL reference, config.json)
+    and serves the config other processes build from: all of it names the commit the branch
+    pointed to once, so one lookup resolves the branch and nothing can mix two revisions."""
+    ckpt = make_run(tmp_path)
+    out = tmp_path / "export"
+    assert cli("export", str(ckpt), str(out)).returncode == 0
+    cache = tmp_path / "hf" / "hub"
+    lay_hf_cache(cache, "acme/reach-mlp", out, COMMIT_MAIN, ("main", "v1"))
+    env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
+    res = subprocess.run(
+        [sys.executable, "-c", _PIN_SCRIPT, str(tmp_path / "rl"), str(ckpt)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=180,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    result = json.loads(res.stdout.strip().splitlines()[-1])
+    pinned = f"hf://acme/reach-mlp@{COMMIT_MAIN}"
+    assert result["hf://acme/reach-mlp"] == result["hf://acme/reach-mlp@v1"] == pinned
+    assert result[str(ckpt)] == str(ckpt)  # a local folder stays as it is
+    assert result["served"] == result["config_yaml"] == pinned  # what --resume can name
+    assert result["lookups"][0] is None and len(result["lookups"]) > 1  # the branch once, then the commit
+    assert all(rev == COMMIT_MAIN for rev in result["lookups"][1:]), result["lookups"]
