@@ -232,6 +232,12 @@ def _pm(pair: tuple[float, float], scale: float = 100.0, signed: bool = False, d
     return f"{scale * mean:{sign}.{digits}f} +- {scale * se:.{digits}f}"
 
 
+def all_success_bound(episodes: int, confidence: float = 0.95) -> float:
+    """The lowest success rate that is still consistent with `episodes` successes in `episodes`
+    tries: the exact one-sided binomial (Clopper-Pearson) lower bound for k = n, p ** n = 1 - confidence."""
+    return (1.0 - confidence) ** (1.0 / episodes)
+
+
 def results_markdown(
     recipe: str,
     agg: dict[str, Any],
@@ -241,6 +247,7 @@ def results_markdown(
     plots: dict[str, str],
     eval_note: str,
     resumed: str = "",
+    episodes_per_task: int = 0,
 ) -> str:
     """The results page: success before / after per task and mean (%, mean +- SE over seeds); for
     chained envs their chain metrics instead (whole-chain success is their last success_len_k)."""
@@ -257,6 +264,14 @@ def results_markdown(
             lines.append(f"| {task} | {_pm(row['before'])} | {_pm(row['after'])} | {_pm(row['gain'], signed=True)} |")
         m = agg["mean"]
         lines.append(f"| **mean** | {_pm(m['before'])} | {_pm(m['after'])} | {_pm(m['gain'], signed=True)} |")
+        if episodes_per_task:  # the seeds' spread leaves out each evaluation's own sampling
+            lines += [
+                "",
+                f"Each success rate is read from {episodes_per_task} episodes per task, whose sampling the spread "
+                "over seeds leaves out (a start the seeds share shows +- 0.0): a task at 100% on "
+                f"{episodes_per_task} episodes is, at 95% confidence, only known to be above "
+                f"{100 * all_success_bound(episodes_per_task):.1f}%.",
+            ]
     else:  # CALVIN-style chains: the metrics the env is judged by
         lines += [
             f"Chain metrics on held-out eval chains, mean +- standard error over {n} training seeds; {eval_note}; "
@@ -445,7 +460,15 @@ def main(argv: list[str] | None = None) -> int:
         "curves: periodic evaluation during training"
     )
     page = results_markdown(
-        name, agg, commands, seed_commits(recorded, args.seeds), walls, plots, note, resume_notes(recorded, args.seeds)
+        name,
+        agg,
+        commands,
+        seed_commits(recorded, args.seeds),
+        walls,
+        plots,
+        note,
+        resume_notes(recorded, args.seeds),
+        int(cfg.eval.episodes_per_task),
     )
     (out / "results.md").write_text(page)
     (out / "results.json").write_text(json.dumps(agg, indent=2))

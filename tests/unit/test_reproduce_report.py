@@ -59,6 +59,18 @@ def test_results_page_has_table_commands_commit_and_plots():
         and "![success vs env steps](toy_steps.png)" in page
     )
     assert "total 3.6 min" in page
+    assert "above" not in page  # no episode count given: no sampling line
+
+
+def test_results_page_says_what_a_100_percent_task_on_n_episodes_is_known_to_be():
+    """k = n successes: the exact one-sided 95% bound solves p ** n = 0.05 (0.942 for n = 50), the
+    rate a binomial test against the same k = n would reject at the 5% level just below it."""
+    assert reproduce.all_success_bound(50) == pytest.approx(0.05 ** (1 / 50))
+    p = reproduce.all_success_bound(50)
+    assert p**50 == pytest.approx(0.05) and (p - 0.001) ** 50 < 0.05 < (p + 0.001) ** 50
+    agg = reproduce.aggregate(SUMMARIES)
+    page = reproduce.results_markdown("toy", agg, ["x"], "abc", [1.0] * 3, {}, "50 episodes", episodes_per_task=50)
+    assert "a task at 100% on 50 episodes is, at 95% confidence, only known to be above 94.2%." in page
 
 
 def test_curves_from_tensorboard_to_png(tmp_path):
@@ -299,3 +311,11 @@ def test_a_life_killed_after_its_summary_still_counts_its_wall_time(tmp_path, mo
         "Wall seconds per seed (whole command: start-up, evaluations, training): 300"
         in (tmp_path / "results.md").read_text()
     )
+
+
+def test_all_success_bound_matches_scipys_clopper_pearson():
+    stats = pytest.importorskip("scipy.stats")
+    for n in (10, 20, 50, 200):
+        # the two-sided 90% exact interval's lower end is the one-sided 95% bound
+        low = stats.binomtest(n, n).proportion_ci(confidence_level=0.90, method="exact").low
+        assert reproduce.all_success_bound(n) == pytest.approx(low, rel=1e-9)
