@@ -23,6 +23,7 @@ from rlfleet.algorithms.ppo import PPOConfig
 from rlfleet.data.demos import DEMO_SEED_BASE
 from rlfleet.envs.api import EnvConfig, observation_spec
 from rlfleet.envs.registry import check_env_name, make_env, require_env_extra
+from rlfleet.policies.checkpoint_io import is_hub_path, parse_hub_path, pin_model_path
 from rlfleet.policies.registry import check_policy_config, policy_classes
 from rlfleet.telemetry.trackers import check_backends, logger_backends
 from rlfleet.wire.slots import slot_layout
@@ -480,6 +481,19 @@ def fill_model_dims(cfg: DictConfig) -> EnvConfig:
 def config_from_yaml(text: str) -> DictConfig:
     """Rebuild a run config sent by the learner (the source of truth for remote roles)."""
     return OmegaConf.merge(OmegaConf.structured(RunConfig), OmegaConf.create(text))
+
+
+def starting_checkpoint(cfg: DictConfig, run_dir: Path) -> str:
+    """`policy.model_path` pinned to one Hub commit (`pin_model_path`). A resumed run keeps the
+    commit its first life pinned (the run folder's config.yaml) when that names the same Hub
+    repository, so neither its start nor its KL reference moves with the branch between lives."""
+    path = str(cfg.policy.model_path)
+    previous_yaml = run_dir / "config.yaml"
+    if cfg.runner.resume and is_hub_path(path) and previous_yaml.exists():
+        previous = config_from_yaml(previous_yaml.read_text()).policy.get("model_path")
+        if previous and is_hub_path(previous) and parse_hub_path(previous)[0] == parse_hub_path(path)[0]:
+            path = str(previous)
+    return pin_model_path(path)
 
 
 def policy_settings(cfg: DictConfig) -> dict[str, Any]:

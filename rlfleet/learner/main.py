@@ -30,6 +30,7 @@ from rlfleet.config import (
     fill_model_dims,
     load_config,
     run_observation_spec,
+    starting_checkpoint,
     to_yaml,
 )
 from rlfleet.envs.chains import chain_report
@@ -47,7 +48,6 @@ from rlfleet.policies.base import Policy
 from rlfleet.policies.checkpoint_io import (
     cpu_state_dict,
     model_config,
-    pin_model_path,
     policy_from_config,
     reference_policy,
 )
@@ -118,7 +118,7 @@ class Learner:
         self.env_cfg = fill_model_dims(cfg)
         dims = cfg.model_dims
         if cfg.policy.get("model_path"):  # the reads below, the ranks and the servers see one Hub revision
-            cfg.policy.model_path = pin_model_path(cfg.policy.model_path)
+            cfg.policy.model_path = starting_checkpoint(cfg, run_dir)
         self.policy = policy_from_config(
             as_dict(cfg.policy), dims.state_dim, dims.action_dim, cfg.env.chunk_size, cfg.env.image_size
         )

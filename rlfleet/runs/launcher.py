@@ -24,13 +24,13 @@ import torch
 from omegaconf import DictConfig
 
 from rlfleet.actors.learner_client import LEDGER_DIR_VAR
-from rlfleet.config import as_dict, eval_env_config, fill_model_dims, load_config, to_yaml
+from rlfleet.config import as_dict, eval_env_config, fill_model_dims, load_config, starting_checkpoint, to_yaml
 from rlfleet.envs.chains import chain_report
 from rlfleet.envs.registry import scored_chain_length, task_groups
 from rlfleet.eval.episodes import evaluate_policy
 from rlfleet.eval.report import chain_line, success_table, write_before_after, write_chain_table, write_report
 from rlfleet.learner.metrics import print_summary
-from rlfleet.policies.checkpoint_io import pin_model_path, policy_from_config
+from rlfleet.policies.checkpoint_io import policy_from_config
 from rlfleet.runs.bootstrap import ensure_sft_checkpoint, needs_bootstrap
 from rlfleet.runs.dagger import run_dagger
 from rlfleet.runs.placement import PlacementPlan, resolve_placement
@@ -220,7 +220,7 @@ def train_local(cfg: DictConfig, metrics_port: int = 0, metrics_host: str = "127
     if needs_bootstrap(cfg):
         cfg.policy.model_path = str(ensure_sft_checkpoint(cfg))
     if cfg.policy.get("model_path"):  # every process of the run reads the same Hub revision
-        cfg.policy.model_path = pin_model_path(cfg.policy.model_path)
+        cfg.policy.model_path = starting_checkpoint(cfg, run_dir)
     if cfg.runner.only_eval:
         return evaluate_only(cfg, run_dir)
     if cfg.dagger.enabled:  # imitation with the scripted experts, in this process (no fleet)

@@ -215,7 +215,7 @@ def test_push_without_network_is_one_line(tmp_path):
 
 
 _PIN_SCRIPT = textwrap.dedent("""
-    import json, sys
+    import json, os, pathlib, sys
     import huggingface_hub
     from rlfleet.config import config_from_yaml, load_config
     from rlfleet.learner.main import Learner
@@ -226,16 +226,26 @@ _PIN_SCRIPT = textwrap.dedent("""
         lookups.append(revision)
         return real(repo_id, revision=revision, **kw)
     huggingface_hub.snapshot_download = counted
-    run_dir, local = sys.argv[1:]
+    run_dir, local = sys.argv[1:3]
     out = {p: pin_model_path(p) for p in ("hf://acme/reach-mlp", "hf://acme/reach-mlp@v1", local)}
     lookups.clear()
     cfg = load_config("metaworld_reach_ppo", [f"runner.logger.log_path={run_dir}", "actor.num_envs=4",
         "policy.model_path=hf://acme/reach-mlp", "policy.hidden_sizes=[16,16]", "algorithm.kl_beta=0.1"])
-    learner = Learner(cfg, __import__("pathlib").Path(run_dir))
+    learner = Learner(cfg, pathlib.Path(run_dir))
     out["served"] = config_from_yaml(learner.servicer.config_yaml).policy.model_path
     out["config_yaml"] = config_from_yaml(open(f"{run_dir}/config.yaml").read()).policy.model_path
-    out["lookups"] = lookups
+    out["lookups"] = list(lookups)
     learner.close()
+    # the branch moves to another commit between two lives of the run
+    refs = pathlib.Path(os.environ["HF_HUB_CACHE"]) / "models--acme--reach-mlp" / "refs" / "main"
+    refs.write_text(sys.argv[3])
+    for name, resume in (("resumed", "true"), ("new_run", "false")):
+        folder = run_dir if resume == "true" else run_dir + "_new"
+        cfg = load_config("metaworld_reach_ppo", [f"runner.logger.log_path={folder}", "actor.num_envs=4",
+            "policy.model_path=hf://acme/reach-mlp", "policy.hidden_sizes=[16,16]", f"runner.resume={resume}"])
+        learner = Learner(cfg, pathlib.Path(folder))
+        out[name] = config_from_yaml(learner.servicer.config_yaml).policy.model_path
+        learner.close()
     print(json.dumps(out))
 """)
 
@@ -243,15 +253,17 @@ _PIN_SCRIPT = textwrap.dedent("""
 def test_a_run_pins_its_hub_checkpoint_to_one_commit(tmp_path):
     """The learner reads its starting checkpoint several times (policy, KL reference, config.json)
     and serves the config other processes build from: all of it names the commit the branch
-    pointed to once, so one lookup resolves the branch and nothing can mix two revisions."""
+    pointed to once, so one lookup resolves the branch and nothing can mix two revisions; a
+    resumed life keeps that commit after the branch moved."""
     ckpt = make_run(tmp_path)
     out = tmp_path / "export"
     assert cli("export", str(ckpt), str(out)).returncode == 0
     cache = tmp_path / "hf" / "hub"
     lay_hf_cache(cache, "acme/reach-mlp", out, COMMIT_MAIN, ("main", "v1"))
+    lay_hf_cache(cache, "acme/reach-mlp", out, COMMIT_V1, ())  # the commit main moves to
     env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
     res = subprocess.run(
-        [sys.executable, "-c", _PIN_SCRIPT, str(tmp_path / "rl"), str(ckpt)],
+        [sys.executable, "-c", _PIN_SCRIPT, str(tmp_path / "rl"), str(ckpt), COMMIT_V1],
         capture_output=True,
         text=True,
         env=env,
@@ -265,3 +277,6 @@ def test_a_run_pins_its_hub_checkpoint_to_one_commit(tmp_path):
     assert result["served"] == result["config_yaml"] == pinned  # what --resume can name
     assert result["lookups"][0] is None and len(result["lookups"]) > 1  # the branch once, then the commit
     assert all(rev == COMMIT_MAIN for rev in result["lookups"][1:]), result["lookups"]
+    # after the branch moved: a resumed life keeps its first life's commit, a new run takes the new one
+    assert result["resumed"] == pinned
+    assert result["new_run"] == f"hf://acme/reach-mlp@{COMMIT_V1}"
