@@ -45,12 +45,7 @@ from rlfleet.learner.service import LearnerServicer, segment_byte_limit
 from rlfleet.learner.trainer import PPOTrainer, ppo_config
 from rlfleet.learner.weight_publisher import WeightPublisher, tensor_digests
 from rlfleet.policies.base import Policy
-from rlfleet.policies.checkpoint_io import (
-    cpu_state_dict,
-    model_config,
-    policy_from_config,
-    reference_policy,
-)
+from rlfleet.policies.checkpoint_io import cpu_state_dict, model_config, policy_from_config, reference_policy
 from rlfleet.telemetry.prometheus import LearnerCollector, MetricsPortError, start_role_metrics
 from rlfleet.telemetry.trackers import log_eval
 from rlfleet.wire.gen import learner_pb2_grpc
