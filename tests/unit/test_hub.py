@@ -84,6 +84,31 @@ def lay_hf_cache(cache: Path, repo_id: str, folder: Path, commit: str, refs: tup
     return snap
 
 
+def exported_run(tmp_path: Path) -> tuple[Path, Path, Path, dict[str, str]]:
+    """A trained checkpoint, its `rlfleet export` folder, an empty Hugging Face cache dir and the
+    offline environment that points huggingface_hub at it."""
+    ckpt = make_run(tmp_path)
+    out = tmp_path / "export"
+    assert cli("export", str(ckpt), str(out)).returncode == 0
+    cache = tmp_path / "hf" / "hub"
+    env = {"HF_HOME": str(tmp_path / "hf"), "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
+    return ckpt, out, cache, env
+
+
+def run_script(script: str, *args: str, env: dict[str, str]) -> dict:
+    """Run `script` in a fresh interpreter (huggingface_hub reads its env vars at import) and return
+    the JSON its last line prints."""
+    res = subprocess.run(
+        [sys.executable, "-c", script, *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+        timeout=180,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
 def test_parse_hub_path():
     assert parse_hub_path("hf://acme/reach") == ("acme/reach", None)
     assert parse_hub_path("hf://acme/reach@v1.2") == ("acme/reach", "v1.2")
@@ -141,31 +166,18 @@ _ACT_SCRIPT = textwrap.dedent("""
 
 
 def test_hf_path_round_trip_from_an_offline_cache(tmp_path):
-    ckpt = make_run(tmp_path)
-    out = tmp_path / "export"
-    assert cli("export", str(ckpt), str(out)).returncode == 0
-    cache = tmp_path / "hf" / "hub"
+    ckpt, out, cache, env = exported_run(tmp_path)
     snap = lay_hf_cache(cache, "acme/reach-mlp", out, COMMIT_MAIN, ("main",))
     (cache / "models--acme--reach-mlp" / "refs" / "v1").write_text(COMMIT_MAIN)
-    env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
-    env.pop("HF_TOKEN", None)
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            _ACT_SCRIPT,
-            str(ckpt),
-            "hf://acme/reach-mlp",
-            "hf://acme/reach-mlp@v1",
-            f"hf://acme/reach-mlp@{COMMIT_MAIN}",
-        ],
-        capture_output=True,
-        text=True,
+    env["HF_TOKEN"] = ""
+    result = run_script(
+        _ACT_SCRIPT,
+        str(ckpt),
+        "hf://acme/reach-mlp",
+        "hf://acme/reach-mlp@v1",
+        f"hf://acme/reach-mlp@{COMMIT_MAIN}",
         env=env,
-        timeout=180,
     )
-    assert res.returncode == 0, res.stderr[-3000:]
-    result = json.loads(res.stdout.strip().splitlines()[-1])
     for path in ("hf://acme/reach-mlp", "hf://acme/reach-mlp@v1", f"hf://acme/reach-mlp@{COMMIT_MAIN}"):
         assert result[path] == {"same": True, "path": str(snap)}, path
     assert result["policy_from_config"] is True
@@ -180,12 +192,8 @@ def test_hf_path_round_trip_from_an_offline_cache(tmp_path):
 def test_rlfleet_eval_of_hf_path_matches_the_local_folder(tmp_path):
     """`rlfleet eval hf://...` (offline cache) reports what `rlfleet eval FOLDER` does: same
     weights, same seeds, same episodes."""
-    ckpt = make_run(tmp_path)
-    out = tmp_path / "export"
-    assert cli("export", str(ckpt), str(out)).returncode == 0
-    cache = tmp_path / "hf" / "hub"
+    ckpt, out, cache, env = exported_run(tmp_path)
     lay_hf_cache(cache, "acme/reach-mlp", out, COMMIT_V1, ("v1",))
-    env = {"HF_HOME": str(tmp_path / "hf"), "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
     reports = []
     for path in (str(ckpt), "hf://acme/reach-mlp@v1"):
         res = cli(
@@ -255,22 +263,10 @@ def test_a_run_pins_its_hub_checkpoint_to_one_commit(tmp_path):
     and serves the config other processes build from: all of it names the commit the branch
     pointed to once, so one lookup resolves the branch and nothing can mix two revisions; a
     resumed life keeps that commit after the branch moved."""
-    ckpt = make_run(tmp_path)
-    out = tmp_path / "export"
-    assert cli("export", str(ckpt), str(out)).returncode == 0
-    cache = tmp_path / "hf" / "hub"
+    ckpt, out, cache, env = exported_run(tmp_path)
     lay_hf_cache(cache, "acme/reach-mlp", out, COMMIT_MAIN, ("main", "v1"))
     lay_hf_cache(cache, "acme/reach-mlp", out, COMMIT_V1, ())  # the commit main moves to
-    env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
-    res = subprocess.run(
-        [sys.executable, "-c", _PIN_SCRIPT, str(tmp_path / "rl"), str(ckpt), COMMIT_V1],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=180,
-    )
-    assert res.returncode == 0, res.stderr[-3000:]
-    result = json.loads(res.stdout.strip().splitlines()[-1])
+    result = run_script(_PIN_SCRIPT, str(tmp_path / "rl"), str(ckpt), COMMIT_V1, env=env)
     pinned = f"hf://acme/reach-mlp@{COMMIT_MAIN}"
     assert result["hf://acme/reach-mlp"] == result["hf://acme/reach-mlp@v1"] == pinned
     assert result[str(ckpt)] == str(ckpt)  # a local folder stays as it is
