@@ -238,6 +238,39 @@ def all_success_bound(episodes: int, confidence: float = 0.95) -> float:
     return (1.0 - confidence) ** (1.0 / episodes)
 
 
+def paired_lines(run_dirs: list[Path]) -> list[str]:
+    """Each task's final policy against its start on the same held-out episodes, per seed: the
+    episodes only the final policy solved (+), only the start solved (-) and the exact McNemar p
+    (`rlfleet.eval.paired`). Seeds are not pooled: they share the start's episodes, so their pairs
+    are not independent. No lines when no seed kept both episode files (runs before they existed)."""
+    from rlfleet.eval.paired import BEFORE_EPISODES_FILE, EPISODES_FILE, paired_comparison, read_episodes
+
+    cells: dict[str, dict[int, str]] = {}
+    seeds = []
+    for seed, run_dir in enumerate(run_dirs):
+        if not ((run_dir / EPISODES_FILE).exists() and (run_dir / BEFORE_EPISODES_FILE).exists()):
+            continue
+        seeds.append(seed)
+        after, before = read_episodes(run_dir / EPISODES_FILE), read_episodes(run_dir / BEFORE_EPISODES_FILE)
+        for row in paired_comparison(after, before)["tasks"]:
+            cell = f"+{row['only_this']} / -{row['only_other']} (p {row['p']:.2g})"
+            cells.setdefault(row["task"], {})[seed] = cell
+    if not seeds:
+        return []
+    lines = [
+        "",
+        "Episode by episode, on the same held-out episodes: + episodes only the final policy solved, - episodes "
+        "only the start solved, p the exact McNemar test of that split (two-sided; per seed, since the seeds "
+        "share the start's episodes).",
+        "",
+        "| task | " + " | ".join(f"seed {s}" for s in seeds) + " |",
+        "|---" + "|---:" * len(seeds) + "|",
+    ]
+    for task, by_seed in cells.items():
+        lines.append(f"| {task} | " + " | ".join(by_seed.get(s, "-") for s in seeds) + " |")
+    return lines
+
+
 def results_markdown(
     recipe: str,
     agg: dict[str, Any],
@@ -248,6 +281,7 @@ def results_markdown(
     eval_note: str,
     resumed: str = "",
     episodes_per_task: int = 0,
+    paired: list[str] | None = None,
 ) -> str:
     """The results page: success before / after per task and mean (%, mean +- SE over seeds); for
     chained envs their chain metrics instead (whole-chain success is their last success_len_k)."""
@@ -272,6 +306,7 @@ def results_markdown(
                 f"{episodes_per_task} episodes is, at 95% confidence, only known to be above "
                 f"{100 * all_success_bound(episodes_per_task):.1f}%.",
             ]
+        lines += paired or []
     else:  # CALVIN-style chains: the metrics the env is judged by
         lines += [
             f"Chain metrics on held-out eval chains, mean +- standard error over {n} training seeds; {eval_note}; "
@@ -469,6 +504,7 @@ def main(argv: list[str] | None = None) -> int:
         note,
         resume_notes(recorded, args.seeds),
         int(cfg.eval.episodes_per_task),
+        paired_lines([out / f"seed{s}" for s in range(args.seeds)]),
     )
     (out / "results.md").write_text(page)
     (out / "results.json").write_text(json.dumps(agg, indent=2))

@@ -59,6 +59,9 @@ _EXAMPLES = """examples:
   # evaluate a checkpoint folder, or one on the Hugging Face Hub
   rlfleet eval runs/metaworld_reach_ppo/checkpoints/update_000050 --episodes 20
   rlfleet eval hf://ORG/NAME
+  # two policies on the same 200 episodes, episode by episode
+  rlfleet eval START --episodes 200 --out eval/start
+  rlfleet eval runs/NAME/checkpoints/update_000100 --episodes 200 --compare eval/start
   # a Hub-ready folder (weights, config, norm stats, model card), and an upload
   rlfleet export runs/metaworld_reach_ppo out/reach
   rlfleet push runs/metaworld_reach_ppo ORG/NAME
@@ -360,6 +363,12 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--seed", type=int, default=10_000, help="first episode seed")
     ev.add_argument("--out", help="report folder (default: CHECKPOINT/eval; for hf:// eval/ORG--NAME)")
     ev.add_argument("--video", action="store_true", help="write MP4s of the first episode of each task")
+    ev.add_argument(
+        "--compare",
+        metavar="OTHER",
+        help="pair each episode with the same episode (task, seed) of another evaluation: its report folder "
+        "or episodes.jsonl; prints success of both, the episodes only one solved and an exact McNemar p",
+    )
     ev.add_argument("--json", action="store_true", help="also print the report as JSON")
     ev.add_argument(
         "--sample",

@@ -1,11 +1,12 @@
 """Evaluation episodes: the policy (deterministic by default, or sampled as in training) on fresh
 episodes of every task, success_once per task; `RunEvaluation` is a run's evaluation as the
-learner role receives it (periodic and final)."""
+learner role receives it (periodic and final), which keeps every episode in its folder."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -16,6 +17,7 @@ from torch import nn
 from rlfleet.config import VideoConfig, eval_env_config
 from rlfleet.envs.api import ChunkedEnv, EnvConfig
 from rlfleet.envs.registry import make_env, task_list
+from rlfleet.eval.paired import write_episodes
 from rlfleet.eval.report import write_chain_table
 from rlfleet.eval.video import EpisodeRecorder
 
@@ -35,6 +37,7 @@ def evaluate_policy(
     episode_returns: dict[str, list[float]] | None = None,
     progress: bool = True,
     videos: list[Path] | None = None,
+    episode_records: list[dict[str, Any]] | None = None,
 ) -> dict[str, float]:
     """Run `episodes_per_task` episodes of each task; returns success rate per task.
 
@@ -45,7 +48,9 @@ def evaluate_policy(
     in training (seeded by torch's global RNG), which is the policy RL actually optimises.
     `episode_returns`, when given, receives each task's episode returns (CALVIN: subtasks done).
     `progress` shows a bar over episodes on the terminal (off where another live display runs,
-    such as the training bar); `videos`, when given, receives the paths of the MP4s written.
+    such as the training bar); `videos`, when given, receives the paths of the MP4s written;
+    `episode_records`, when given, one record per episode in seed order: {"task", "seed",
+    "success", "return", "length"} (length in env steps), what `rlfleet.eval.paired` pairs.
     """
     tasks = task_list(env_cfg)
     per_round = max(1, min(episodes_per_task, max_envs // len(tasks)))
@@ -73,15 +78,18 @@ def evaluate_policy(
             if len(seeds) not in envs:
                 envs[len(seeds)] = make_env(env_cfg, len(seeds))
             env = envs[len(seeds)]
-            names, ok_all, ret_all, written = _run_episodes(
+            names, ok_all, ret_all, len_all, written = _run_episodes(
                 policy, env, seeds, video, out_dir, deterministic, on_done=lambda n: bar.advance(bar_task, n)
             )
             if videos is not None:
                 videos.extend(written)
-            for task, ok, ret in zip(names, ok_all, ret_all):
+            for task, ep_seed, ok, ret, length in zip(names, seeds, ok_all, ret_all, len_all):
                 results[task].append(ok)
                 if episode_returns is not None:
                     episode_returns.setdefault(task, []).append(float(ret))
+                if episode_records is not None:
+                    record = {"task": task, "seed": int(ep_seed), "success": bool(ok), "return": float(ret)}
+                    episode_records.append({**record, "length": int(length)})
             done_eps += r
     finally:
         bar.stop()
@@ -93,9 +101,10 @@ def evaluate_policy(
 @torch.no_grad()
 def _run_episodes(
     policy: nn.Module, env: ChunkedEnv, seeds: np.ndarray, video_cfg, out_dir, deterministic: bool = True, on_done=None
-) -> tuple[list[str], np.ndarray, np.ndarray, list[Path]]:
+) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray, list[Path]]:
     """One episode per env of a batch reset with `seeds` (env i runs task i mod num_tasks);
-    success_once and return per env, and the videos written. `on_done(n)`: n more episodes ended."""
+    success_once, return and length (env steps) per env, and the videos written. `on_done(n)`: n
+    more episodes ended."""
     n = len(seeds)
     recorder = None
     try:
@@ -106,6 +115,7 @@ def _run_episodes(
         done = np.zeros(n, bool)
         success = np.zeros(n, bool)
         returns = np.zeros(n, np.float64)
+        lengths = np.zeros(n, np.int64)
         policy.eval()
         device = next(policy.parameters()).device  # the policy acts where it lives (a learner's GPU)
         while not done.all():
@@ -123,6 +133,7 @@ def _run_episodes(
             newly = res.episode_done & ~done
             success[newly] = res.episode_success_once[newly]
             returns[newly] = res.episode_return[newly]
+            lengths[newly] = res.episode_length[newly]
             done |= res.episode_done
             if on_done is not None and newly.any():
                 on_done(int(newly.sum()))
@@ -130,7 +141,7 @@ def _run_episodes(
     finally:
         if recorder is not None:
             recorder.close()
-    return names, success, returns, list(recorder.written)
+    return names, success, returns, lengths, list(recorder.written)
 
 
 def obs_tensors(obs: dict, keys: tuple[str, ...], device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
@@ -140,7 +151,8 @@ def obs_tensors(obs: dict, keys: tuple[str, ...], device: torch.device | str = "
 
 class RunEvaluation:
     """A run's evaluation (`rlfleet.learner.main.Evaluation`): `evaluate_policy` on the run's eval
-    env (`eval_env_config`) from `eval.seed`, with its `eval.video_cfg`, and the final chain table."""
+    env (`eval_env_config`) from `eval.seed`, with its `eval.video_cfg`, each episode written to
+    `out_dir`/episodes.jsonl (the final evaluation's in the run folder), and the final chain table."""
 
     def __init__(self, cfg: DictConfig):
         self.cfg = cfg
@@ -155,7 +167,8 @@ class RunEvaluation:
         progress: bool = True,
         videos: list[Path] | None = None,
     ) -> dict[str, float]:
-        return evaluate_policy(
+        records: list[dict[str, Any]] = []
+        success = evaluate_policy(
             policy,
             eval_env_config(self.cfg),
             episodes,
@@ -165,7 +178,10 @@ class RunEvaluation:
             episode_returns=episode_returns,
             progress=progress,
             videos=videos,
+            episode_records=records,
         )
+        write_episodes(records, out_dir)
+        return success
 
     def write_chains(self, run_dir: Path, chain: Mapping[str, Mapping[str, float]], chain_length: int) -> None:
         title = f"{self.cfg.runner.experiment_name}: chains"

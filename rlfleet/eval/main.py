@@ -1,5 +1,6 @@
 """`rlfleet eval CHECKPOINT`: a checkpoint folder (or hf://ORG/NAME) on fresh episodes of its env,
-reported per task and per task group, as JSON, Markdown and a terminal table."""
+reported per task and per task group, as JSON, Markdown and a terminal table, with every episode
+in episodes.jsonl; `--compare OTHER` pairs those episodes with another evaluation's."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from rlfleet.envs.api import EnvConfig
 from rlfleet.envs.chains import chain_report
 from rlfleet.envs.registry import scored_chain_length, task_groups
 from rlfleet.eval.episodes import evaluate_policy
-from rlfleet.eval.report import rich_table, success_table, write_chain_table, write_report
+from rlfleet.eval.paired import paired_comparison, paired_markdown, paired_rich, read_episodes, write_episodes
+from rlfleet.eval.report import atomic_write, rich_table, success_table, write_chain_table, write_report
 from rlfleet.policies.checkpoint_io import is_hub_path, load_checkpoint
 
 
@@ -37,12 +39,14 @@ def main(args: Namespace) -> int:
         env["task"] = args.task
     if not env:
         raise SystemExit("the checkpoint does not name its env: pass --task")
+    other = read_episodes(args.compare) if args.compare else None  # a bad path fails before any episode runs
     env["pool"] = "eval"  # held-out episodes where an env keeps them apart (CALVIN's chain pools)
     out = Path(args.out or _default_eval_dir(args.checkpoint))
     video = VideoConfig(save_video=args.video, video_base_dir=str(out / "videos"))
     if args.sample:
         torch.manual_seed(args.seed)
     returns: dict[str, list[float]] = {}
+    records: list[dict] = []
     success = evaluate_policy(
         policy,
         EnvConfig(**env),
@@ -52,6 +56,7 @@ def main(args: Namespace) -> int:
         out_dir=out,
         deterministic=not args.sample,
         episode_returns=returns,
+        episode_records=records,
     )
     table = success_table(success, {t: args.episodes for t in success}, task_groups(env.get("name", "metaworld")))
     mode = "sampled" if args.sample else "deterministic"
@@ -62,12 +67,19 @@ def main(args: Namespace) -> int:
     )
     table["mean_return"] = {t: sum(r) / len(r) for t, r in returns.items() if r}  # envs judged by return (gym:...)
     print("mean episode return: " + ", ".join(f"{t} {v:.1f}" for t, v in table["mean_return"].items()))
+    write_episodes(records, out)
     json_path, md_path = write_report(table, out, name="eval", title=f"Evaluation of {args.checkpoint}")
     n = scored_chain_length(env.get("name", "metaworld"), env.get("reward_type", "dense"))
     if n:
         table["chains"] = chain_report(returns, n)  # CALVIN's columns, also in eval.json
         write_report(table, out, name="eval", title=f"Evaluation of {args.checkpoint}")
         print(write_chain_table(out, table["chains"], f"Chains of {args.checkpoint} ({mode})", n))
+    if other is not None:  # after the report is written, so a failed pairing loses no episode
+        table["paired"] = {"against": str(args.compare), **paired_comparison(records, other)}
+        title = f"{args.checkpoint} (this) against {args.compare} (other), same episodes"
+        Console().print(paired_rich(table["paired"], title))
+        atomic_write(out / "paired.md", paired_markdown(table["paired"], title))
+        write_report(table, out, name="eval", title=f"Evaluation of {args.checkpoint}")
     print(f"report: {json_path} {md_path}")
     if args.json:
         print(json.dumps(table))

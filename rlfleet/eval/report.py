@@ -122,7 +122,7 @@ def to_markdown(table: Mapping[str, Any], title: str) -> str:
     return "\n".join(lines)
 
 
-def _atomic_write(path: Path, text: str) -> None:
+def atomic_write(path: Path, text: str) -> None:
     """Write via a temp file and rename, so a reader (or a crash) never sees half a report."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
@@ -139,8 +139,8 @@ def write_report(
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     json_path, md_path = out_dir / f"{name}.json", out_dir / f"{name}.md"
-    _atomic_write(json_path, json.dumps(table, indent=2) + "\n")
-    _atomic_write(md_path, to_markdown(table, title or f"Evaluation: {name}"))
+    atomic_write(json_path, json.dumps(table, indent=2) + "\n")
+    atomic_write(md_path, to_markdown(table, title or f"Evaluation: {name}"))
     return json_path, md_path
 
 
@@ -273,7 +273,7 @@ def write_chain_table(
 ) -> str:
     """`eval_chain.md` in `folder` (the chain table of one evaluation, atomically); returns its text."""
     text = chain_markdown(rows, title, chain_length)
-    _atomic_write(Path(folder) / "eval_chain.md", text)
+    atomic_write(Path(folder) / "eval_chain.md", text)
     return text
 
 
@@ -290,7 +290,7 @@ def write_before_after(
         return
     method = summary.get("method", "RL")  # DAgger runs name themselves
     title = f"{experiment}: success before / after {method} ({summary.get('train_seconds')} s of training)"
-    _atomic_write(run_dir / "before_after.md", compare_markdown(before, after, title, task_groups(env_name)))
+    atomic_write(run_dir / "before_after.md", compare_markdown(before, after, title, task_groups(env_name)))
     Console().print(compare_rich(before, after, title=f"success before / after {method} fine-tuning"))
     chain_before, chain_after = summary.get("eval_chain_before"), summary.get("eval_chain")
     if chain_before and chain_after:
@@ -302,7 +302,7 @@ def write_before_after(
         }
         per_scene = f" ({chain_episodes} eval chains per scene)" if chain_episodes else ""
         text = chain_markdown(rows, f"{experiment}: chains before / after {method}{per_scene}", n)
-        _atomic_write(run_dir / "before_after_chain.md", text)
+        atomic_write(run_dir / "before_after_chain.md", text)
         print(text, flush=True)
 
 

@@ -66,7 +66,9 @@ def record_policy_outputs(cfg: DictConfig, policy: torch.nn.Module) -> None:
 
 def archive_previous_run(run_dir: Path) -> Path | None:
     """A fresh run in a used folder: move the old run's outputs aside instead of mixing them."""
-    old = [run_dir / n for n in ("checkpoints", "tensorboard", "summary.json") if (run_dir / n).exists()]
+    old = [
+        run_dir / n for n in ("checkpoints", "tensorboard", "summary.json", "episodes.jsonl") if (run_dir / n).exists()
+    ]
     if not old:
         return None
     dest = run_dir / "previous" / time.strftime("%Y%m%d-%H%M%S")

@@ -28,6 +28,7 @@ from rlfleet.config import as_dict, eval_env_config, fill_model_dims, load_confi
 from rlfleet.envs.chains import chain_report
 from rlfleet.envs.registry import scored_chain_length, task_groups
 from rlfleet.eval.episodes import evaluate_policy
+from rlfleet.eval.paired import BEFORE_EPISODES_FILE, write_episodes
 from rlfleet.eval.report import chain_line, success_table, write_before_after, write_chain_table, write_report
 from rlfleet.learner.metrics import print_summary
 from rlfleet.policies.checkpoint_io import policy_from_config
@@ -132,12 +133,16 @@ def _stop_all(procs: list[subprocess.Popen], grace: float) -> None:
 
 
 def evaluate_start(
-    cfg: DictConfig, episode_returns: dict[str, list[float]] | None = None, deterministic: bool = True
+    cfg: DictConfig,
+    episode_returns: dict[str, list[float]] | None = None,
+    deterministic: bool = True,
+    episode_records: list[dict] | None = None,
 ) -> tuple[dict[str, float], dict | None]:
     """Success of the policy the run starts from (fresh or `policy.model_path`), for before/after,
     and for chained envs (CALVIN) its chain metrics from the same episodes (else None).
     `episode_returns`, when given, receives each task's episode returns in episode order;
-    `deterministic=False` samples the actions (diagnostics; runs evaluate deterministically)."""
+    `deterministic=False` samples the actions (diagnostics; runs evaluate deterministically);
+    `episode_records`, when given, receives every episode (`evaluate_policy`)."""
     torch.manual_seed(cfg.runner.seed)
     fill_model_dims(cfg)
     d = cfg.model_dims
@@ -150,6 +155,7 @@ def evaluate_start(
         seed=cfg.eval.seed,
         episode_returns=returns,
         deterministic=deterministic,
+        episode_records=episode_records,
     )
     n = scored_chain_length(cfg.env.name, cfg.env.reward_type)
     return success, (chain_report(returns, n) if n else None)
@@ -245,8 +251,10 @@ def _train_fleet(
             print(f"--resume: the starting policy's evaluation from {run_dir / 'eval_before.json'}", file=sys.stderr)
         else:
             print("evaluating the starting policy ...", file=sys.stderr, flush=True)
-            before, chain_before = evaluate_start(cfg)
+            records: list[dict] = []
+            before, chain_before = evaluate_start(cfg, episode_records=records)
             _keep_before(run_dir, before, chain_before)
+            write_episodes(records, run_dir, BEFORE_EPISODES_FILE)  # paired with the final episodes.jsonl
     ports = metrics_ports(metrics_port, cfg.actor.num_actors, plan.num_inference_servers if plan else 1)
     summary = _run_fleet(cfg, run_dir, ports, metrics_host, plan)
     if before is not None and summary:

@@ -52,6 +52,18 @@ def test_train_local_then_eval(tmp_path):
     assert [row["task"] for row in result["tasks"]] == ["reach-v3"]
     assert result["groups"]["Easy"]["tasks"] == 1  # reach is an easy task in MetaWorld's declared split
     assert (ckpt / "eval" / "eval.json").exists() and (ckpt / "eval" / "eval.md").exists()
+    # Every episode of the start's and the final evaluation is kept, on the same held-out seeds, and
+    # the final one replays from the checkpoint: `rlfleet eval --compare` finds the same outcomes.
+    from rlfleet.eval.paired import read_episodes
+
+    start, final_eps = read_episodes(run / "episodes_before.jsonl"), read_episodes(run / "episodes.jsonl")
+    assert [r["seed"] for r in start] == [r["seed"] for r in final_eps] == [10_000 + j for j in range(len(start))]
+    assert sum(r["success"] for r in final_eps) / len(final_eps) == summary["eval_success"]["reach-v3"]
+    ev = _cli("eval", str(ckpt), "--episodes", "2", "--compare", str(run), "--json", timeout=120)
+    assert ev.returncode == 0, ev.stderr[-3000:]
+    (row,) = json.loads(ev.stdout.strip().splitlines()[-1])["paired"]["tasks"]
+    assert row["pairs"] == 2 and row["only_this"] == row["only_other"] == 0
+    assert read_episodes(ckpt / "eval") == final_eps[:2]
 
 
 def test_ctrl_c_stops_every_role_and_checkpoints(tmp_path):

@@ -318,3 +318,27 @@ def test_all_success_bound_matches_scipys_clopper_pearson():
         # the two-sided 90% exact interval's lower end is the one-sided 95% bound
         low = stats.binomtest(n, n).proportion_ci(confidence_level=0.90, method="exact").low
         assert reproduce.all_success_bound(n) == pytest.approx(low, rel=1e-9)
+
+
+def test_the_page_pairs_each_seeds_final_episodes_with_its_starts(tmp_path):
+    from rlfleet.eval.paired import BEFORE_EPISODES_FILE, write_episodes
+
+    def episodes(task: str, outcomes: list[int]) -> list[dict]:
+        return [{"task": task, "seed": 100 + j, "success": bool(ok)} for j, ok in enumerate(outcomes)]
+
+    start = episodes("a", [1, 1, 1, 1, 0, 0, 0, 0]) + episodes("b", [1, 1])
+    write_episodes(start, tmp_path / "seed0", BEFORE_EPISODES_FILE)
+    write_episodes(episodes("a", [1, 1, 1, 0, 1, 1, 1, 1]) + episodes("b", [1, 1]), tmp_path / "seed0")
+    (tmp_path / "seed1").mkdir()  # a run from before the episode files: no column
+    write_episodes(start, tmp_path / "seed2", BEFORE_EPISODES_FILE)
+    write_episodes(episodes("a", [0, 0, 0, 0, 0, 0, 0, 0]) + episodes("b", [1, 0]), tmp_path / "seed2")
+    lines = reproduce.paired_lines([tmp_path / f"seed{s}" for s in range(3)])
+    assert "| task | seed 0 | seed 2 |" in lines
+    # a: seed 0 gains 4 and loses 1 (2 * P(X <= 1), X ~ Bin(5, 1/2) = 0.375); seed 2 loses 4 (0.125)
+    assert "| a | +4 / -1 (p 0.38) | +0 / -4 (p 0.12) |" in lines
+    assert "| b | +0 / -0 (p 1) | +0 / -1 (p 1) |" in lines
+    page = reproduce.results_markdown(
+        "toy", reproduce.aggregate(SUMMARIES), ["x"], "abc", [1.0] * 3, {}, "8 episodes", paired=lines
+    )
+    assert "| a | +4 / -1 (p 0.38) |" in page and "only the start solved" in page
+    assert reproduce.paired_lines([tmp_path / "seed1"]) == []

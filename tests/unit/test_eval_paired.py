@@ -1,0 +1,129 @@
+"""Evaluations compared episode by episode: `rlfleet eval` writes every episode (task, reset seed,
+success, return, length) to episodes.jsonl, and `--compare OTHER` pairs them with another
+evaluation's; the exact McNemar p is checked against scipy's binomial test."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlfleet.eval.paired import exact_mcnemar_p, paired_comparison, read_episodes, write_episodes
+from rlfleet.learner.checkpointer import Checkpointer, TrainerCounters
+from rlfleet.policies.checkpoint_io import model_config, policy_from_config
+
+ENV = {"name": "metaworld", "task": "reach-v3", "max_episode_steps": 20, "chunk_size": 1, "image_size": 0}
+
+
+def _record(task: str, seed: int, success: bool) -> dict:
+    return {"task": task, "seed": seed, "success": success, "return": float(success), "length": 10}
+
+
+@pytest.mark.parametrize("only_this,only_other", [(0, 0), (0, 1), (3, 0), (4, 4), (1, 9), (12, 5), (0, 20), (37, 61)])
+def test_exact_mcnemar_p_is_scipys_two_sided_binomial_test(only_this, only_other):
+    stats = pytest.importorskip("scipy.stats")
+    n = only_this + only_other
+    expected = 1.0 if n == 0 else stats.binomtest(only_this, n, 0.5).pvalue
+    assert exact_mcnemar_p(only_this, only_other) == pytest.approx(expected, rel=1e-12)
+
+
+def test_paired_comparison_counts_the_discordant_episodes_per_task():
+    this = [_record("a", s, ok) for s, ok in zip(range(10), [1, 1, 1, 1, 0, 0, 1, 1, 1, 1])]
+    other = [_record("a", s, ok) for s, ok in zip(range(10), [1, 1, 0, 0, 0, 1, 0, 1, 1, 1])]
+    this += [_record("b", 100, True), _record("c", 7, True)]
+    other += [_record("b", 100, True), _record("b", 101, False), _record("c", 8, False)]  # c: no shared seed
+    cmp = paired_comparison(this, other)
+    assert [r["task"] for r in cmp["tasks"]] == ["a", "b"] and cmp["pairs"] == 11
+    a = cmp["tasks"][0]
+    assert (a["pairs"], a["only_this"], a["only_other"]) == (10, 3, 1)
+    assert a["this"] == pytest.approx(0.8) and a["other"] == pytest.approx(0.6)
+    assert a["difference"] == pytest.approx(0.2)
+    assert a["p"] == pytest.approx(0.625)  # 2 * P(X <= 1), X ~ Bin(4, 1/2) = 2 * 5/16
+    b = cmp["tasks"][1]
+    assert (b["pairs"], b["only_this"], b["only_other"], b["p"]) == (1, 0, 0, 1.0)
+
+
+def test_paired_comparison_without_a_shared_episode_says_how_to_get_one():
+    with pytest.raises(ValueError, match="share no episode.*same --seed"):
+        paired_comparison([_record("a", 1, True)], [_record("a", 2, True)])
+
+
+def test_episode_records_round_trip_and_bad_files_are_one_line(tmp_path):
+    records = [_record("a", 5, True), _record("b", 6, False)]
+    path = write_episodes(records, tmp_path / "ev")
+    assert read_episodes(tmp_path / "ev") == records == read_episodes(path)
+    with pytest.raises(ValueError, match="no episode records"):
+        read_episodes(tmp_path / "missing")
+    (tmp_path / "bad.jsonl").write_text('{"task": "a", "seed": 1, "success": true}\n{oops\n')
+    with pytest.raises(ValueError, match=r"bad.jsonl:2: not JSON"):
+        read_episodes(tmp_path / "bad.jsonl")
+    (tmp_path / "short.jsonl").write_text('{"task": "a", "seed": 1}\n')
+    with pytest.raises(ValueError, match=r"short.jsonl:1: an episode record needs task, seed, success"):
+        read_episodes(tmp_path / "short.jsonl")
+
+
+def _checkpoint(root: Path, torch_seed: int) -> Path:
+    torch.manual_seed(torch_seed)
+    policy_cfg = {"name": "gaussian_mlp", "hidden_sizes": [8]}
+    policy = policy_from_config(policy_cfg, 39, 4, 1)
+    return Checkpointer(root).save(
+        policy,
+        torch.optim.Adam(policy.parameters()),
+        TrainerCounters(update=1, env_steps=64),
+        model_config(policy_cfg, 39, 4, 1, ENV),
+    )
+
+
+def _eval(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "rlfleet.cli", "eval", *args], capture_output=True, text=True, timeout=300
+    )
+
+
+def test_rlfleet_eval_writes_each_episode_and_compares_two_policies_on_the_same_ones(tmp_path):
+    first, second = _checkpoint(tmp_path / "run_a", 0), _checkpoint(tmp_path / "run_b", 1)
+    res = _eval(str(first), "--episodes", "3", "--out", str(tmp_path / "a"))
+    assert res.returncode == 0, res.stderr[-3000:]
+    records = read_episodes(tmp_path / "a")
+    assert [(r["task"], r["seed"]) for r in records] == [("reach-v3", s) for s in (10000, 10001, 10002)]
+    assert all(1 <= r["length"] <= ENV["max_episode_steps"] for r in records)
+    report = json.loads((tmp_path / "a" / "eval.json").read_text())
+    assert report["tasks"][0]["success"] == pytest.approx(sum(r["success"] for r in records) / 3)
+    assert report["mean_return"]["reach-v3"] == pytest.approx(sum(r["return"] for r in records) / 3)
+
+    # The seed in a record is the episode's reset seed: evaluated alone from that seed, the same
+    # deterministic policy plays the same episode.
+    res = _eval(str(first), "--episodes", "1", "--seed", "10002", "--out", str(tmp_path / "one"))
+    assert res.returncode == 0, res.stderr[-3000:]
+    (alone,) = read_episodes(tmp_path / "one")
+    assert alone == records[2]
+
+    res = _eval(str(second), "--episodes", "3", "--out", str(tmp_path / "b"), "--compare", str(tmp_path / "a"))
+    assert res.returncode == 0, res.stderr[-3000:]
+    paired = json.loads((tmp_path / "b" / "eval.json").read_text())["paired"]
+    theirs = read_episodes(tmp_path / "b")
+    (row,) = paired["tasks"]
+    assert paired["against"] == str(tmp_path / "a") and row["pairs"] == 3
+    assert row["only_this"] == sum(b["success"] and not a["success"] for a, b in zip(records, theirs))
+    assert row["only_other"] == sum(a["success"] and not b["success"] for a, b in zip(records, theirs))
+    assert (tmp_path / "b" / "paired.md").read_text().count("| reach-v3 | 3 |") == 1
+
+    res = _eval(str(first), "--episodes", "3", "--out", str(tmp_path / "same"), "--compare", str(tmp_path / "a"))
+    assert res.returncode == 0, res.stderr[-3000:]
+    (row,) = json.loads((tmp_path / "same" / "eval.json").read_text())["paired"]["tasks"]
+    assert (row["difference"], row["only_this"], row["only_other"], row["p"]) == (0.0, 0, 0, 1.0)
+
+
+def test_rlfleet_eval_compare_refuses_in_one_line(tmp_path):
+    ckpt = _checkpoint(tmp_path / "run", 0)
+    res = _eval(str(ckpt), "--episodes", "1", "--compare", str(tmp_path / "nowhere"), "--out", str(tmp_path / "x"))
+    assert res.returncode == 2 and "no episode records" in res.stderr and "Traceback" not in res.stderr
+    assert not (tmp_path / "x").exists()  # refused before any episode ran
+    write_episodes([_record("reach-v3", 5, True)], tmp_path / "other")
+    res = _eval(str(ckpt), "--episodes", "1", "--compare", str(tmp_path / "other"), "--out", str(tmp_path / "y"))
+    assert res.returncode == 2 and "share no episode" in res.stderr and "Traceback" not in res.stderr
+    assert (tmp_path / "y" / "eval.json").exists() and len(read_episodes(tmp_path / "y")) == 1  # nothing lost
