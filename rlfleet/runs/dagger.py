@@ -54,6 +54,7 @@ from rlfleet.envs.api import EnvConfig
 from rlfleet.envs.chains import chain_report
 from rlfleet.envs.registry import make_env, scored_chain_length
 from rlfleet.eval.episodes import evaluate_policy, obs_tensors
+from rlfleet.eval.paired import BEFORE_EPISODES_FILE, write_episodes
 from rlfleet.eval.report import write_chain_table
 from rlfleet.learner.checkpointer import Checkpointer, TrainerCounters, run_info
 from rlfleet.learner.main import archive_previous_run
@@ -280,9 +281,16 @@ def run_dagger(cfg: DictConfig, progress: bool = True) -> dict[str, Any]:
     if cfg.eval.before and counters.update == 0:
         if progress:
             print("evaluating the starting policy ...", flush=True)
+        records_before: list[dict] = []
         before = evaluate_policy(
-            policy, eval_env, cfg.eval.episodes_per_task, seed=cfg.eval.seed, episode_returns=returns_before
+            policy,
+            eval_env,
+            cfg.eval.episodes_per_task,
+            seed=cfg.eval.seed,
+            episode_returns=returns_before,
+            episode_records=records_before,
         )
+        write_episodes(records_before, run_dir, BEFORE_EPISODES_FILE)  # as `rlfleet train` keeps them
 
     writer = MetricsWriter.for_run(cfg, run_dir)
     unnorm_key = cfg.policy.get("unnorm_key", "metaworld")
@@ -416,6 +424,7 @@ def run_dagger(cfg: DictConfig, progress: bool = True) -> dict[str, Any]:
         if progress:
             print("evaluating the trained policy ...", flush=True)
         video, t0 = OmegaConf.to_object(cfg.eval.video_cfg), time.time()
+        records_after: list[dict] = []
         try:
             after = evaluate_policy(
                 policy,
@@ -425,7 +434,9 @@ def run_dagger(cfg: DictConfig, progress: bool = True) -> dict[str, Any]:
                 video_cfg=video,
                 out_dir=run_dir,
                 episode_returns=returns_after,
+                episode_records=records_after,
             )
+            write_episodes(records_after, run_dir)
             log_eval(
                 writer,
                 after,

@@ -62,6 +62,10 @@ def test_dagger_recipe_trains_from_the_sft_bootstrap(tmp_path):
     assert set(summary["eval_before"]) == set(summary["eval_success"]) == {"reach-v3"}
     report = (run_dir / "before_after.md").read_text()
     assert "before / after DAgger" in report and "reach-v3" in report
+    from rlfleet.eval.paired import paired_comparison, read_episodes  # both evaluations, episode by episode
+
+    (row,) = paired_comparison(read_episodes(run_dir), read_episodes(run_dir / "episodes_before.jsonl"))["tasks"]
+    assert (row["this"], row["other"]) == (summary["eval_success"]["reach-v3"], summary["eval_before"]["reach-v3"])
     # the history: beta decays 0.5 -> 0.25, D = demos (the window's newest 80 rows) + 2 x 12 chunk samples
     h = summary["history"]
     assert [r["dagger/beta"] for r in h] == [0.5, 0.25]
