@@ -65,6 +65,7 @@ def main(args: Namespace) -> int:
     Console().print(
         rich_table(table, title=f"evaluation of {args.checkpoint} ({args.episodes} episodes per task, {mode})")
     )
+    table["mode"] = mode  # what a later --compare against this report checks
     table["mean_return"] = {t: sum(r) / len(r) for t, r in returns.items() if r}  # envs judged by return (gym:...)
     print("mean episode return: " + ", ".join(f"{t} {v:.1f}" for t, v in table["mean_return"].items()))
     write_episodes(records, out)
@@ -77,6 +78,9 @@ def main(args: Namespace) -> int:
     if other is not None:  # after the report is written, so a failed pairing loses no episode
         table["paired"] = {"against": str(args.compare), **paired_comparison(records, other)}
         title = f"{args.checkpoint} (this) against {args.compare} (other), same episodes"
+        other_mode = _report_mode(Path(args.compare))
+        if other_mode and other_mode != mode:  # e.g. sampled against deterministic: allowed, but say so
+            print(f"note: {args.compare} was evaluated {other_mode}, this evaluation {mode}", flush=True)
         Console().print(paired_rich(table["paired"], title))
         atomic_write(out / "paired.md", paired_markdown(table["paired"], title))
         write_report(table, out, name="eval", title=f"Evaluation of {args.checkpoint}")
@@ -84,6 +88,15 @@ def main(args: Namespace) -> int:
     if args.json:
         print(json.dumps(table))
     return 0
+
+
+def _report_mode(path: Path) -> str | None:
+    """How the evaluation whose episodes are at `path` chose its actions, when its eval.json says."""
+    report = (path if path.is_dir() else path.parent) / "eval.json"
+    try:
+        return json.loads(report.read_text()).get("mode")
+    except (OSError, ValueError, AttributeError):  # a run folder has no eval.json; older reports no mode
+        return None
 
 
 def _default_eval_dir(checkpoint: str) -> Path:

@@ -116,6 +116,15 @@ def test_rlfleet_eval_writes_each_episode_and_compares_two_policies_on_the_same_
     assert res.returncode == 0, res.stderr[-3000:]
     (row,) = json.loads((tmp_path / "same" / "eval.json").read_text())["paired"]["tasks"]
     assert (row["difference"], row["only_this"], row["only_other"], row["p"]) == (0.0, 0, 0, 1.0)
+    assert json.loads((tmp_path / "same" / "eval.json").read_text())["mode"] == "deterministic"
+    assert "note:" not in res.stdout
+
+    res = _eval(
+        str(first), "--episodes", "3", "--sample", "--out", str(tmp_path / "s"), "--compare", str(tmp_path / "a")
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    note = f"note: {tmp_path / 'a'} was evaluated deterministic, this evaluation sampled"
+    assert note in res.stdout
 
 
 def test_rlfleet_eval_compare_refuses_in_one_line(tmp_path):
