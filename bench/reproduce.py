@@ -286,10 +286,11 @@ def results_markdown(
     """The results page: success before / after per task and mean (%, mean +- SE over seeds); for
     chained envs their chain metrics instead (whole-chain success is their last success_len_k)."""
     n = agg["seeds"]
-    lines = [f"## {recipe}: {n} seeds", ""]
+    seeds = "seed" if n == 1 else "seeds"
+    lines = [f"## {recipe}: {n} {seeds}", ""]
     if "chain" not in agg:
         lines += [
-            f"Success (%) on held-out eval seeds, mean +- standard error over {n} training seeds; {eval_note}.",
+            f"Success (%) on held-out eval seeds, mean +- standard error over {n} training {seeds}; {eval_note}.",
             "",
             "| task | before | after | gain (points) |",
             "|---|---:|---:|---:|",
@@ -309,7 +310,7 @@ def results_markdown(
         lines += paired or []
     else:  # CALVIN-style chains: the metrics the env is judged by
         lines += [
-            f"Chain metrics on held-out eval chains, mean +- standard error over {n} training seeds; {eval_note}; "
+            f"Chain metrics on held-out eval chains, mean +- standard error over {n} training {seeds}; {eval_note}; "
             "whole-chain success is the last success_len_k.",
             "",
             "| chain metric | before | after | gain |",

@@ -342,3 +342,8 @@ def test_the_page_pairs_each_seeds_final_episodes_with_its_starts(tmp_path):
     )
     assert "| a | +4 / -1 (p 0.38) |" in page and "only the start solved" in page
     assert reproduce.paired_lines([tmp_path / "seed1"]) == []
+
+
+def test_a_one_seed_page_says_seed():
+    page = reproduce.results_markdown("toy", reproduce.aggregate(SUMMARIES[:1]), ["x"], "abc", [1.0], {}, "10 episodes")
+    assert page.startswith("## toy: 1 seed\n") and "over 1 training seed;" in page
