@@ -203,7 +203,13 @@ def plot_curves(
             label="seeds" if k == 0 else None,
             color="tab:gray",
         )
-    ax.plot(grid / scale, yscale * mean, lw=2, color="tab:blue", label=f"mean of {len(curves)} seeds")
+    ax.plot(
+        grid / scale,
+        yscale * mean,
+        lw=2,
+        color="tab:blue",
+        label=f"mean of {len(curves)} seed{'' if len(curves) == 1 else 's'}",
+    )
     ax.fill_between(
         grid / scale, yscale * (mean - se), yscale * (mean + se), color="tab:blue", alpha=0.2, label="+- 1 SE"
     )
