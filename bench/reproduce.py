@@ -256,9 +256,14 @@ def paired_lines(run_dirs: list[Path]) -> list[str]:
     for seed, run_dir in enumerate(run_dirs):
         if not ((run_dir / EPISODES_FILE).exists() and (run_dir / BEFORE_EPISODES_FILE).exists()):
             continue
+        try:
+            after, before = read_episodes(run_dir / EPISODES_FILE), read_episodes(run_dir / BEFORE_EPISODES_FILE)
+            rows = paired_comparison(after, before)["tasks"]
+        except ValueError as e:  # a damaged file costs its seed's column, not the page
+            print(f"[reproduce] seed {seed}: no paired table ({e})", file=sys.stderr)
+            continue
         seeds.append(seed)
-        after, before = read_episodes(run_dir / EPISODES_FILE), read_episodes(run_dir / BEFORE_EPISODES_FILE)
-        for row in paired_comparison(after, before)["tasks"]:
+        for row in rows:
             cell = f"+{row['only_this']} / -{row['only_other']} (p {row['p']:.2g})"
             cells.setdefault(row["task"], {})[seed] = cell
     if not seeds:

@@ -232,6 +232,13 @@ class ChunkedEnv(abc.ABC):
             return list(self._task_list)
         return list(dict.fromkeys(self.spec.task_names))
 
+    def episode_scenes(self) -> list[int] | None:
+        """An id of each env's current episode's starting state, for matching one evaluation's
+        episodes with another's where the reset seed alone does not name it (an env that maps
+        seeds onto a finite list, so another seed or another batch layout replays the same scene;
+        rlfleet.eval.paired); None: the reset seed names it."""
+        return None
+
     @abc.abstractmethod
     def reset(self, seeds: np.ndarray | None = None) -> dict:
         """Start a new episode in every env and return the observation dict.

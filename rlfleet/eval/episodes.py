@@ -50,7 +50,8 @@ def evaluate_policy(
     `progress` shows a bar over episodes on the terminal (off where another live display runs,
     such as the training bar); `videos`, when given, receives the paths of the MP4s written;
     `episode_records`, when given, one record per episode in seed order: {"task", "seed",
-    "success", "return", "length"} (length in env steps), what `rlfleet.eval.paired` pairs.
+    "scene", "success", "return", "length"} (scene: `ChunkedEnv.episode_scenes`, else the seed;
+    length in env steps), what `rlfleet.eval.paired` pairs.
     """
     tasks = task_list(env_cfg)
     per_round = max(1, min(episodes_per_task, max_envs // len(tasks)))
@@ -78,18 +79,19 @@ def evaluate_policy(
             if len(seeds) not in envs:
                 envs[len(seeds)] = make_env(env_cfg, len(seeds))
             env = envs[len(seeds)]
-            names, ok_all, ret_all, len_all, written = _run_episodes(
+            names, scenes, ok_all, ret_all, len_all, written = _run_episodes(
                 policy, env, seeds, video, out_dir, deterministic, on_done=lambda n: bar.advance(bar_task, n)
             )
             if videos is not None:
                 videos.extend(written)
-            for task, ep_seed, ok, ret, length in zip(names, seeds, ok_all, ret_all, len_all):
+            for k, (task, ok, ret, length) in enumerate(zip(names, ok_all, ret_all, len_all)):
                 results[task].append(ok)
                 if episode_returns is not None:
                     episode_returns.setdefault(task, []).append(float(ret))
                 if episode_records is not None:
-                    record = {"task": task, "seed": int(ep_seed), "success": bool(ok), "return": float(ret)}
-                    episode_records.append({**record, "length": int(length)})
+                    scene = int(seeds[k] if scenes is None else scenes[k])
+                    record = {"task": task, "seed": int(seeds[k]), "scene": scene, "success": bool(ok)}
+                    episode_records.append({**record, "return": float(ret), "length": int(length)})
             done_eps += r
     finally:
         bar.stop()
@@ -101,15 +103,16 @@ def evaluate_policy(
 @torch.no_grad()
 def _run_episodes(
     policy: nn.Module, env: ChunkedEnv, seeds: np.ndarray, video_cfg, out_dir, deterministic: bool = True, on_done=None
-) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray, list[Path]]:
+) -> tuple[list[str], list[int] | None, np.ndarray, np.ndarray, np.ndarray, list[Path]]:
     """One episode per env of a batch reset with `seeds` (env i runs task i mod num_tasks);
-    success_once, return and length (env steps) per env, and the videos written. `on_done(n)`: n
-    more episodes ended."""
+    the env's scene ids (None: the seeds name them), success_once, return and length (env steps)
+    per env, and the videos written. `on_done(n)`: n more episodes ended."""
     n = len(seeds)
     recorder = None
     try:
         obs = env.reset(seeds)
         names = env.spec.task_names
+        scenes = env.episode_scenes()  # the counted episode of each env is the one this reset started
         recorder = EpisodeRecorder(video_cfg or VideoConfig(), names, root=out_dir, episodes_per_env=1)
         recorder.start(obs.get("main_images"))
         done = np.zeros(n, bool)
@@ -141,7 +144,7 @@ def _run_episodes(
     finally:
         if recorder is not None:
             recorder.close()
-    return names, success, returns, lengths, list(recorder.written)
+    return names, scenes, success, returns, lengths, list(recorder.written)
 
 
 def obs_tensors(obs: dict, keys: tuple[str, ...], device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:

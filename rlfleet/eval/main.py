@@ -16,7 +16,15 @@ from rlfleet.envs.api import EnvConfig
 from rlfleet.envs.chains import chain_report
 from rlfleet.envs.registry import scored_chain_length, task_groups
 from rlfleet.eval.episodes import evaluate_policy
-from rlfleet.eval.paired import paired_comparison, paired_markdown, paired_rich, read_episodes, write_episodes
+from rlfleet.eval.paired import (
+    EPISODES_FILE,
+    paired_comparison,
+    paired_markdown,
+    paired_rich,
+    pairing_note,
+    read_episodes,
+    write_episodes,
+)
 from rlfleet.eval.report import atomic_write, rich_table, success_table, write_chain_table, write_report
 from rlfleet.policies.checkpoint_io import is_hub_path, load_checkpoint
 
@@ -39,9 +47,15 @@ def main(args: Namespace) -> int:
         env["task"] = args.task
     if not env:
         raise SystemExit("the checkpoint does not name its env: pass --task")
-    other = read_episodes(args.compare) if args.compare else None  # a bad path fails before any episode runs
     env["pool"] = "eval"  # held-out episodes where an env keeps them apart (CALVIN's chain pools)
     out = Path(args.out or _default_eval_dir(args.checkpoint))
+    other = None
+    if args.compare:  # a bad path fails before any episode runs
+        other = read_episodes(args.compare)
+        other_file = Path(args.compare) / EPISODES_FILE if Path(args.compare).is_dir() else Path(args.compare)
+        if other_file.resolve() == (out / EPISODES_FILE).resolve():
+            raise ValueError(f"--compare {args.compare} is this evaluation's own report folder: pass another --out")
+    (out / "paired.md").unlink(missing_ok=True)  # a reused --out keeps no earlier comparison
     video = VideoConfig(save_video=args.video, video_base_dir=str(out / "videos"))
     if args.sample:
         torch.manual_seed(args.seed)
@@ -82,6 +96,9 @@ def main(args: Namespace) -> int:
         if other_mode and other_mode != mode:  # e.g. sampled against deterministic: allowed, but say so
             print(f"note: {args.compare} was evaluated {other_mode}, this evaluation {mode}", flush=True)
         Console().print(paired_rich(table["paired"], title))
+        note = pairing_note(table["paired"])
+        if note:
+            print(f"note: {note}", flush=True)
         atomic_write(out / "paired.md", paired_markdown(table["paired"], title))
         write_report(table, out, name="eval", title=f"Evaluation of {args.checkpoint}")
     print(f"report: {json_path} {md_path}")

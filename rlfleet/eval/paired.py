@@ -1,11 +1,16 @@
 """Two evaluations of the same episodes, compared episode by episode.
 
 Why: two policies' success rates on 50 episodes a task differ by a few points through the episodes'
-sampling alone. When both ran the same episodes (same task, same reset seed), an episode both solve
+sampling alone. When both ran the same episodes (same task, same starting scene), an episode both solve
 or both fail says nothing about which is better; only the discordant ones do (one solves it, the
 other does not). The exact McNemar test (McNemar 1947, exact form) asks whether the split of the
 discordant episodes is more lopsided than a fair coin would make it: a two-sided binomial test of
 `only_this` successes in `only_this + only_other` trials at p = 1/2.
+
+Episodes are matched on task and scene: the reset seed, or the env's own id of the starting state
+where seeds map onto a finite list (`ChunkedEnv.episode_scenes`: RoboTwin's scene seeds, CALVIN's
+chain pool entries). A scene an evaluation played more than once counts once (its first episode),
+so repeats do not pass for independent evidence.
 
 `rlfleet eval` writes each episode to `episodes.jsonl` in its report folder, a training run to
 `episodes_before.jsonl` (the starting policy) and `episodes.jsonl` (the final one) in its run
@@ -26,7 +31,7 @@ from rich.table import Table
 from rlfleet.eval.report import atomic_write
 
 EPISODES_FILE = "episodes.jsonl"
-"""One JSON object per episode: {"task", "seed", "success", "return", "length"}."""
+"""One JSON object per episode: {"task", "seed", "scene", "success", "return", "length"}."""
 BEFORE_EPISODES_FILE = "episodes_before.jsonl"
 """A training run's evaluation of its starting policy, episode by episode (eval.before)."""
 
@@ -75,22 +80,39 @@ def exact_mcnemar_p(only_this: int, only_other: int) -> float:
     return min(1.0, 2.0 * tail)
 
 
+def _by_scene(records: Sequence[Mapping[str, Any]]) -> tuple[dict[tuple[str, int], bool], int]:
+    """Success by (task, scene), the first episode of a scene played more than once; and how many
+    repeats were left out. Records without a scene (older files) are keyed by their seed."""
+    keyed: dict[tuple[str, int], bool] = {}
+    for r in records:
+        keyed.setdefault((str(r["task"]), int(r.get("scene", r["seed"]))), bool(r["success"]))
+    return keyed, len(records) - len(keyed)
+
+
+def _span(records: Sequence[Mapping[str, Any]]) -> str:
+    tasks = list(dict.fromkeys(str(r["task"]) for r in records))
+    seeds = [int(r["seed"]) for r in records]
+    return f"{', '.join(tasks[:3])}{' ...' if len(tasks) > 3 else ''} from seed {min(seeds)}" if records else "nothing"
+
+
 def paired_comparison(this: Sequence[Mapping[str, Any]], other: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """Per task, the episodes both evaluations ran (matched on task and seed): `pairs`, success of
+    """Per task, the episodes both evaluations ran (matched on task and scene): `pairs`, success of
     each on them (`this`, `other`, fractions), `difference` (this - other), the discordant counts
     `only_this` and `only_other`, and `p` (exact McNemar). Tasks in `this`'s order; a task with no
-    shared episode is left out. Raises ValueError when the two share no episode at all."""
-
-    def keyed(records: Sequence[Mapping[str, Any]]) -> dict[tuple[str, int], bool]:
-        return {(str(r["task"]), int(r["seed"])): bool(r["success"]) for r in records}
-
-    a, b = keyed(this), keyed(other)
+    shared episode is left out. Also `pairs` (all tasks), `unpaired_this` / `unpaired_other` (scenes
+    only one side played) and `repeats_this` / `repeats_other` (repeated scenes left out). Raises
+    ValueError when the two share no episode at all."""
+    a, repeats_a = _by_scene(this)
+    b, repeats_b = _by_scene(other)
     tasks: dict[str, list[tuple[bool, bool]]] = {}
     for key, ok in a.items():
         if key in b:
             tasks.setdefault(key[0], []).append((ok, b[key]))
     if not tasks:
-        raise ValueError("the two evaluations share no episode (task and seed): evaluate both with the same --seed")
+        raise ValueError(
+            f"the two evaluations share no episode (task and scene): this one ran {_span(this)}, the other "
+            f"{_span(other)}; evaluate both on the same tasks with the same --seed"
+        )
     rows = []
     for task, pairs in tasks.items():
         n = len(pairs)
@@ -110,7 +132,31 @@ def paired_comparison(this: Sequence[Mapping[str, Any]], other: Sequence[Mapping
                 "p": exact_mcnemar_p(only_this, only_other),
             }
         )
-    return {"tasks": rows, "pairs": sum(r["pairs"] for r in rows)}
+    pairs = sum(r["pairs"] for r in rows)
+    return {
+        "tasks": rows,
+        "pairs": pairs,
+        "unpaired_this": len(a) - pairs,
+        "unpaired_other": len(b) - pairs,
+        "repeats_this": repeats_a,
+        "repeats_other": repeats_b,
+    }
+
+
+def pairing_note(cmp: Mapping[str, Any]) -> str | None:
+    """One line on the episodes a `paired_comparison` left out, or None when it used them all."""
+    parts = []
+    if cmp["unpaired_this"] or cmp["unpaired_other"]:
+        parts.append(
+            f"{cmp['unpaired_this']} episodes of this evaluation and {cmp['unpaired_other']} of the other "
+            "have no counterpart"
+        )
+    if cmp["repeats_this"] or cmp["repeats_other"]:
+        parts.append(
+            f"scenes played again left out: {cmp['repeats_this']} here, {cmp['repeats_other']} in the other "
+            "(the env has fewer scenes than episodes)"
+        )
+    return f"paired {cmp['pairs']} episodes; " + "; ".join(parts) if parts else None
 
 
 def _cells(row: Mapping[str, Any]) -> list[str]:
@@ -152,4 +198,5 @@ def paired_markdown(cmp: Mapping[str, Any], title: str) -> str:
         "|---" + "|---:" * (len(_HEADER) - 1) + "|",
     ]
     lines += ["| " + " | ".join(_cells(row)) + " |" for row in cmp["tasks"]]
-    return "\n".join(lines) + "\n"
+    note = pairing_note(cmp)
+    return "\n".join(lines + ([f"\n{note}."] if note else [])) + "\n"

@@ -64,11 +64,16 @@ def record_policy_outputs(cfg: DictConfig, policy: torch.nn.Module) -> None:
     cfg.model_dims.extra_outputs = {name: list(shape) for name, (shape, _) in declared.extra_outputs.items()}
 
 
-def archive_previous_run(run_dir: Path) -> Path | None:
-    """A fresh run in a used folder: move the old run's outputs aside instead of mixing them."""
-    old = [
-        run_dir / n for n in ("checkpoints", "tensorboard", "summary.json", "episodes.jsonl") if (run_dir / n).exists()
-    ]
+RUN_OUTPUTS = ("checkpoints", "tensorboard", "summary.json", "episodes.jsonl", "periodic_eval")
+"""What the learner writes in a run folder, which a fresh run in the same folder moves aside."""
+START_OUTPUTS = ("eval_before.json", "eval_chain_before.json", "episodes_before.jsonl")
+"""The starting policy's evaluation, written before the learner starts: `rlfleet train` and DAgger
+move an earlier run's aside with RUN_OUTPUTS before they evaluate their start."""
+
+
+def archive_previous_run(run_dir: Path, names: tuple[str, ...] = RUN_OUTPUTS) -> Path | None:
+    """A fresh run in a used folder: move the old run's outputs (`names`) aside instead of mixing them."""
+    old = [run_dir / n for n in names if (run_dir / n).exists()]
     if not old:
         return None
     dest = run_dir / "previous" / time.strftime("%Y%m%d-%H%M%S")

@@ -57,7 +57,7 @@ from rlfleet.eval.episodes import evaluate_policy, obs_tensors
 from rlfleet.eval.paired import BEFORE_EPISODES_FILE, write_episodes
 from rlfleet.eval.report import write_chain_table
 from rlfleet.learner.checkpointer import Checkpointer, TrainerCounters, run_info
-from rlfleet.learner.main import archive_previous_run
+from rlfleet.learner.main import RUN_OUTPUTS, START_OUTPUTS, archive_previous_run
 from rlfleet.learner.metrics import MetricsWriter
 from rlfleet.policies.checkpoint_io import model_config, policy_from_config
 from rlfleet.policies.vla.normalization import compute_norm_stats, get_norm_stats, save_norm_stats, set_norm_stats
@@ -236,7 +236,7 @@ def run_dagger(cfg: DictConfig, progress: bool = True) -> dict[str, Any]:
     run_dir = Path(cfg.runner.logger.log_path)
     run_dir.mkdir(parents=True, exist_ok=True)
     if not cfg.runner.resume:
-        archive_previous_run(run_dir)
+        archive_previous_run(run_dir, (*RUN_OUTPUTS, *START_OUTPUTS))
         (run_dir / DATASET_FILE).unlink(missing_ok=True)
     torch.set_num_threads(dcfg.threads)
     torch.manual_seed(cfg.runner.seed)

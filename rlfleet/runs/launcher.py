@@ -30,6 +30,7 @@ from rlfleet.envs.registry import scored_chain_length, task_groups
 from rlfleet.eval.episodes import evaluate_policy
 from rlfleet.eval.paired import BEFORE_EPISODES_FILE, write_episodes
 from rlfleet.eval.report import chain_line, success_table, write_before_after, write_chain_table, write_report
+from rlfleet.learner.main import RUN_OUTPUTS, START_OUTPUTS, archive_previous_run
 from rlfleet.learner.metrics import print_summary
 from rlfleet.policies.checkpoint_io import policy_from_config
 from rlfleet.runs.bootstrap import ensure_sft_checkpoint, needs_bootstrap
@@ -162,11 +163,14 @@ def evaluate_start(
 
 
 def evaluate_only(cfg: DictConfig, run_dir: Path) -> dict:
-    """`runner.only_eval`: the success table of the starting policy, also as JSON and Markdown."""
+    """`runner.only_eval`: the success table of the starting policy, also as JSON and Markdown, and
+    every episode (episodes.jsonl)."""
     if not cfg.policy.get("model_path"):
         raise ValueError("runner.only_eval needs policy.model_path (or demos.bootstrap: true)")
-    success, chain = evaluate_start(cfg)
+    records: list[dict] = []
+    success, chain = evaluate_start(cfg, episode_records=records)
     run_dir.mkdir(parents=True, exist_ok=True)
+    write_episodes(records, run_dir)  # beside eval.json, as `rlfleet eval` keeps them
     write_report(
         success_table(success, groups=task_groups(cfg.env.name)),
         run_dir,
@@ -244,6 +248,8 @@ def _train_fleet(
         print(plan.describe(), file=sys.stderr, flush=True)
         cfg.actor.num_actors = plan.num_actors
     before, chain_before = None, None
+    if not cfg.runner.resume:  # an earlier run's start and outputs, before this run writes its own start
+        archive_previous_run(run_dir, (*RUN_OUTPUTS, *START_OUTPUTS))
     if cfg.eval.before:
         kept = _kept_before(run_dir) if cfg.runner.resume else None
         if kept is not None:  # a resumed run's starting policy is the one the first life evaluated

@@ -320,3 +320,15 @@ def test_progress_reward_shapes_block_subtasks_by_a_potential_difference():
     for bad, reward_type in ((1.0, "success"), (0.5, "success_once")):
         with pytest.raises(ValueError, match="progress_reward"):
             CalvinEnv(_cfg(progress_reward=bad, reward_type=reward_type), 1)
+
+
+def test_seeds_a_pool_apart_play_one_chain_and_say_so():
+    """`episode_scenes` names the pool entry, so two evaluations are paired on the chain played
+    (rlfleet.eval.paired), not on a seed that wraps around the pool."""
+    env = make_env(_cfg(pool="eval"), 2)
+    try:
+        obs = env.reset(np.array([10_000, 10_000 + EVAL_POOL_SIZE]))
+        assert env.episode_scenes() == [10_000 % EVAL_POOL_SIZE] * 2
+        assert np.array_equal(obs["states"][0], obs["states"][1])
+    finally:
+        env.close()

@@ -287,3 +287,25 @@ def test_a_fresh_run_in_a_used_folder_moves_the_old_outputs_aside(tmp_path):
     dest = archive_previous_run(tmp_path)
     assert (dest / "checkpoints" / "update_000105").is_dir() and (dest / "summary.json").exists()
     assert not (tmp_path / "checkpoints").exists() and (tmp_path / "logs").exists()
+
+
+def test_rlfleet_train_moves_an_earlier_runs_start_and_episodes_aside_before_its_own(tmp_path, monkeypatch):
+    """The start's evaluation is written before the learner starts: `rlfleet train` moves the
+    earlier run's (and its episode files and periodic evaluations) with its other outputs, so a
+    new run's final episodes are never paired with an old start."""
+    from omegaconf import OmegaConf
+
+    from rlfleet.runs import launcher
+
+    old = ["episodes_before.jsonl", "eval_before.json", "episodes.jsonl", "summary.json"]
+    for name in old:
+        (tmp_path / name).write_text("old")
+    (tmp_path / "periodic_eval" / "update_000010").mkdir(parents=True)
+    cfg = OmegaConf.create({"runner": {"resume": False}, "eval": {"before": False}, "actor": {"num_actors": 1}})
+    seen = {}
+    monkeypatch.setattr(launcher, "metrics_ports", lambda *a: None)
+    monkeypatch.setattr(launcher, "_run_fleet", lambda *a: seen.update(left=sorted(p.name for p in tmp_path.iterdir())))
+    launcher._train_fleet(cfg, tmp_path, None, 0, "127.0.0.1")
+    assert seen["left"] == ["previous"]  # what the learner then finds: nothing of the earlier run
+    (dest,) = (tmp_path / "previous").iterdir()
+    assert sorted(p.name for p in dest.iterdir()) == sorted([*old, "periodic_eval"])

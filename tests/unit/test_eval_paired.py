@@ -12,7 +12,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlfleet.eval.paired import exact_mcnemar_p, paired_comparison, read_episodes, write_episodes
+from rlfleet.eval.paired import (
+    exact_mcnemar_p,
+    paired_comparison,
+    pairing_note,
+    read_episodes,
+    write_episodes,
+)
 from rlfleet.learner.checkpointer import Checkpointer, TrainerCounters
 from rlfleet.policies.checkpoint_io import model_config, policy_from_config
 
@@ -48,8 +54,23 @@ def test_paired_comparison_counts_the_discordant_episodes_per_task():
 
 
 def test_paired_comparison_without_a_shared_episode_says_how_to_get_one():
-    with pytest.raises(ValueError, match="share no episode.*same --seed"):
-        paired_comparison([_record("a", 1, True)], [_record("a", 2, True)])
+    with pytest.raises(ValueError, match="this one ran a from seed 1, the other b from seed 2; .*same --seed"):
+        paired_comparison([_record("a", 1, True)], [_record("b", 2, True)])
+
+
+def test_episodes_pair_on_the_scene_played_and_a_repeated_scene_counts_once():
+    """An env that maps seeds onto a finite list (RoboTwin, CALVIN) names the scene: another seed
+    or layout that replays it pairs with it, and a scene played twice is one piece of evidence."""
+    this = [{**_record("a", 10_000 + j, j < 3), "scene": j % 4} for j in range(8)]  # scenes 0-3, twice
+    other = [{**_record("a", 20_000 + j, False), "scene": j} for j in range(6)]  # scenes 0-5
+    cmp = paired_comparison(this, other)
+    (row,) = cmp["tasks"]
+    assert (row["pairs"], row["only_this"], row["only_other"]) == (4, 3, 0)  # first episodes of scenes 0-3
+    assert (cmp["unpaired_this"], cmp["unpaired_other"], cmp["repeats_this"], cmp["repeats_other"]) == (0, 2, 4, 0)
+    note = pairing_note(cmp)
+    assert note.startswith("paired 4 episodes; 0 episodes of this evaluation and 2 of the other")
+    assert "4 here, 0 in the other" in note
+    assert pairing_note(paired_comparison(other, other)) is None
 
 
 def test_episode_records_round_trip_and_bad_files_are_one_line(tmp_path):
@@ -133,6 +154,8 @@ def test_rlfleet_eval_compare_refuses_in_one_line(tmp_path):
     assert res.returncode == 2 and "no episode records" in res.stderr and "Traceback" not in res.stderr
     assert not (tmp_path / "x").exists()  # refused before any episode ran
     write_episodes([_record("reach-v3", 5, True)], tmp_path / "other")
+    res = _eval(str(ckpt), "--episodes", "1", "--compare", str(tmp_path / "other"), "--out", str(tmp_path / "other"))
+    assert res.returncode == 2 and "this evaluation's own report folder" in res.stderr  # it would overwrite it
     res = _eval(str(ckpt), "--episodes", "1", "--compare", str(tmp_path / "other"), "--out", str(tmp_path / "y"))
     assert res.returncode == 2 and "share no episode" in res.stderr and "Traceback" not in res.stderr
     assert (tmp_path / "y" / "eval.json").exists() and len(read_episodes(tmp_path / "y")) == 1  # nothing lost

@@ -138,6 +138,22 @@ def test_split_any_never_plays_a_held_out_layout() -> None:
             env.close()
 
 
+def test_one_scene_under_two_layouts_has_one_scene_id() -> None:
+    """Env i's reset seed walks task i's list by seed // (number of tasks): the same held-out scene
+    has another reset seed in a one-task and a two-task evaluation, and one `episode_scenes` id."""
+    alone = RoboTwinEnv(_cfg("place_empty_cup:eval", chunk_size=1), 1)
+    both = RoboTwinEnv(_cfg("place_empty_cup:eval,click_bell:eval", chunk_size=1), 2)
+    try:
+        state = alone.reset(np.array([1]))["states"][0]
+        assert alone.episode_scenes() == [load_seeds("place_empty_cup", "eval", "clean")[1]]
+        states = both.reset(np.array([2, 3]))["states"]
+        assert both.episode_scenes()[0] == alone.episode_scenes()[0]
+        assert np.array_equal(states[0], state)
+    finally:
+        alone.close()
+        both.close()
+
+
 def test_batch_shapes_auto_reset_and_seed_schedule() -> None:
     B, K, T = 3, 4, 10
     env = make_env(

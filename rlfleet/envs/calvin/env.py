@@ -86,6 +86,7 @@ class CalvinEnv(EpisodeEnv):
         self._size = cfg.image_size
         self._subtask_steps = cfg.subtask_steps or SUBTASK_STEPS
         self._episodes: list[_Episode | None] = [None] * num_envs
+        self._pool_indices = [0] * num_envs  # the pool entry each env's episode plays
         self._snaps: list[Snapshot | None] = [None] * num_envs
         self._rngs: list[np.random.Generator | None] = [None] * num_envs
         self.last_chain_progress = np.zeros(num_envs, np.int32)
@@ -104,6 +105,10 @@ class CalvinEnv(EpisodeEnv):
         """Name of the subtask each env is working on."""
         return [ep.subtask if ep else "" for ep in self._episodes]
 
+    def episode_scenes(self) -> list[int]:
+        """The pool entries: seeds that differ by the pool's size play the same chain."""
+        return list(self._pool_indices)
+
     def current_chains(self) -> list[ChainSpec]:
         return [ep.chain for ep in self._episodes if ep is not None]
 
@@ -120,6 +125,7 @@ class CalvinEnv(EpisodeEnv):
         rng = episode_rng(self._rngs, i, seed, self._cfg.seed, self._env_offset + i)
         index = seed % pool_size(self._pool) if seed is not None else int(rng.integers(pool_size(self._pool)))
         chain = pool_entry(self._pool, index)
+        self._pool_indices[i] = index
         plan = chain.plan()
         scene = self._scenes[i]
         scene.reset(plan[0], np.random.default_rng([chain.init_seed, 2]))

@@ -157,6 +157,10 @@ class RoboTwinEnv(EpisodeEnv):
         """The raw scene seed each env's current episode was built from (for logs and replays)."""
         return [s.episode_seed(self._list_index(s)) for s in self._slots]
 
+    def episode_scenes(self) -> list[int]:
+        """The raw scene seeds: a seed-list entry is the same scene whatever seed or layout led to it."""
+        return self.episode_seeds
+
     def _list_index(self, slot: _Slot) -> int:
         """Seed-list entry of a slot's cursor: cursor // (number of task items), because envs (and
         the evaluator's seeds base + j * n + i) cycle over the n items, so each item walks its own
