@@ -34,7 +34,6 @@ def evaluate_policy(
     out_dir: str | Path | None = None,
     max_envs: int = MAX_EVAL_ENVS,
     deterministic: bool = True,
-    episode_returns: dict[str, list[float]] | None = None,
     progress: bool = True,
     videos: list[Path] | None = None,
     episode_records: list[dict[str, Any]] | None = None,
@@ -46,7 +45,6 @@ def evaluate_policy(
     (at least one env per task). With `video_cfg.save_video` the first episode of each task is
     written as MP4 under `out_dir`. `deterministic=False` samples actions the way the fleet does
     in training (seeded by torch's global RNG), which is the policy RL actually optimises.
-    `episode_returns`, when given, receives each task's episode returns (CALVIN: subtasks done).
     `progress` shows a bar over episodes on the terminal (off where another live display runs,
     such as the training bar); `videos`, when given, receives the paths of the MP4s written;
     `episode_records`, when given, one record per episode in seed order: {"task", "seed",
@@ -86,8 +84,6 @@ def evaluate_policy(
                 videos.extend(written)
             for k, (task, ok, ret, length) in enumerate(zip(names, ok_all, ret_all, len_all)):
                 results[task].append(ok)
-                if episode_returns is not None:
-                    episode_returns.setdefault(task, []).append(float(ret))
                 if episode_records is not None:
                     scene = int(seeds[k] if scenes is None else scenes[k])
                     record = {"task": task, "seed": int(seeds[k]), "scene": scene, "success": bool(ok)}
@@ -147,6 +143,14 @@ def _run_episodes(
     return names, scenes, success, returns, lengths, list(recorder.written)
 
 
+def returns_by_task(records: list[dict[str, Any]]) -> dict[str, list[float]]:
+    """Each task's episode returns in episode order (CALVIN: subtasks done), from `episode_records`."""
+    returns: dict[str, list[float]] = {}
+    for r in records:
+        returns.setdefault(r["task"], []).append(r["return"])
+    return returns
+
+
 def obs_tensors(obs: dict, keys: tuple[str, ...], device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
     """The tensor observations a policy reads, from an env's observation dict, on `device`."""
     return {k: torch.from_numpy(np.ascontiguousarray(obs[k])).to(device) for k in keys}
@@ -178,11 +182,11 @@ class RunEvaluation:
             seed=self.cfg.eval.seed,
             video_cfg=OmegaConf.to_object(self.cfg.eval.video_cfg),
             out_dir=out_dir,
-            episode_returns=episode_returns,
             progress=progress,
             videos=videos,
             episode_records=records,
         )
+        episode_returns.update(returns_by_task(records))
         write_episodes(records, out_dir)
         return success
 

@@ -15,7 +15,7 @@ from rlfleet.config import VideoConfig
 from rlfleet.envs.api import EnvConfig
 from rlfleet.envs.chains import chain_report
 from rlfleet.envs.registry import scored_chain_length, task_groups
-from rlfleet.eval.episodes import evaluate_policy
+from rlfleet.eval.episodes import evaluate_policy, returns_by_task
 from rlfleet.eval.paired import (
     EPISODES_FILE,
     paired_comparison,
@@ -59,7 +59,6 @@ def main(args: Namespace) -> int:
     video = VideoConfig(save_video=args.video, video_base_dir=str(out / "videos"))
     if args.sample:
         torch.manual_seed(args.seed)
-    returns: dict[str, list[float]] = {}
     records: list[dict] = []
     success = evaluate_policy(
         policy,
@@ -69,9 +68,9 @@ def main(args: Namespace) -> int:
         video_cfg=video,
         out_dir=out,
         deterministic=not args.sample,
-        episode_returns=returns,
         episode_records=records,
     )
+    returns = returns_by_task(records)
     table = success_table(success, {t: args.episodes for t in success}, task_groups(env.get("name", "metaworld")))
     mode = "sampled" if args.sample else "deterministic"
     if not args.sample and meta["policy"].get("name") == "tiny_oft":  # how the action is read from its bins

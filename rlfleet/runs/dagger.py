@@ -53,7 +53,7 @@ from rlfleet.data.demos import load_demos
 from rlfleet.envs.api import EnvConfig
 from rlfleet.envs.chains import chain_report
 from rlfleet.envs.registry import make_env, scored_chain_length
-from rlfleet.eval.episodes import evaluate_policy, obs_tensors
+from rlfleet.eval.episodes import evaluate_policy, obs_tensors, returns_by_task
 from rlfleet.eval.paired import BEFORE_EPISODES_FILE, write_episodes
 from rlfleet.eval.report import write_chain_table
 from rlfleet.learner.checkpointer import Checkpointer, TrainerCounters, run_info
@@ -276,7 +276,6 @@ def run_dagger(cfg: DictConfig, progress: bool = True) -> dict[str, Any]:
     # chained envs (CALVIN) are judged by their chain metrics, from the same episodes' returns
     chain_length = scored_chain_length(cfg.env.name, cfg.env.reward_type)
     returns_before: dict[str, list[float]] = {}
-    returns_after: dict[str, list[float]] = {}
     before = None
     if cfg.eval.before and counters.update == 0:
         if progress:
@@ -287,9 +286,9 @@ def run_dagger(cfg: DictConfig, progress: bool = True) -> dict[str, Any]:
             eval_env,
             cfg.eval.episodes_per_task,
             seed=cfg.eval.seed,
-            episode_returns=returns_before,
             episode_records=records_before,
         )
+        returns_before = returns_by_task(records_before)
         write_episodes(records_before, run_dir, BEFORE_EPISODES_FILE)  # as `rlfleet train` keeps them
 
     writer = MetricsWriter.for_run(cfg, run_dir)
@@ -433,7 +432,6 @@ def run_dagger(cfg: DictConfig, progress: bool = True) -> dict[str, Any]:
                 seed=cfg.eval.seed,
                 video_cfg=video,
                 out_dir=run_dir,
-                episode_returns=returns_after,
                 episode_records=records_after,
             )
             write_episodes(records_after, run_dir)
@@ -453,7 +451,7 @@ def run_dagger(cfg: DictConfig, progress: bool = True) -> dict[str, Any]:
         summary["eval_success"] = after
         summary["eval_success_mean"] = sum(after.values()) / len(after)
         if chain_length:
-            summary["eval_chain"] = chain = chain_report(returns_after, chain_length)
+            summary["eval_chain"] = chain = chain_report(returns_by_task(records_after), chain_length)
             print(write_chain_table(run_dir, chain, f"Chains of {final} (deterministic)", chain_length), flush=True)
     else:
         writer.close()

@@ -27,7 +27,7 @@ from rlfleet.actors.learner_client import LEDGER_DIR_VAR
 from rlfleet.config import as_dict, eval_env_config, fill_model_dims, load_config, starting_checkpoint, to_yaml
 from rlfleet.envs.chains import chain_report
 from rlfleet.envs.registry import scored_chain_length, task_groups
-from rlfleet.eval.episodes import evaluate_policy
+from rlfleet.eval.episodes import evaluate_policy, returns_by_task
 from rlfleet.eval.paired import BEFORE_EPISODES_FILE, write_episodes
 from rlfleet.eval.report import chain_line, success_table, write_before_after, write_chain_table, write_report
 from rlfleet.learner.main import RUN_OUTPUTS, START_OUTPUTS, archive_previous_run
@@ -148,16 +148,18 @@ def evaluate_start(
     fill_model_dims(cfg)
     d = cfg.model_dims
     policy = policy_from_config(as_dict(cfg.policy), d.state_dim, d.action_dim, cfg.env.chunk_size, cfg.env.image_size)
-    returns: dict[str, list[float]] = {} if episode_returns is None else episode_returns
+    records: list[dict] = [] if episode_records is None else episode_records
     success = evaluate_policy(
         policy,
         eval_env_config(cfg),
         cfg.eval.episodes_per_task,
         seed=cfg.eval.seed,
-        episode_returns=returns,
         deterministic=deterministic,
-        episode_records=episode_records,
+        episode_records=records,
     )
+    returns = returns_by_task(records)
+    if episode_returns is not None:
+        episode_returns.update(returns)
     n = scored_chain_length(cfg.env.name, cfg.env.reward_type)
     return success, (chain_report(returns, n) if n else None)
 
