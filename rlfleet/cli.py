@@ -353,14 +353,20 @@ def build_parser() -> argparse.ArgumentParser:
 
     ev = sub.add_parser("eval", help="evaluate a checkpoint folder: success by task, difficulty and ML45 split")
     ev.add_argument("checkpoint", help="checkpoint folder or hf://ORG/NAME[@REVISION] (Hugging Face Hub)")
-    ev.add_argument("--task", help="task or task set, e.g. MT50 (default: the one it was trained on)")
+    ev.add_argument(
+        "--task",
+        help="task or task set, e.g. MT50 (default: a run's checkpoint, the run's evaluation tasks; "
+        "otherwise the one it was trained on)",
+    )
     ev.add_argument(
         "--env-address",
         metavar="HOST:PORT",
         help="evaluate on the EnvService server there (env.name=remote://HOST:PORT) instead of the checkpoint's env",
     )
     ev.add_argument("--episodes", type=int, default=10, help="episodes per task")
-    ev.add_argument("--seed", type=int, default=10_000, help="first episode seed")
+    ev.add_argument(
+        "--seed", type=int, help="first episode seed (default: the run's eval.seed for a run's checkpoint, else 10000)"
+    )
     ev.add_argument("--out", help="report folder (default: CHECKPOINT/eval; for hf:// eval/ORG--NAME)")
     ev.add_argument("--video", action="store_true", help="write MP4s of the first episode of each task")
     ev.add_argument(

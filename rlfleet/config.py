@@ -23,7 +23,7 @@ from rlfleet.algorithms.ppo import PPOConfig
 from rlfleet.data.demos import DEMO_SEED_BASE
 from rlfleet.envs.api import EnvConfig, observation_spec
 from rlfleet.envs.registry import check_env_name, make_env, require_env_extra
-from rlfleet.policies.checkpoint_io import is_hub_path, parse_hub_path, pin_model_path
+from rlfleet.policies.checkpoint_io import is_hub_path, parse_hub_path, pin_model_path, run_folder
 from rlfleet.policies.registry import check_policy_config, policy_classes
 from rlfleet.telemetry.trackers import check_backends, logger_backends
 from rlfleet.wire.slots import slot_layout
@@ -507,6 +507,13 @@ def eval_env_config(cfg: DictConfig) -> EnvConfig:
     per-subtask budget (a training-only `env.subtask_steps` never shortens evaluation)."""
     env = dataclasses.replace(EnvConfig(**as_dict(cfg.env)), pool="eval", subtask_steps=0)
     return dataclasses.replace(env, task=cfg.eval.task) if cfg.eval.task else env
+
+
+def checkpoint_run_config(checkpoint: str | Path) -> DictConfig | None:
+    """The config of the run a checkpoint RUN/checkpoints/update_N was written by (its config.yaml),
+    or None for any other folder or a Hub path."""
+    run = run_folder(checkpoint)
+    return config_from_yaml((run / "config.yaml").read_text()) if run else None
 
 
 def eval_seed_range(cfg: DictConfig, num_tasks: int) -> range:

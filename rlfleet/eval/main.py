@@ -4,6 +4,7 @@ in episodes.jsonl; `--compare OTHER` pairs those episodes with another evaluatio
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from argparse import Namespace
 from pathlib import Path
@@ -11,7 +12,7 @@ from pathlib import Path
 import torch
 from rich.console import Console
 
-from rlfleet.config import VideoConfig
+from rlfleet.config import EvalConfig, VideoConfig, checkpoint_run_config, eval_env_config
 from rlfleet.envs.api import EnvConfig
 from rlfleet.envs.chains import chain_report
 from rlfleet.envs.registry import scored_chain_length, task_groups
@@ -35,6 +36,13 @@ def main(args: Namespace) -> int:
     decode = getattr(args, "decode", None)
     policy, meta = load_checkpoint(args.checkpoint, overrides={"decode": decode} if decode else None)
     env = dict(meta.get("env") or {})
+    run_cfg = checkpoint_run_config(args.checkpoint)
+    seed = args.seed if args.seed is not None else (run_cfg.eval.seed if run_cfg is not None else EvalConfig.seed)
+    if run_cfg is not None and not args.task and not args.env_address:
+        # A run's checkpoint is evaluated as the run evaluated it (its `eval.task`, e.g. RoboTwin's
+        # X:eval scenes), so its final evaluation replays here episode by episode.
+        env = dataclasses.asdict(eval_env_config(run_cfg))
+        print(f"evaluating on the run's evaluation env: {env['name']} {env['task']}", flush=True)
     if args.env_address:  # the same policy against another (or a restarted) env server
         query = env.get("name", "").partition("?")[2] if str(env.get("name", "")).startswith("remote://") else ""
         env["name"] = f"remote://{args.env_address}" + (f"?{query}" if query else "")
@@ -47,7 +55,9 @@ def main(args: Namespace) -> int:
         env["task"] = args.task
     if not env:
         raise SystemExit("the checkpoint does not name its env: pass --task")
-    env["pool"] = "eval"  # held-out episodes where an env keeps them apart (CALVIN's chain pools)
+    # Held-out episodes where an env keeps them apart (CALVIN's chain pools), and the env's own
+    # per-subtask budget: what `eval_env_config` gives a run's evaluation.
+    env.update(pool="eval", subtask_steps=0)
     out = Path(args.out or _default_eval_dir(args.checkpoint))
     other = None
     if args.compare:  # a bad path fails before any episode runs
@@ -58,13 +68,13 @@ def main(args: Namespace) -> int:
     (out / "paired.md").unlink(missing_ok=True)  # a reused --out keeps no earlier comparison
     video = VideoConfig(save_video=args.video, video_base_dir=str(out / "videos"))
     if args.sample:
-        torch.manual_seed(args.seed)
+        torch.manual_seed(seed)
     records: list[dict] = []
     success = evaluate_policy(
         policy,
         EnvConfig(**env),
         args.episodes,
-        seed=args.seed,
+        seed=seed,
         video_cfg=video,
         out_dir=out,
         deterministic=not args.sample,

@@ -182,6 +182,15 @@ def pin_model_path(path: str) -> str:
     return f"{HF_PREFIX}{repo}@{resolve_model_path(path).name}"
 
 
+def run_folder(checkpoint: str | os.PathLike) -> Path | None:
+    """RUN for a checkpoint RUN/checkpoints/update_N (where config.yaml and summary.json live), else None."""
+    if is_hub_path(checkpoint):
+        return None
+    checkpoint = Path(checkpoint).resolve()
+    run = checkpoint.parent.parent
+    return run if checkpoint.parent.name == "checkpoints" and (run / "config.yaml").exists() else None
+
+
 def read_model_config(folder: str | Path) -> dict[str, Any]:
     folder = resolve_model_path(folder)
     cfg_path, weights = folder / "config.json", folder / "model.safetensors"

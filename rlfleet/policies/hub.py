@@ -16,7 +16,13 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from rlfleet.policies.checkpoint_io import is_hub_path, load_checkpoint, read_model_config, resolve_model_path
+from rlfleet.policies.checkpoint_io import (
+    is_hub_path,
+    load_checkpoint,
+    read_model_config,
+    resolve_model_path,
+    run_folder,
+)
 from rlfleet.policies.vla.normalization import get_norm_stats
 
 TRAINING_INFO = "training.json"  # written by rlfleet.learner.checkpointer beside each checkpoint
@@ -42,12 +48,6 @@ def checkpoint_folder(path: str | Path) -> Path:
         folder = folder / "checkpoints" / latest.read_text().strip()
     read_model_config(folder)  # not a checkpoint: one clear FileNotFoundError
     return folder
-
-
-def _run_folder(checkpoint: Path) -> Path | None:
-    """RUN for RUN/checkpoints/update_N (where summary.json and config.yaml live)."""
-    run = checkpoint.parent.parent
-    return run if checkpoint.parent.name == "checkpoints" and (run / "config.yaml").exists() else None
 
 
 def _norm_stats(checkpoint: Path) -> dict[str, Any] | None:
@@ -163,7 +163,7 @@ def export_checkpoint(
     info = json.loads((src / TRAINING_INFO).read_text()) if (src / TRAINING_INFO).exists() else {}
     if info:
         (out / TRAINING_INFO).write_text(json.dumps(info, indent=2))
-    run = _run_folder(src)
+    run = run_folder(src)
     summary = json.loads((run / "summary.json").read_text()) if run and (run / "summary.json").exists() else {}
     env_name = (config.get("env") or {}).get("name", "")
     eval_md = eval_markdown(summary, src, env_name) if eval_markdown else None

@@ -13,6 +13,8 @@ import sys
 import pytest
 from role_processes import TINY
 
+from rlfleet.eval.paired import read_episodes
+
 SUITES = {
     "robotwin": [
         "env.name=robotwin",
@@ -26,6 +28,7 @@ SUITES = {
         "env.task=D",
         "env.max_episode_steps=40",
         "env.reward_type=success",
+        "env.subtask_steps=20",  # training only: evaluation keeps the env's own budget
         "eval.every_updates=2",  # periodic evaluation on the held-out chains
     ],
 }
@@ -69,6 +72,20 @@ def test_short_fleet_run_then_eval_only(tmp_path, suite):
         assert "starting policy chains: avg_num_subtasks" in res.stderr
         assert re.search(r"eval at \d+ env steps: success_once [\d.]+, avg_num_subtasks [\d.]+", res.stderr)
     ckpt = run / "checkpoints" / (run / "checkpoints" / "latest").read_text().strip()
+
+    # `rlfleet eval` of the run's checkpoint evaluates as the run did (RoboTwin: its eval.task's
+    # held-out X:eval scenes; CALVIN: the eval chain pool), so the final evaluation replays.
+    ev = _cli("eval", str(ckpt), "--episodes", "1", "--compare", str(run), "--json", timeout=300)
+    assert ev.returncode == 0, ev.stderr[-3000:]
+    assert "evaluating on the run's evaluation env" in ev.stdout
+    paired = json.loads(ev.stdout.strip().splitlines()[-1])["paired"]
+    assert {row["task"] for row in paired["tasks"]} == set(summary["eval_success"])
+    assert all(row["pairs"] == 1 and row["only_this"] == row["only_other"] == 0 for row in paired["tasks"])
+    assert read_episodes(ckpt / "eval") == read_episodes(run)
+    if suite == "calvin":  # named by --task, the checkpoint's own env, still at the env's subtask budget
+        ev = _cli("eval", str(ckpt), "--task", "D", "--episodes", "1", "--out", str(tmp_path / "by_task"), timeout=300)
+        assert ev.returncode == 0, ev.stderr[-3000:]
+        assert read_episodes(tmp_path / "by_task") == read_episodes(run)
 
     only = tmp_path / "eval_only"
     res = _cli(
