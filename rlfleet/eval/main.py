@@ -26,7 +26,14 @@ from rlfleet.eval.paired import (
     read_episodes,
     write_episodes,
 )
-from rlfleet.eval.report import atomic_write, rich_table, success_table, write_chain_table, write_report
+from rlfleet.eval.report import (
+    atomic_write,
+    evaluation_mode,
+    rich_table,
+    success_table,
+    write_chain_table,
+    write_report,
+)
 from rlfleet.policies.checkpoint_io import is_hub_path, load_checkpoint
 
 
@@ -82,9 +89,7 @@ def main(args: Namespace) -> int:
     )
     returns = returns_by_task(records)
     table = success_table(success, {t: args.episodes for t in success}, task_groups(env.get("name", "metaworld")))
-    mode = "sampled" if args.sample else "deterministic"
-    if not args.sample and meta["policy"].get("name") == "tiny_oft":  # how the action is read from its bins
-        mode += f", {meta['policy'].get('decode', 'argmax')} decoding"
+    mode = evaluation_mode(meta["policy"], args.sample)
     Console().print(
         rich_table(table, title=f"evaluation of {args.checkpoint} ({args.episodes} episodes per task, {mode})")
     )

@@ -122,6 +122,16 @@ def to_markdown(table: Mapping[str, Any], title: str) -> str:
     return "\n".join(lines)
 
 
+def evaluation_mode(policy_settings: Mapping[str, Any], sample: bool) -> str:
+    """How an evaluation chose its actions, as `eval.json`'s `mode` says it (a later `--compare`
+    against the report checks it): sampled, or deterministic (with tiny_oft's decoding of its bins)."""
+    if sample:
+        return "sampled"
+    if policy_settings.get("name") == "tiny_oft":
+        return f"deterministic, {policy_settings.get('decode', 'argmax')} decoding"
+    return "deterministic"
+
+
 def atomic_write(path: Path, text: str) -> None:
     """Write via a temp file and rename, so a reader (or a crash) never sees half a report."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")

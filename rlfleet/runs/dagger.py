@@ -353,9 +353,17 @@ def run_dagger(cfg: DictConfig, progress: bool = True) -> dict[str, Any]:
                         stats[f"env/success_once/{name}"] = float(np.mean(oks))
                 if dcfg.eval_every and counters.update % dcfg.eval_every == 0 and counters.update < dcfg.iterations:
                     bar.update(task, info="evaluating ...")
+                    records: list[dict] = []
                     ev = evaluate_policy(
-                        policy, eval_env, dcfg.eval_episodes_per_task, seed=cfg.eval.seed, progress=False
+                        policy,
+                        eval_env,
+                        dcfg.eval_episodes_per_task,
+                        seed=cfg.eval.seed,
+                        progress=False,
+                        episode_records=records,
                     )
+                    # kept where an RL run keeps its periodic evaluations' episodes
+                    write_episodes(records, run_dir / "periodic_eval" / f"update_{counters.update:06d}")
                     stats["eval/success_mean"] = float(np.mean(list(ev.values())))
                 writer.write(stats, counters.update)
                 history.append(

@@ -51,7 +51,7 @@ def _run(tmp_path, *overrides: str) -> dict:
 
 
 def test_dagger_recipe_trains_from_the_sft_bootstrap(tmp_path):
-    summary = _run(tmp_path)
+    summary = _run(tmp_path, "dagger.eval_every=1", "dagger.eval_episodes_per_task=1")
     run_dir = tmp_path / "run"
     assert summary["algorithm"] == "dagger" and summary["variant"] == "dagger" and summary["iterations"] == 2
     assert summary["env_steps"] == 2 * 2 * 48  # 2 iterations x 2 envs x one 48-step episode
@@ -66,6 +66,10 @@ def test_dagger_recipe_trains_from_the_sft_bootstrap(tmp_path):
 
     (row,) = paired_comparison(read_episodes(run_dir), read_episodes(run_dir / "episodes_before.jsonl"))["tasks"]
     assert (row["this"], row["other"]) == (summary["eval_success"]["reach-v3"], summary["eval_before"]["reach-v3"])
+    # the evaluation after iteration 1 keeps its episodes where an RL run keeps its periodic ones
+    (mid,) = read_episodes(run_dir / "periodic_eval" / "update_000001")
+    assert (mid["task"], mid["seed"]) == ("reach-v3", 10_000)
+    assert mid["success"] == summary["history"][0]["eval/success_mean"]
     # the history: beta decays 0.5 -> 0.25, D = demos (the window's newest 80 rows) + 2 x 12 chunk samples
     h = summary["history"]
     assert [r["dagger/beta"] for r in h] == [0.5, 0.25]

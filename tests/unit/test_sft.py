@@ -231,3 +231,25 @@ def test_drop_noop_frames_gets_its_own_sft_cache_and_leaves_the_others_keys_alon
     assert bootstrap.sft_folder(stock).name == f"sft-{before}"
     assert bootstrap.sft_folder(dropped) != bootstrap.sft_folder(stock)
     assert bootstrap.demos_folder(dropped) == bootstrap.demos_folder(stock)  # the same demos
+
+
+def test_sft_eval_episodes_keeps_a_report_rlfleet_eval_replays(tmp_path, capsys):
+    """`rlfleet sft --eval-episodes N` evaluates on the recipe's held-out evaluation env and keeps
+    its report and episodes where `rlfleet eval CKPT` puts them (CKPT/eval), so a later evaluation
+    pairs with it episode by episode."""
+    from rlfleet.cli import main
+    from rlfleet.eval.paired import read_episodes
+
+    demos, out = tmp_path / "demos", tmp_path / "sft"
+    collect_env_demos(demos, EnvConfig(task="reach-v3", max_episode_steps=60), 2, progress=False)
+    overrides = ["env.task=reach-v3", "env.max_episode_steps=60", "sft.steps=5", "sft.threads=1"]
+    args = ["sft", "metaworld_reach_ppo", "--demos", str(demos), "--out", str(out), "--eval-episodes", "2"]
+    assert main([*args, *overrides]) == 0
+    records = read_episodes(out / "eval")
+    assert [(r["task"], r["seed"]) for r in records] == [("reach-v3", 10_000), ("reach-v3", 10_001)]
+    report = json.loads((out / "eval" / "eval.json").read_text())
+    assert report["mode"] == "deterministic" and report["tasks"][0]["episodes"] == 2
+    assert report["tasks"][0]["success"] == sum(r["success"] for r in records) / 2
+    again = tmp_path / "again"
+    assert main(["eval", str(out), "--episodes", "2", "--out", str(again), "--compare", str(out / "eval")]) == 0
+    assert read_episodes(again) == records
