@@ -88,8 +88,9 @@ def obs_map(obs: Mapping[str, object]) -> tensor_pb2.TensorMap:
     return codec.encode_map(obs)  # type: ignore[arg-type]
 
 
-def reset_reply(obs: Mapping[str, object]) -> env_pb2.StepReply:
-    return env_pb2.StepReply(obs=obs_map(obs))
+def reset_reply(obs: Mapping[str, object], scenes: list[int] | None = None) -> env_pb2.StepReply:
+    """A Reset's reply: the first observations, and the env's scene ids where it has them."""
+    return env_pb2.StepReply(obs=obs_map(obs), episode_scenes=scenes or [])
 
 
 def step_reply(result: StepResult) -> env_pb2.StepReply:

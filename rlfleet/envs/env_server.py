@@ -241,8 +241,9 @@ class EnvServicer(env_pb2_grpc.EnvServiceServicer):
         with session.lock:
             self._check_open(session, request.session_id)
             obs = session.env.reset(seeds)
+            scenes = session.env.episode_scenes()
             session.was_reset = True
-        return reset_reply(obs)
+        return reset_reply(obs, scenes)
 
     def _step(self, request: env_pb2.ChunkStepRequest) -> env_pb2.StepReply:
         session = self._session(request.session_id)

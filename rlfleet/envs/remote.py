@@ -138,6 +138,7 @@ class RemoteEnv(ChunkedEnv):
         self._ep_length = np.zeros(B, np.int32)
         self._ep_success = np.zeros(B, bool)
         self._bad_streak = np.zeros(B, np.int32)
+        self._scenes: list[int] | None = None  # the server's scene ids of the episodes the last Reset started
         self._recoveries_in_a_row = 0
         self._closed = False
 
@@ -164,8 +165,14 @@ class RemoteEnv(ChunkedEnv):
             obs = self._reopen(str(exc), seeds)
         else:
             obs = self._checked_obs(reply.obs, reset=True)
+            self._scenes = self._checked_scenes(reply)
         self._start_episodes(obs)
         return obs
+
+    def episode_scenes(self) -> list[int] | None:
+        """The scene ids the server's env gave for the episodes the last reset started (its
+        `episode_scenes`), or None where it gives none."""
+        return None if self._scenes is None else list(self._scenes)
 
     def chunk_step(self, actions: np.ndarray) -> StepResult:
         """As `ChunkedEnv.chunk_step`; shape/NaN errors in the actions come back from the server as
@@ -318,7 +325,9 @@ class RemoteEnv(ChunkedEnv):
                 request = env_pb2.ResetRequest(session_id=self._session)
                 if seeds is not None:
                     request.seeds.extend(int(s) for s in seeds)
-                obs = self._checked_obs(self._stub.Reset(request, timeout=min(left, t.timeout)).obs, reset=True)
+                reply = self._stub.Reset(request, timeout=min(left, t.timeout))
+                obs = self._checked_obs(reply.obs, reset=True)
+                self._scenes = self._checked_scenes(reply)
                 break
             except grpc.FutureTimeoutError:
                 ready.cancel()
@@ -332,6 +341,14 @@ class RemoteEnv(ChunkedEnv):
             pass  # a restarted server never had it
         log.warning("env server %s: session reopened", t.address)
         return obs
+
+    def _checked_scenes(self, reply: env_pb2.StepReply) -> list[int] | None:
+        scenes = list(reply.episode_scenes)
+        if scenes and len(scenes) != self._spec.num_envs:
+            raise codec.WireFormatError(
+                f"Reset gave {len(scenes)} episode_scenes for {self._spec.num_envs} envs (send one per env, or none)"
+            )
+        return scenes or None
 
     def _start_episodes(self, obs: dict) -> None:
         self._last_obs = {k: v.copy() for k, v in obs.items() if isinstance(v, np.ndarray)}

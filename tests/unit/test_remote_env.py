@@ -297,3 +297,31 @@ def test_env_workers_step_a_remote_env_with_the_actors_token():
         if pool is not None:
             pool.close()
         srv.stop(0)
+
+
+class MiscountedScenesEnv(CounterEnv):
+    """Gives one scene id whatever the batch: a server bug the client must not pass on."""
+
+    def episode_scenes(self) -> list[int]:
+        return [7]
+
+
+register_env("h_miscounted_scenes", MiscountedScenesEnv)
+
+
+def test_scene_ids_come_one_per_env_or_not_at_all(server):
+    address, _ = server
+    env = make_env(_remote_cfg(address), 2)  # CounterEnv has no scene ids: none on the wire
+    try:
+        env.reset(np.array([3, 4]))
+        assert env.episode_scenes() is None
+    finally:
+        env.close()
+    srv, port, _ = serve_env(EnvServerConfig(env=env_config("h_miscounted_scenes", overrides=["chunk_size=2"])))
+    bad = make_env(_remote_cfg(f"127.0.0.1:{port}"), 2)
+    try:
+        with pytest.raises(codec.WireFormatError, match="1 episode_scenes for 2 envs"):
+            bad.reset(np.array([3, 4]))
+    finally:
+        bad.close()
+        srv.stop(0)

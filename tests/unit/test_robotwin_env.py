@@ -1,5 +1,6 @@
 """RoboTwin-style dual-arm env (SAPIEN): tasks, experts, seeds, batch semantics, rendering."""
 
+import dataclasses
 import json
 
 import numpy as np
@@ -152,6 +153,27 @@ def test_one_scene_under_two_layouts_has_one_scene_id() -> None:
     finally:
         alone.close()
         both.close()
+
+
+def test_a_remote_env_carries_the_servers_scene_ids() -> None:
+    """Through an EnvService server the scene ids come back with each Reset, so evaluations over
+    the wire pair RoboTwin's episodes by scene as local ones do."""
+    from rlfleet.envs.env_server import EnvServerConfig, serve_env
+
+    cfg = _cfg("place_empty_cup:eval,click_bell:eval", chunk_size=1)
+    srv, port, _ = serve_env(EnvServerConfig(env=cfg, num_envs=2, max_envs=4))
+    local = RoboTwinEnv(cfg, 2)
+    remote = make_env(dataclasses.replace(cfg, name=f"remote://127.0.0.1:{port}?connect_timeout=20&timeout=60"), 2)
+    try:
+        for seeds in ([2, 3], [4, 5]):
+            np.testing.assert_array_equal(
+                remote.reset(np.array(seeds))["states"], local.reset(np.array(seeds))["states"]
+            )
+            assert remote.episode_scenes() == local.episode_scenes() != seeds  # scene seeds, not reset seeds
+    finally:
+        remote.close()
+        local.close()
+        srv.stop(0)
 
 
 def test_batch_shapes_auto_reset_and_seed_schedule() -> None:

@@ -26,7 +26,7 @@ _sym_db = _symbol_database.Default()
 from rlfleet.wire.gen import tensor_pb2 as rlfleet_dot_v1_dot_tensor__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14rlfleet/v1/env.proto\x12\nrlfleet.v1\x1a\x17rlfleet/v1/tensor.proto\"i\n\x0bSpecRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x10\n\x08num_envs\x18\x02 \x01(\x05\x12\x12\n\nenv_offset\x18\x03 \x01(\x05\x12\x0c\n\x04seed\x18\x04 \x01(\x03\x12\x12\n\nchunk_size\x18\x05 \x01(\x05\"<\n\x0fObservationSpec\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\"\x8b\x02\n\x0c\x45nvSpecReply\x12\x10\n\x08num_envs\x18\x01 \x01(\x05\x12\x11\n\tstate_dim\x18\x02 \x01(\x05\x12\x12\n\naction_dim\x18\x03 \x01(\x05\x12\x12\n\nchunk_size\x18\x04 \x01(\x05\x12\x19\n\x11max_episode_steps\x18\x05 \x01(\x05\x12\x12\n\ntask_names\x18\x06 \x03(\t\x12\x12\n\naction_low\x18\x07 \x01(\x02\x12\x13\n\x0b\x61\x63tion_high\x18\x08 \x01(\x02\x12\x11\n\ttask_list\x18\t \x03(\t\x12\x31\n\x0cobservations\x18\n \x03(\x0b\x32\x1b.rlfleet.v1.ObservationSpec\x12\x10\n\x08\x65nv_name\x18\x0b \x01(\t\"1\n\x0cResetRequest\x12\r\n\x05seeds\x18\x01 \x03(\x03\x12\x12\n\nsession_id\x18\x02 \x01(\t\"]\n\x10\x43hunkStepRequest\x12#\n\x07\x61\x63tions\x18\x01 \x01(\x0b\x32\x12.rlfleet.v1.Tensor\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x10\n\x08step_seq\x18\x03 \x01(\x04\"f\n\tStepReply\x12\"\n\x03obs\x18\x01 \x01(\x0b\x32\x15.rlfleet.v1.TensorMap\x12#\n\x04step\x18\x02 \x01(\x0b\x32\x15.rlfleet.v1.TensorMap\x12\x10\n\x08step_seq\x18\x03 \x01(\x04\"\"\n\x0c\x43loseRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\x0c\n\nCloseReply2\x81\x02\n\nEnvService\x12<\n\x07GetSpec\x12\x17.rlfleet.v1.SpecRequest\x1a\x18.rlfleet.v1.EnvSpecReply\x12\x38\n\x05Reset\x12\x18.rlfleet.v1.ResetRequest\x1a\x15.rlfleet.v1.StepReply\x12@\n\tChunkStep\x12\x1c.rlfleet.v1.ChunkStepRequest\x1a\x15.rlfleet.v1.StepReply\x12\x39\n\x05\x43lose\x12\x18.rlfleet.v1.CloseRequest\x1a\x16.rlfleet.v1.CloseReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14rlfleet/v1/env.proto\x12\nrlfleet.v1\x1a\x17rlfleet/v1/tensor.proto\"i\n\x0bSpecRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x10\n\x08num_envs\x18\x02 \x01(\x05\x12\x12\n\nenv_offset\x18\x03 \x01(\x05\x12\x0c\n\x04seed\x18\x04 \x01(\x03\x12\x12\n\nchunk_size\x18\x05 \x01(\x05\"<\n\x0fObservationSpec\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\"\x8b\x02\n\x0c\x45nvSpecReply\x12\x10\n\x08num_envs\x18\x01 \x01(\x05\x12\x11\n\tstate_dim\x18\x02 \x01(\x05\x12\x12\n\naction_dim\x18\x03 \x01(\x05\x12\x12\n\nchunk_size\x18\x04 \x01(\x05\x12\x19\n\x11max_episode_steps\x18\x05 \x01(\x05\x12\x12\n\ntask_names\x18\x06 \x03(\t\x12\x12\n\naction_low\x18\x07 \x01(\x02\x12\x13\n\x0b\x61\x63tion_high\x18\x08 \x01(\x02\x12\x11\n\ttask_list\x18\t \x03(\t\x12\x31\n\x0cobservations\x18\n \x03(\x0b\x32\x1b.rlfleet.v1.ObservationSpec\x12\x10\n\x08\x65nv_name\x18\x0b \x01(\t\"1\n\x0cResetRequest\x12\r\n\x05seeds\x18\x01 \x03(\x03\x12\x12\n\nsession_id\x18\x02 \x01(\t\"]\n\x10\x43hunkStepRequest\x12#\n\x07\x61\x63tions\x18\x01 \x01(\x0b\x32\x12.rlfleet.v1.Tensor\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x10\n\x08step_seq\x18\x03 \x01(\x04\"~\n\tStepReply\x12\"\n\x03obs\x18\x01 \x01(\x0b\x32\x15.rlfleet.v1.TensorMap\x12#\n\x04step\x18\x02 \x01(\x0b\x32\x15.rlfleet.v1.TensorMap\x12\x10\n\x08step_seq\x18\x03 \x01(\x04\x12\x16\n\x0e\x65pisode_scenes\x18\x04 \x03(\x03\"\"\n\x0c\x43loseRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\x0c\n\nCloseReply2\x81\x02\n\nEnvService\x12<\n\x07GetSpec\x12\x17.rlfleet.v1.SpecRequest\x1a\x18.rlfleet.v1.EnvSpecReply\x12\x38\n\x05Reset\x12\x18.rlfleet.v1.ResetRequest\x1a\x15.rlfleet.v1.StepReply\x12@\n\tChunkStep\x12\x1c.rlfleet.v1.ChunkStepRequest\x1a\x15.rlfleet.v1.StepReply\x12\x39\n\x05\x43lose\x12\x18.rlfleet.v1.CloseRequest\x1a\x16.rlfleet.v1.CloseReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -44,11 +44,11 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CHUNKSTEPREQUEST']._serialized_start=551
   _globals['_CHUNKSTEPREQUEST']._serialized_end=644
   _globals['_STEPREPLY']._serialized_start=646
-  _globals['_STEPREPLY']._serialized_end=748
-  _globals['_CLOSEREQUEST']._serialized_start=750
-  _globals['_CLOSEREQUEST']._serialized_end=784
-  _globals['_CLOSEREPLY']._serialized_start=786
-  _globals['_CLOSEREPLY']._serialized_end=798
-  _globals['_ENVSERVICE']._serialized_start=801
-  _globals['_ENVSERVICE']._serialized_end=1058
+  _globals['_STEPREPLY']._serialized_end=772
+  _globals['_CLOSEREQUEST']._serialized_start=774
+  _globals['_CLOSEREQUEST']._serialized_end=808
+  _globals['_CLOSEREPLY']._serialized_start=810
+  _globals['_CLOSEREPLY']._serialized_end=822
+  _globals['_ENVSERVICE']._serialized_start=825
+  _globals['_ENVSERVICE']._serialized_end=1082
 # @@protoc_insertion_point(module_scope)

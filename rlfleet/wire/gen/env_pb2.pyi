@@ -77,14 +77,16 @@ class ChunkStepRequest(_message.Message):
     def __init__(self, actions: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., session_id: _Optional[str] = ..., step_seq: _Optional[int] = ...) -> None: ...
 
 class StepReply(_message.Message):
-    __slots__ = ("obs", "step", "step_seq")
+    __slots__ = ("obs", "step", "step_seq", "episode_scenes")
     OBS_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     STEP_SEQ_FIELD_NUMBER: _ClassVar[int]
+    EPISODE_SCENES_FIELD_NUMBER: _ClassVar[int]
     obs: _tensor_pb2.TensorMap
     step: _tensor_pb2.TensorMap
     step_seq: int
-    def __init__(self, obs: _Optional[_Union[_tensor_pb2.TensorMap, _Mapping]] = ..., step: _Optional[_Union[_tensor_pb2.TensorMap, _Mapping]] = ..., step_seq: _Optional[int] = ...) -> None: ...
+    episode_scenes: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, obs: _Optional[_Union[_tensor_pb2.TensorMap, _Mapping]] = ..., step: _Optional[_Union[_tensor_pb2.TensorMap, _Mapping]] = ..., step_seq: _Optional[int] = ..., episode_scenes: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class CloseRequest(_message.Message):
     __slots__ = ("session_id",)
