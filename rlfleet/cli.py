@@ -352,7 +352,10 @@ def build_parser() -> argparse.ArgumentParser:
     ac.set_defaults(func=cmd_actor)
 
     ev = sub.add_parser("eval", help="evaluate a checkpoint folder: success by task, difficulty and ML45 split")
-    ev.add_argument("checkpoint", help="checkpoint folder or hf://ORG/NAME[@REVISION] (Hugging Face Hub)")
+    ev.add_argument(
+        "checkpoint",
+        help="checkpoint folder, run folder (its latest checkpoint) or hf://ORG/NAME[@REVISION] (Hugging Face Hub)",
+    )
     ev.add_argument(
         "--task",
         help="task or task set, e.g. MT50 (default: a run's checkpoint, the run's evaluation tasks; "

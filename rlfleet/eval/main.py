@@ -34,16 +34,18 @@ from rlfleet.eval.report import (
     write_chain_table,
     write_report,
 )
-from rlfleet.policies.checkpoint_io import is_hub_path, load_checkpoint
+from rlfleet.policies.checkpoint_io import checkpoint_folder, is_hub_path, load_checkpoint
 
 
 def main(args: Namespace) -> int:
     """Success per task and per task group the env declares (MetaWorld: difficulty, ML45 held-out),
     as JSON and Markdown."""
     decode = getattr(args, "decode", None)
-    policy, meta = load_checkpoint(args.checkpoint, overrides={"decode": decode} if decode else None)
+    # a run folder names its latest checkpoint; hf:// stays as given (its report folder is named after it)
+    checkpoint = args.checkpoint if is_hub_path(args.checkpoint) else str(checkpoint_folder(args.checkpoint))
+    policy, meta = load_checkpoint(checkpoint, overrides={"decode": decode} if decode else None)
     env = dict(meta.get("env") or {})
-    run_cfg = checkpoint_run_config(args.checkpoint)
+    run_cfg = checkpoint_run_config(checkpoint)
     seed = args.seed if args.seed is not None else (run_cfg.eval.seed if run_cfg is not None else EvalConfig.seed)
     if run_cfg is not None and not args.task and not args.env_address:
         # A run's checkpoint is evaluated as the run evaluated it (its `eval.task`, e.g. RoboTwin's
@@ -65,7 +67,7 @@ def main(args: Namespace) -> int:
     # Held-out episodes where an env keeps them apart (CALVIN's chain pools), and the env's own
     # per-subtask budget: what `eval_env_config` gives a run's evaluation.
     env.update(pool="eval", subtask_steps=0)
-    out = Path(args.out or _default_eval_dir(args.checkpoint))
+    out = Path(args.out or _default_eval_dir(checkpoint))
     other = None
     if args.compare:  # a bad path fails before any episode runs
         other = read_episodes(args.compare)
@@ -90,22 +92,20 @@ def main(args: Namespace) -> int:
     returns = returns_by_task(records)
     table = success_table(success, {t: args.episodes for t in success}, task_groups(env.get("name", "metaworld")))
     mode = evaluation_mode(meta["policy"], args.sample)
-    Console().print(
-        rich_table(table, title=f"evaluation of {args.checkpoint} ({args.episodes} episodes per task, {mode})")
-    )
+    Console().print(rich_table(table, title=f"evaluation of {checkpoint} ({args.episodes} episodes per task, {mode})"))
     table["mode"] = mode  # what a later --compare against this report checks
     table["mean_return"] = {t: sum(r) / len(r) for t, r in returns.items() if r}  # envs judged by return (gym:...)
     print("mean episode return: " + ", ".join(f"{t} {v:.1f}" for t, v in table["mean_return"].items()))
     write_episodes(records, out)
-    json_path, md_path = write_report(table, out, name="eval", title=f"Evaluation of {args.checkpoint}")
+    json_path, md_path = write_report(table, out, name="eval", title=f"Evaluation of {checkpoint}")
     n = scored_chain_length(env.get("name", "metaworld"), env.get("reward_type", "dense"))
     if n:
         table["chains"] = chain_report(returns, n)  # CALVIN's columns, also in eval.json
-        write_report(table, out, name="eval", title=f"Evaluation of {args.checkpoint}")
-        print(write_chain_table(out, table["chains"], f"Chains of {args.checkpoint} ({mode})", n))
+        write_report(table, out, name="eval", title=f"Evaluation of {checkpoint}")
+        print(write_chain_table(out, table["chains"], f"Chains of {checkpoint} ({mode})", n))
     if other is not None:  # after the report is written, so a failed pairing loses no episode
         table["paired"] = {"against": str(args.compare), **paired_comparison(records, other)}
-        title = f"{args.checkpoint} (this) against {args.compare} (other), same episodes"
+        title = f"{checkpoint} (this) against {args.compare} (other), same episodes"
         other_mode = _report_mode(Path(args.compare))
         if other_mode and other_mode != mode:  # e.g. sampled against deterministic: allowed, but say so
             print(f"note: {args.compare} was evaluated {other_mode}, this evaluation {mode}", flush=True)
@@ -114,7 +114,7 @@ def main(args: Namespace) -> int:
         if note:
             print(f"note: {note}", flush=True)
         atomic_write(out / "paired.md", paired_markdown(table["paired"], title))
-        write_report(table, out, name="eval", title=f"Evaluation of {args.checkpoint}")
+        write_report(table, out, name="eval", title=f"Evaluation of {checkpoint}")
     print(f"report: {json_path} {md_path}")
     if args.json:
         print(json.dumps(table))

@@ -182,6 +182,18 @@ def pin_model_path(path: str) -> str:
     return f"{HF_PREFIX}{repo}@{resolve_model_path(path).name}"
 
 
+def checkpoint_folder(path: str | Path) -> Path:
+    """The checkpoint a path names: a checkpoint folder, a run folder (its latest checkpoint) or hf://."""
+    if is_hub_path(path):
+        return resolve_model_path(path)
+    folder = Path(path)
+    latest = folder / "checkpoints" / "latest"
+    if latest.exists():  # a run folder
+        folder = folder / "checkpoints" / latest.read_text().strip()
+    read_model_config(folder)  # not a checkpoint: one clear FileNotFoundError
+    return folder
+
+
 def run_folder(checkpoint: str | os.PathLike) -> Path | None:
     """RUN for a checkpoint RUN/checkpoints/update_N (where config.yaml and summary.json live), else None."""
     if is_hub_path(checkpoint):

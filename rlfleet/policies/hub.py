@@ -17,10 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from rlfleet.policies.checkpoint_io import (
-    is_hub_path,
+    checkpoint_folder,
     load_checkpoint,
     read_model_config,
-    resolve_model_path,
     run_folder,
 )
 from rlfleet.policies.vla.normalization import get_norm_stats
@@ -36,18 +35,6 @@ _SUMMARY_METRICS = (
     "eval_success_mean",
     "eval_before_mean",
 )
-
-
-def checkpoint_folder(path: str | Path) -> Path:
-    """The checkpoint a path names: a checkpoint folder, a run folder (its latest checkpoint) or hf://."""
-    if is_hub_path(path):
-        return resolve_model_path(path)
-    folder = Path(path)
-    latest = folder / "checkpoints" / "latest"
-    if latest.exists():  # a run folder
-        folder = folder / "checkpoints" / latest.read_text().strip()
-    read_model_config(folder)  # not a checkpoint: one clear FileNotFoundError
-    return folder
 
 
 def _norm_stats(checkpoint: Path) -> dict[str, Any] | None:

@@ -59,7 +59,8 @@ def test_train_local_then_eval(tmp_path):
     start, final_eps = read_episodes(run / "episodes_before.jsonl"), read_episodes(run / "episodes.jsonl")
     assert [r["seed"] for r in start] == [r["seed"] for r in final_eps] == [10_000 + j for j in range(len(start))]
     assert sum(r["success"] for r in final_eps) / len(final_eps) == summary["eval_success"]["reach-v3"]
-    ev = _cli("eval", str(ckpt), "--episodes", "2", "--compare", str(run), "--json", timeout=120)
+    # (a run folder names its latest checkpoint, whose eval/ folder gets the report)
+    ev = _cli("eval", str(run), "--episodes", "2", "--compare", str(run), "--json", timeout=120)
     assert ev.returncode == 0, ev.stderr[-3000:]
     (row,) = json.loads(ev.stdout.strip().splitlines()[-1])["paired"]["tasks"]
     assert row["pairs"] == 2 and row["only_this"] == row["only_other"] == 0
