@@ -236,7 +236,8 @@ class ChunkedEnv(abc.ABC):
         """An id of each env's current episode's starting state, for matching one evaluation's
         episodes with another's where the reset seed alone does not name it (an env that maps
         seeds onto a finite list, so another seed or another batch layout replays the same scene;
-        rlfleet.eval.paired); None: the reset seed names it."""
+        rlfleet.eval.paired); None: the reset seed names it. Evaluation reads it right after
+        `reset`; a remote env gives the ids of the episodes its last reset started."""
         return None
 
     @abc.abstractmethod

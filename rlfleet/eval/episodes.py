@@ -4,6 +4,7 @@ learner role receives it (periodic and final), which keeps every episode in its 
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -11,14 +12,16 @@ from typing import Any
 import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
+from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from torch import nn
 
 from rlfleet.config import VideoConfig, eval_env_config
 from rlfleet.envs.api import ChunkedEnv, EnvConfig
-from rlfleet.envs.registry import make_env, task_list
+from rlfleet.envs.chains import chain_report
+from rlfleet.envs.registry import make_env, scored_chain_length, task_groups, task_list
 from rlfleet.eval.paired import write_episodes
-from rlfleet.eval.report import write_chain_table
+from rlfleet.eval.report import rich_table, success_table, write_chain_table, write_report
 from rlfleet.eval.video import EpisodeRecorder
 
 # A rendering env holds a ~60 MB offscreen context: evaluate in rounds of at most this many envs.
@@ -149,6 +152,31 @@ def returns_by_task(records: list[dict[str, Any]]) -> dict[str, list[float]]:
     for r in records:
         returns.setdefault(r["task"], []).append(r["return"])
     return returns
+
+
+def report_evaluation(
+    out: Path, records: list[dict], success: dict[str, float], env: EnvConfig, seed: int, mode: str, checkpoint: str
+) -> dict[str, Any]:
+    """Write one evaluation's report to `out` and show it: episodes.jsonl, eval.json (the success
+    table, how actions were chosen, the env and first seed, mean returns, a chained env's chain
+    metrics) and eval.md (eval_chain.md for chains). Returns the eval.json dict."""
+    episodes = Counter(r["task"] for r in records)
+    returns = returns_by_task(records)
+    table = success_table(success, {t: episodes[t] for t in success}, task_groups(env.name))
+    per_task = max(episodes.values(), default=0)
+    Console().print(rich_table(table, title=f"evaluation of {checkpoint} ({per_task} episodes per task, {mode})"))
+    table["mode"] = mode  # what a later --compare against this report checks
+    table["env"], table["seed"] = {"name": env.name, "task": env.task}, seed  # what it ran, for a later pairing
+    table["mean_return"] = {t: sum(r) / len(r) for t, r in returns.items() if r}  # envs judged by return (gym:...)
+    print("mean episode return: " + ", ".join(f"{t} {v:.1f}" for t, v in table["mean_return"].items()))
+    n = scored_chain_length(env.name, env.reward_type)
+    if n:
+        table["chains"] = chain_report(returns, n)  # CALVIN's columns, also in eval.json
+    write_episodes(records, out)
+    write_report(table, out, name="eval", title=f"Evaluation of {checkpoint}")
+    if n:
+        print(write_chain_table(out, table["chains"], f"Chains of {checkpoint} ({mode})", n))
+    return table
 
 
 def obs_tensors(obs: dict, keys: tuple[str, ...], device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:

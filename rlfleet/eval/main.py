@@ -10,13 +10,13 @@ from argparse import Namespace
 from pathlib import Path
 
 import torch
+import yaml
+from omegaconf.errors import OmegaConfBaseException
 from rich.console import Console
 
 from rlfleet.config import EvalConfig, VideoConfig, checkpoint_run_config, eval_env_config
 from rlfleet.envs.api import EnvConfig
-from rlfleet.envs.chains import chain_report
-from rlfleet.envs.registry import scored_chain_length, task_groups
-from rlfleet.eval.episodes import evaluate_policy, returns_by_task
+from rlfleet.eval.episodes import evaluate_policy, report_evaluation
 from rlfleet.eval.paired import (
     EPISODES_FILE,
     paired_comparison,
@@ -24,14 +24,10 @@ from rlfleet.eval.paired import (
     paired_rich,
     pairing_note,
     read_episodes,
-    write_episodes,
 )
 from rlfleet.eval.report import (
     atomic_write,
     evaluation_mode,
-    rich_table,
-    success_table,
-    write_chain_table,
     write_report,
 )
 from rlfleet.policies.checkpoint_io import checkpoint_folder, is_hub_path, load_checkpoint
@@ -45,7 +41,11 @@ def main(args: Namespace) -> int:
     checkpoint = args.checkpoint if is_hub_path(args.checkpoint) else str(checkpoint_folder(args.checkpoint))
     policy, meta = load_checkpoint(checkpoint, overrides={"decode": decode} if decode else None)
     env = dict(meta.get("env") or {})
-    run_cfg = checkpoint_run_config(checkpoint)
+    try:
+        run_cfg = checkpoint_run_config(checkpoint)
+    except (OmegaConfBaseException, yaml.YAMLError, OSError) as exc:  # e.g. a key a later rlfleet dropped
+        print(f"note: the run's config.yaml does not load ({type(exc).__name__}); evaluating on the checkpoint's env")
+        run_cfg = None
     seed = args.seed if args.seed is not None else (run_cfg.eval.seed if run_cfg is not None else EvalConfig.seed)
     if run_cfg is not None and not args.task and not args.env_address:
         # A run's checkpoint is evaluated as the run evaluated it (its `eval.task`, e.g. RoboTwin's
@@ -89,20 +89,9 @@ def main(args: Namespace) -> int:
         deterministic=not args.sample,
         episode_records=records,
     )
-    returns = returns_by_task(records)
-    table = success_table(success, {t: args.episodes for t in success}, task_groups(env.get("name", "metaworld")))
     mode = evaluation_mode(meta["policy"], args.sample)
-    Console().print(rich_table(table, title=f"evaluation of {checkpoint} ({args.episodes} episodes per task, {mode})"))
-    table["mode"] = mode  # what a later --compare against this report checks
-    table["mean_return"] = {t: sum(r) / len(r) for t, r in returns.items() if r}  # envs judged by return (gym:...)
-    print("mean episode return: " + ", ".join(f"{t} {v:.1f}" for t, v in table["mean_return"].items()))
-    write_episodes(records, out)
-    json_path, md_path = write_report(table, out, name="eval", title=f"Evaluation of {checkpoint}")
-    n = scored_chain_length(env.get("name", "metaworld"), env.get("reward_type", "dense"))
-    if n:
-        table["chains"] = chain_report(returns, n)  # CALVIN's columns, also in eval.json
-        write_report(table, out, name="eval", title=f"Evaluation of {checkpoint}")
-        print(write_chain_table(out, table["chains"], f"Chains of {checkpoint} ({mode})", n))
+    table = report_evaluation(out, records, success, EnvConfig(**env), seed, mode, checkpoint)
+    json_path, md_path = out / "eval.json", out / "eval.md"
     if other is not None:  # after the report is written, so a failed pairing loses no episode
         table["paired"] = {"against": str(args.compare), **paired_comparison(records, other)}
         title = f"{checkpoint} (this) against {args.compare} (other), same episodes"

@@ -25,10 +25,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rlfleet.config import SFTConfig, as_dict, eval_env_config, load_config, policy_settings
 from rlfleet.data.demos import IMAGE_KEYS, DemoEpisode, drop_noop_frames, load_demos
 from rlfleet.envs.api import EnvConfig
-from rlfleet.envs.registry import gripper_action_dims, task_groups
-from rlfleet.eval.episodes import evaluate_policy
-from rlfleet.eval.paired import write_episodes
-from rlfleet.eval.report import evaluation_mode, success_table, write_report
+from rlfleet.envs.registry import gripper_action_dims
+from rlfleet.eval.episodes import evaluate_policy, report_evaluation
+from rlfleet.eval.report import evaluation_mode
 from rlfleet.learner.metrics import print_summary
 from rlfleet.policies.checkpoint_io import load_checkpoint, model_config, save_checkpoint_folder
 from rlfleet.policies.registry import make_policy
@@ -252,18 +251,14 @@ def main(args: Namespace) -> int:
     summary = run_sft(
         args.demos, args.out, policy_settings(cfg), EnvConfig(**as_dict(cfg.env)), SFTConfig(**as_dict(cfg.sft))
     )
-    if args.eval_episodes:  # on the recipe's held-out evaluation env, reported as `rlfleet eval CKPT` reports
+    if args.eval_episodes:  # on the recipe's held-out evaluation env, reported as `rlfleet eval` reports
         policy, meta = load_checkpoint(args.out)
         records: list[dict] = []
-        success = evaluate_policy(
-            policy, eval_env_config(cfg), args.eval_episodes, seed=cfg.eval.seed, episode_records=records
-        )
+        env = eval_env_config(cfg)
+        success = evaluate_policy(policy, env, args.eval_episodes, seed=cfg.eval.seed, episode_records=records)
         summary.update(eval_success=success, eval_success_mean=sum(success.values()) / len(success))
-        report = Path(args.out) / "eval"
-        write_episodes(records, report)
-        table = success_table(success, {t: args.eval_episodes for t in success}, task_groups(cfg.env.name))
-        table["mode"] = evaluation_mode(meta["policy"], sample=False)
-        write_report(table, report, name="eval", title=f"Evaluation of {args.out}")
+        mode = evaluation_mode(meta["policy"], sample=False)
+        report_evaluation(Path(args.out) / "eval", records, success, env, cfg.eval.seed, mode, str(args.out))
         print_summary(summary)
     Console().print({k: summary[k] for k in ("samples", "episodes", "steps", "final_loss", "train_seconds")})
     print(f"checkpoint: {args.out}")

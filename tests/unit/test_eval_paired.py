@@ -159,3 +159,33 @@ def test_rlfleet_eval_compare_refuses_in_one_line(tmp_path):
     res = _eval(str(ckpt), "--episodes", "1", "--compare", str(tmp_path / "other"), "--out", str(tmp_path / "y"))
     assert res.returncode == 2 and "share no episode" in res.stderr and "Traceback" not in res.stderr
     assert (tmp_path / "y" / "eval.json").exists() and len(read_episodes(tmp_path / "y")) == 1  # nothing lost
+
+
+def test_rlfleet_eval_of_a_runs_checkpoint_plays_the_runs_evaluation(tmp_path):
+    """A checkpoint in a run folder is evaluated on the run's `eval.task` from its `eval.seed`
+    (config.yaml), given as a checkpoint or as the run folder; `--task` / `--seed` still override,
+    and a config.yaml that no longer loads costs a note, not the evaluation."""
+    from rlfleet.config import load_config, to_yaml
+
+    run = tmp_path / "run"
+    ckpt = _checkpoint(run, 0)  # trained on reach-v3
+    cfg = load_config("metaworld_reach_ppo", ["env.task=reach-v3", "eval.task=push-v3", "eval.seed=12345"])
+    (run / "config.yaml").write_text(to_yaml(cfg))
+    for target in (ckpt, run):
+        res = _eval(str(target), "--episodes", "2", "--out", str(tmp_path / "a"))
+        assert res.returncode == 0, res.stderr[-3000:]
+        assert "evaluating on the run's evaluation env: metaworld push-v3" in res.stdout
+        assert [(r["task"], r["seed"]) for r in read_episodes(tmp_path / "a")] == [
+            ("push-v3", 12345),
+            ("push-v3", 12346),
+        ]
+    report = json.loads((tmp_path / "a" / "eval.json").read_text())
+    assert (report["env"], report["seed"]) == ({"name": "metaworld", "task": "push-v3"}, 12345)
+    res = _eval(str(ckpt), "--episodes", "1", "--task", "reach-v3", "--seed", "7", "--out", str(tmp_path / "b"))
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert [(r["task"], r["seed"]) for r in read_episodes(tmp_path / "b")] == [("reach-v3", 7)]
+    (run / "config.yaml").write_text(to_yaml(cfg) + "runner:\n  a_dropped_option: 1\n")
+    res = _eval(str(ckpt), "--episodes", "1", "--out", str(tmp_path / "c"))
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "note: the run's config.yaml does not load" in res.stdout
+    assert [(r["task"], r["seed"]) for r in read_episodes(tmp_path / "c")] == [("reach-v3", 10_000)]

@@ -233,23 +233,26 @@ def test_drop_noop_frames_gets_its_own_sft_cache_and_leaves_the_others_keys_alon
     assert bootstrap.demos_folder(dropped) == bootstrap.demos_folder(stock)  # the same demos
 
 
-def test_sft_eval_episodes_keeps_a_report_rlfleet_eval_replays(tmp_path, capsys):
-    """`rlfleet sft --eval-episodes N` evaluates on the recipe's held-out evaluation env and keeps
-    its report and episodes where `rlfleet eval CKPT` puts them (CKPT/eval), so a later evaluation
-    pairs with it episode by episode."""
+def test_sft_eval_episodes_keeps_a_report_rlfleet_eval_replays(tmp_path):
+    """`rlfleet sft --eval-episodes N` evaluates on the recipe's held-out evaluation env (its
+    `eval.task` from `eval.seed`, not the env it trained on) and keeps its report and episodes in
+    `rlfleet eval`'s form in CKPT/eval, so a later evaluation of the same env pairs with it."""
     from rlfleet.cli import main
     from rlfleet.eval.paired import read_episodes
 
     demos, out = tmp_path / "demos", tmp_path / "sft"
     collect_env_demos(demos, EnvConfig(task="reach-v3", max_episode_steps=60), 2, progress=False)
     overrides = ["env.task=reach-v3", "env.max_episode_steps=60", "sft.steps=5", "sft.threads=1"]
+    overrides += ["eval.task=push-v3", "eval.seed=12345"]
     args = ["sft", "metaworld_reach_ppo", "--demos", str(demos), "--out", str(out), "--eval-episodes", "2"]
     assert main([*args, *overrides]) == 0
     records = read_episodes(out / "eval")
-    assert [(r["task"], r["seed"]) for r in records] == [("reach-v3", 10_000), ("reach-v3", 10_001)]
+    assert [(r["task"], r["seed"]) for r in records] == [("push-v3", 12_345), ("push-v3", 12_346)]
     report = json.loads((out / "eval" / "eval.json").read_text())
     assert report["mode"] == "deterministic" and report["tasks"][0]["episodes"] == 2
+    assert (report["env"], report["seed"]) == ({"name": "metaworld", "task": "push-v3"}, 12_345)
     assert report["tasks"][0]["success"] == sum(r["success"] for r in records) / 2
     again = tmp_path / "again"
-    assert main(["eval", str(out), "--episodes", "2", "--out", str(again), "--compare", str(out / "eval")]) == 0
+    compare = ["--out", str(again), "--compare", str(out / "eval")]
+    assert main(["eval", str(out), "--task", "push-v3", "--seed", "12345", "--episodes", "2", *compare]) == 0
     assert read_episodes(again) == records
