@@ -25,11 +25,7 @@ from rlfleet.eval.paired import (
     pairing_note,
     read_episodes,
 )
-from rlfleet.eval.report import (
-    atomic_write,
-    evaluation_mode,
-    write_report,
-)
+from rlfleet.eval.report import atomic_write, evaluation_mode, write_report
 from rlfleet.policies.checkpoint_io import checkpoint_folder, is_hub_path, load_checkpoint
 
 
