@@ -31,6 +31,7 @@ class FaultyEnv(ChunkedEnv):
 
     faults: ClassVar[dict] = {}
     steps_taken = 0  # chunk_step calls across instances (what the server really applied)
+    resets = 0  # reset calls across instances: each reset's scene ids differ (10 * resets + env)
 
     def __init__(self, cfg: EnvConfig, num_envs: int, env_offset: int = 0):
         self.cfg, self.n = cfg, num_envs
@@ -57,10 +58,15 @@ class FaultyEnv(ChunkedEnv):
 
     def reset(self, seeds=None):
         self.t[:] = 0
+        FaultyEnv.resets += 1
+        self._scenes = [10 * FaultyEnv.resets + i for i in range(self.n)]
         obs = self._obs(stepped=False)
         if self.faults.get("nan_reset"):
             obs["states"][:] = np.inf
         return obs
+
+    def episode_scenes(self) -> list[int]:
+        return list(self._scenes)
 
     def chunk_step(self, actions):
         if "sleep" in self.faults:
@@ -106,6 +112,7 @@ def _serve(port: int = 0):
 def server():
     FaultyEnv.faults = {}
     FaultyEnv.steps_taken = 0
+    FaultyEnv.resets = 0
     srv, port, servicer = _serve()
     yield port, servicer, srv
     srv.stop(0)
@@ -128,6 +135,7 @@ def test_a_restarted_server_is_reconnected_and_episodes_in_flight_end_truncated(
     port, servicer, srv = server
     with _env(port) as env:
         env.reset()
+        assert env.episode_scenes() == [10, 11]
         env.chunk_step(_act())
         env.chunk_step(_act())
         first = env.chunk_step(_act())
@@ -154,6 +162,7 @@ def test_a_restarted_server_is_reconnected_and_episodes_in_flight_end_truncated(
             np.testing.assert_array_equal(res.final_obs["states"][:, 0], [3.0, 3.0])
             np.testing.assert_array_equal(res.obs["states"][:, 0], [0.0, 0.0])  # new episodes
             assert env.faults["reopened_sessions"] == 1 and env.faults["episodes_truncated"] == 2
+            assert env.episode_scenes() == [20, 21]  # the new session's reset gave the new episodes' scenes
             after = env.chunk_step(_act())  # and it goes on stepping on the new server
             np.testing.assert_array_equal(after.obs["states"][:, 0], [1.0, 1.0])
             assert len(srv_holder["servicer"].sessions) == 1
