@@ -9,9 +9,8 @@ policy.wrist_camera=true` for a checkpoint that reads the gripper camera. `--rec
 run's recipe (default: the pixel one); a state-based checkpoint needs `--recipe calvin_d_d_ppo_mlp_cpu`.
 
 A chain's subtasks are attempted in order until the first failure, so the subtask a chain stops at
-is attempted and not completed; the ones before it are both. Episode j of an evaluation of one scene
-variant has seed `eval_seed_range(cfg, 1)[j]`, and a seeded CALVIN env starts on eval-pool entry
-`seed % pool size`.
+is attempted and not completed; the ones before it are both. Each episode's record names the
+eval-pool entry it played (its `scene`).
 """
 
 from __future__ import annotations
@@ -20,9 +19,8 @@ import argparse
 from collections import Counter
 from collections.abc import Sequence
 
-from rlfleet.config import eval_env_config, eval_seed_range, load_config
-from rlfleet.envs.calvin.chains import pool_entry, pool_size
-from rlfleet.envs.registry import task_list
+from rlfleet.config import load_config
+from rlfleet.envs.calvin.chains import pool_entry
 from rlfleet.runs.launcher import evaluate_start
 
 
@@ -51,14 +49,10 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_intermixed_args(argv)  # overrides may follow --chains
     own = [f"policy.model_path={args.checkpoint}", f"eval.episodes_per_task={args.chains}"]
     cfg = load_config(args.recipe, [*args.overrides, *own])
-    if len(task_list(eval_env_config(cfg))) != 1:
-        p.error("one scene variant at a time (the chain of episode j is known for one task)")
-    returns: dict[str, list[float]] = {}
-    evaluate_start(cfg, episode_returns=returns, deterministic=not args.sample)
-    (done_f,) = returns.values()
-    done = [int(round(r)) for r in done_f]
-    seeds = eval_seed_range(cfg, 1)[: len(done)]
-    chains = [pool_entry("eval", s % pool_size("eval")).subtasks for s in seeds]
+    records: list[dict] = []
+    evaluate_start(cfg, deterministic=not args.sample, episode_records=records)
+    done = [int(round(r["return"])) for r in records]  # subtasks completed
+    chains = [pool_entry("eval", r["scene"]).subtasks for r in records]  # scene: the eval pool entry played
     rows = tally(chains, done)
     mode = "sampled" if args.sample else "deterministic"
     print(f"{args.checkpoint} ({mode}): avg_num_subtasks {sum(done) / len(done):.2f} over {len(done)} eval chains")

@@ -501,12 +501,17 @@ def policy_settings(cfg: DictConfig) -> dict[str, Any]:
     return {k: v for k, v in as_dict(cfg.policy).items() if k != "model_path"}
 
 
+def held_out_env(env: EnvConfig, task: str = "") -> EnvConfig:
+    """`env` as evaluation runs it: on `task` when given (held-out tasks), with held-out episodes
+    where the env keeps them apart (CALVIN's eval chain pool) and the env's own per-subtask budget
+    (a training-only `env.subtask_steps` never shortens evaluation)."""
+    env = dataclasses.replace(env, pool="eval", subtask_steps=0)
+    return dataclasses.replace(env, task=task) if task else env
+
+
 def eval_env_config(cfg: DictConfig) -> EnvConfig:
-    """The env evaluation runs in: the training env, or `eval.task` (held-out tasks) on it, with
-    held-out episodes where the env keeps them apart (CALVIN's eval chain pool) and the env's own
-    per-subtask budget (a training-only `env.subtask_steps` never shortens evaluation)."""
-    env = dataclasses.replace(EnvConfig(**as_dict(cfg.env)), pool="eval", subtask_steps=0)
-    return dataclasses.replace(env, task=cfg.eval.task) if cfg.eval.task else env
+    """The env a run's evaluation runs in: its training env, or `eval.task` on it, held out."""
+    return held_out_env(EnvConfig(**as_dict(cfg.env)), cfg.eval.task)
 
 
 def checkpoint_run_config(checkpoint: str | Path) -> DictConfig | None:

@@ -14,7 +14,7 @@ import yaml
 from omegaconf.errors import OmegaConfBaseException
 from rich.console import Console
 
-from rlfleet.config import EvalConfig, VideoConfig, checkpoint_run_config, eval_env_config
+from rlfleet.config import EvalConfig, VideoConfig, checkpoint_run_config, eval_env_config, held_out_env
 from rlfleet.envs.api import EnvConfig
 from rlfleet.eval.episodes import evaluate_policy, report_evaluation
 from rlfleet.eval.paired import (
@@ -60,9 +60,7 @@ def main(args: Namespace) -> int:
         env["task"] = args.task
     if not env:
         raise SystemExit("the checkpoint does not name its env: pass --task")
-    # Held-out episodes where an env keeps them apart (CALVIN's chain pools), and the env's own
-    # per-subtask budget: what `eval_env_config` gives a run's evaluation.
-    env.update(pool="eval", subtask_steps=0)
+    env_cfg = held_out_env(EnvConfig(**env))  # a checkpoint's own env, evaluated as a run evaluates it
     out = Path(args.out or _default_eval_dir(checkpoint))
     other = None
     if args.compare:  # a bad path fails before any episode runs
@@ -77,7 +75,7 @@ def main(args: Namespace) -> int:
     records: list[dict] = []
     success = evaluate_policy(
         policy,
-        EnvConfig(**env),
+        env_cfg,
         args.episodes,
         seed=seed,
         video_cfg=video,
@@ -86,7 +84,7 @@ def main(args: Namespace) -> int:
         episode_records=records,
     )
     mode = evaluation_mode(meta["policy"], args.sample)
-    table = report_evaluation(out, records, success, EnvConfig(**env), seed, mode, checkpoint)
+    table = report_evaluation(out, records, success, env_cfg, seed, mode, checkpoint)
     json_path, md_path = out / "eval.json", out / "eval.md"
     if other is not None:  # after the report is written, so a failed pairing loses no episode
         table["paired"] = {"against": str(args.compare), **paired_comparison(records, other)}

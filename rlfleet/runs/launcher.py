@@ -135,13 +135,11 @@ def _stop_all(procs: list[subprocess.Popen], grace: float) -> None:
 
 def evaluate_start(
     cfg: DictConfig,
-    episode_returns: dict[str, list[float]] | None = None,
     deterministic: bool = True,
     episode_records: list[dict] | None = None,
 ) -> tuple[dict[str, float], dict | None]:
     """Success of the policy the run starts from (fresh or `policy.model_path`), for before/after,
     and for chained envs (CALVIN) its chain metrics from the same episodes (else None).
-    `episode_returns`, when given, receives each task's episode returns in episode order;
     `deterministic=False` samples the actions (diagnostics; runs evaluate deterministically);
     `episode_records`, when given, receives every episode (`evaluate_policy`)."""
     torch.manual_seed(cfg.runner.seed)
@@ -157,11 +155,8 @@ def evaluate_start(
         deterministic=deterministic,
         episode_records=records,
     )
-    returns = returns_by_task(records)
-    if episode_returns is not None:
-        episode_returns.update(returns)
     n = scored_chain_length(cfg.env.name, cfg.env.reward_type)
-    return success, (chain_report(returns, n) if n else None)
+    return success, (chain_report(returns_by_task(records), n) if n else None)
 
 
 def evaluate_only(cfg: DictConfig, run_dir: Path) -> dict:

@@ -59,9 +59,11 @@ def test_sample_evaluates_with_sampled_actions(monkeypatch, capsys):
     """`--sample` reaches the evaluation as deterministic=False and the report says so."""
     seen = {}
 
-    def fake_evaluate_start(cfg, episode_returns, deterministic=True):
+    def fake_evaluate_start(cfg, deterministic=True, episode_records=None):
         seen["deterministic"] = deterministic
-        episode_returns["D"] = [1.0, 0.0]
+        episode_records += [
+            {"task": "D", "seed": 10_000 + j, "scene": j, "return": r} for j, r in enumerate((1.0, 0.0))
+        ]
         return {"D": 0.5}, None
 
     monkeypatch.setattr(calvin_subtasks, "evaluate_start", fake_evaluate_start)
