@@ -366,7 +366,11 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="HOST:PORT",
         help="evaluate on the EnvService server there (env.name=remote://HOST:PORT) instead of the checkpoint's env",
     )
-    ev.add_argument("--episodes", type=int, default=10, help="episodes per task")
+    ev.add_argument(
+        "--episodes",
+        type=int,
+        help="episodes per task (default: the run's eval.episodes_per_task for a run's checkpoint, else 10)",
+    )
     ev.add_argument(
         "--seed", type=int, help="first episode seed (default: the run's eval.seed for a run's checkpoint, else 10000)"
     )

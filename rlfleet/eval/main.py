@@ -29,6 +29,9 @@ from rlfleet.eval.report import atomic_write, evaluation_mode, write_report
 from rlfleet.policies.checkpoint_io import checkpoint_folder, is_hub_path, load_checkpoint
 
 
+_DEFAULT_EPISODES = 10  # per task, for a checkpoint outside a run folder
+
+
 def main(args: Namespace) -> int:
     """Success per task and per task group the env declares (MetaWorld: difficulty, ML45 held-out),
     as JSON and Markdown."""
@@ -43,6 +46,11 @@ def main(args: Namespace) -> int:
         print(f"note: the run's config.yaml does not load ({type(exc).__name__}); evaluating on the checkpoint's env")
         run_cfg = None
     seed = args.seed if args.seed is not None else (run_cfg.eval.seed if run_cfg is not None else EvalConfig.seed)
+    episodes = (
+        args.episodes
+        if args.episodes is not None
+        else (run_cfg.eval.episodes_per_task if run_cfg is not None else _DEFAULT_EPISODES)
+    )
     if run_cfg is not None and not args.task and not args.env_address:
         # A run's checkpoint is evaluated as the run evaluated it (its `eval.task`, e.g. RoboTwin's
         # X:eval scenes), so its final evaluation replays here episode by episode.
@@ -76,7 +84,7 @@ def main(args: Namespace) -> int:
     success = evaluate_policy(
         policy,
         env_cfg,
-        args.episodes,
+        episodes,
         seed=seed,
         video_cfg=video,
         out_dir=out,

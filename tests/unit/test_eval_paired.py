@@ -162,17 +162,19 @@ def test_rlfleet_eval_compare_refuses_in_one_line(tmp_path):
 
 
 def test_rlfleet_eval_of_a_runs_checkpoint_plays_the_runs_evaluation(tmp_path):
-    """A checkpoint in a run folder is evaluated on the run's `eval.task` from its `eval.seed`
-    (config.yaml), given as a checkpoint or as the run folder; `--task` / `--seed` still override,
+    """A checkpoint in a run folder is evaluated on the run's `eval.task` from its `eval.seed` for
+    its `eval.episodes_per_task` (config.yaml), given as a checkpoint or as the run folder; `--task` / `--seed` still override,
     and a config.yaml that no longer loads costs a note, not the evaluation."""
     from rlfleet.config import load_config, to_yaml
 
     run = tmp_path / "run"
     ckpt = _checkpoint(run, 0)  # trained on reach-v3
-    cfg = load_config("metaworld_reach_ppo", ["env.task=reach-v3", "eval.task=push-v3", "eval.seed=12345"])
+    cfg = load_config(
+        "metaworld_reach_ppo", ["env.task=reach-v3", "eval.task=push-v3", "eval.seed=12345", "eval.episodes_per_task=2"]
+    )
     (run / "config.yaml").write_text(to_yaml(cfg))
     for target in (ckpt, run):
-        res = _eval(str(target), "--episodes", "2", "--out", str(tmp_path / "a"))
+        res = _eval(str(target), "--out", str(tmp_path / "a"))
         assert res.returncode == 0, res.stderr[-3000:]
         assert "evaluating on the run's evaluation env: metaworld push-v3" in res.stdout
         assert [(r["task"], r["seed"]) for r in read_episodes(tmp_path / "a")] == [
