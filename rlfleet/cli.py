@@ -1,7 +1,8 @@
 """The `rlfleet` command: parses the command line and dispatches to each command's main.
 
 train: rlfleet.runs.launcher; learner / inference / actor / env-server: each role's package main;
-eval: rlfleet.eval.main; collect, sft: rlfleet.runs; export, push: rlfleet.policies.hub.
+eval: rlfleet.eval.main; collect, sft: rlfleet.runs; export, push: rlfleet.policies.hub;
+average: rlfleet.policies.averaging.
 """
 
 from __future__ import annotations
@@ -62,6 +63,9 @@ _EXAMPLES = """examples:
   # two policies on the same 200 episodes, episode by episode
   rlfleet eval START --episodes 200 --out eval/start
   rlfleet eval runs/NAME/checkpoints/update_000100 --episodes 200 --compare eval/start
+  # one checkpoint from the mean of a run's last 3 checkpoints' weights, evaluated as the run's own
+  rlfleet average runs/NAME --last 3
+  rlfleet eval runs/NAME/checkpoints/average --compare runs/NAME/episodes_before.jsonl
   # a Hub-ready folder (weights, config, norm stats, model card), and an upload
   rlfleet export runs/metaworld_reach_ppo out/reach
   rlfleet push runs/metaworld_reach_ppo ORG/NAME
@@ -230,6 +234,12 @@ def cmd_push(args: argparse.Namespace) -> int:
     )
     print(f"pushed {args.checkpoint} to {url}")
     return 0
+
+
+def cmd_average(args: argparse.Namespace) -> int:
+    from rlfleet.policies.averaging import main  # lazy: see Dispatch
+
+    return main(args)
 
 
 def cmd_recipes(args: argparse.Namespace) -> int:
@@ -461,6 +471,25 @@ def build_parser() -> argparse.ArgumentParser:
     pu.add_argument("--revision", help="branch to push to (created if missing; default: main)")
     pu.add_argument("--message", help="commit message (default: names the checkpoint)")
     pu.set_defaults(func=cmd_push)
+
+    av = sub.add_parser("average", help="average the weights of a run's last checkpoints into one checkpoint")
+    av.add_argument(
+        "paths",
+        nargs="+",
+        metavar="PATH",
+        help="a run folder (its kept checkpoints) or two checkpoint folders or more (of one run)",
+    )
+    av.add_argument(
+        "--last",
+        type=int,
+        default=0,
+        metavar="K",
+        help="of a run folder, the newest K checkpoints only (default: all it kept)",
+    )
+    av.add_argument(
+        "--out", help="checkpoint folder to write (default: RUN/checkpoints/average, evaluated as the run's own)"
+    )
+    av.set_defaults(func=cmd_average)
 
     rc = sub.add_parser("recipes", help="list the built-in recipes: name, CPU or GPU sizing, description")
     rc.set_defaults(func=cmd_recipes)

@@ -1,0 +1,89 @@
+"""`rlfleet average`: the mean of a run's last checkpoints' weights as a checkpoint that rebuilds,
+evaluates as the run's own, and refuses checkpoints of different policies in one line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from rlfleet.config import load_config, to_yaml
+from rlfleet.eval.paired import read_episodes
+from rlfleet.learner.checkpointer import Checkpointer, TrainerCounters
+from rlfleet.policies.averaging import average_checkpoints
+from rlfleet.policies.checkpoint_io import load_checkpoint, model_config, policy_from_config
+
+ENV = {"name": "metaworld", "task": "reach-v3", "max_episode_steps": 20, "chunk_size": 1, "image_size": 0}
+POLICY = {"name": "gaussian_mlp", "hidden_sizes": [8]}
+
+
+def _run_with_checkpoints(run: Path, updates: list[int], policy_cfg: dict = POLICY) -> list[Path]:
+    checkpointer = Checkpointer(run, keep=len(updates))
+    folders = []
+    for update in updates:
+        torch.manual_seed(update)  # each checkpoint its own weights
+        policy = policy_from_config(policy_cfg, 39, 4, 1)
+        counters = TrainerCounters(update=update, env_steps=64 * update)
+        optimizer = torch.optim.Adam(policy.parameters())
+        folders.append(checkpointer.save(policy, optimizer, counters, model_config(policy_cfg, 39, 4, 1, ENV)))
+    return folders
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "rlfleet.cli", *args], capture_output=True, text=True, timeout=300)
+
+
+def test_rlfleet_average_of_a_run_writes_the_mean_of_its_last_checkpoints(tmp_path):
+    run = tmp_path / "run"
+    folders = _run_with_checkpoints(run, [10, 20, 30])
+    cfg = load_config("metaworld_reach_ppo", ["env.task=reach-v3", "eval.task=push-v3", "eval.episodes_per_task=1"])
+    (run / "config.yaml").write_text(to_yaml(cfg))
+    res = _cli("average", str(run), "--last", "2")
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = run / "checkpoints" / "average"
+    averaged = load_file(out / "model.safetensors")
+    second, third = (load_file(f / "model.safetensors") for f in folders[1:])
+    assert averaged.keys() == third.keys()
+    for name, tensor in averaged.items():
+        if tensor.is_floating_point():
+            expected = (second[name].double() + third[name].double()) / 2
+            torch.testing.assert_close(tensor, expected.to(tensor.dtype))
+        else:
+            assert torch.equal(tensor, third[name])
+    assert any(not torch.equal(averaged[k], third[k]) for k in averaged)  # the checkpoints did differ
+    config = json.loads((out / "config.json").read_text())
+    assert config["averaged_from"] == ["update_000020", "update_000030"]
+    policy, _ = load_checkpoint(out)  # rebuilds as any checkpoint
+    assert torch.equal(policy.state_dict()[next(iter(averaged))], averaged[next(iter(averaged))])
+    assert (run / "checkpoints" / "latest").read_text() == "update_000030"  # resume and `eval RUN` unchanged
+
+    # beside the run's config.yaml, it is evaluated as the run's own checkpoints are
+    res = _cli("eval", str(out), "--out", str(tmp_path / "ev"))
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert [(r["task"], r["seed"]) for r in read_episodes(tmp_path / "ev")] == [("push-v3", 10_000)]
+
+    res = _cli("average", str(run))  # all kept checkpoints, replacing the earlier average
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert json.loads((out / "config.json").read_text())["averaged_from"] == [f.name for f in folders]
+
+
+def test_average_checkpoints_refuses_what_is_not_one_runs_policy(tmp_path):
+    a = _run_with_checkpoints(tmp_path / "a", [1])[0]
+    b = _run_with_checkpoints(tmp_path / "b", [2], {"name": "gaussian_mlp", "hidden_sizes": [16]})[0]
+    res = _cli("average", str(a), str(b), "--out", str(tmp_path / "avg"))
+    assert res.returncode == 2
+    assert "holds another policy" in res.stderr and "Traceback" not in res.stderr
+    assert not (tmp_path / "avg").exists()
+    res = _cli("average", str(a), str(tmp_path / "nowhere"), "--out", str(tmp_path / "avg"))
+    assert res.returncode == 2 and "not a checkpoint folder" in res.stderr
+    res = _cli("average", str(tmp_path / "a"), "--last", "1")
+    assert res.returncode == 2 and "two checkpoints or more" in res.stderr
+    res = _cli("average", str(a), str(a), "--out", str(a))
+    assert res.returncode == 2 and "is one of the checkpoints averaged" in res.stderr
+    with pytest.raises(ValueError, match="two checkpoints or more"):
+        average_checkpoints([a], tmp_path / "x")
