@@ -29,9 +29,6 @@ from rlfleet.eval.report import atomic_write, evaluation_mode, write_report
 from rlfleet.policies.checkpoint_io import checkpoint_folder, is_hub_path, load_checkpoint
 
 
-_DEFAULT_EPISODES = 10  # per task, for a checkpoint outside a run folder
-
-
 def main(args: Namespace) -> int:
     """Success per task and per task group the env declares (MetaWorld: difficulty, ML45 held-out),
     as JSON and Markdown."""
@@ -45,12 +42,9 @@ def main(args: Namespace) -> int:
     except (OmegaConfBaseException, yaml.YAMLError, OSError) as exc:  # e.g. a key a later rlfleet dropped
         print(f"note: the run's config.yaml does not load ({type(exc).__name__}); evaluating on the checkpoint's env")
         run_cfg = None
-    seed = args.seed if args.seed is not None else (run_cfg.eval.seed if run_cfg is not None else EvalConfig.seed)
-    episodes = (
-        args.episodes
-        if args.episodes is not None
-        else (run_cfg.eval.episodes_per_task if run_cfg is not None else _DEFAULT_EPISODES)
-    )
+    run_eval = run_cfg.eval if run_cfg is not None else EvalConfig()  # a run's, else the defaults
+    seed = args.seed if args.seed is not None else run_eval.seed
+    episodes = args.episodes if args.episodes is not None else run_eval.episodes_per_task
     if run_cfg is not None and not args.task and not args.env_address:
         # A run's checkpoint is evaluated as the run evaluated it (its `eval.task`, e.g. RoboTwin's
         # X:eval scenes), so its final evaluation replays here episode by episode.

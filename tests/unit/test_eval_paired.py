@@ -163,8 +163,9 @@ def test_rlfleet_eval_compare_refuses_in_one_line(tmp_path):
 
 def test_rlfleet_eval_of_a_runs_checkpoint_plays_the_runs_evaluation(tmp_path):
     """A checkpoint in a run folder is evaluated on the run's `eval.task` from its `eval.seed` for
-    its `eval.episodes_per_task` (config.yaml), given as a checkpoint or as the run folder; `--task` / `--seed` still override,
-    and a config.yaml that no longer loads costs a note, not the evaluation."""
+    its `eval.episodes_per_task` (config.yaml), given as a checkpoint or as the run folder;
+    `--task` / `--seed` still override, and a config.yaml that no longer loads costs a note, not
+    the evaluation."""
     from rlfleet.config import load_config, to_yaml
 
     run = tmp_path / "run"
