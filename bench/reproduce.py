@@ -11,6 +11,11 @@ eval/* curves to TensorBoard. Then it writes DIR/results.md (per task and mean: 
 after as mean +- standard error over seeds, the exact commands, the commit, the wall time) and PNG
 plots of success against env steps and against wall clock (mean, standard error band and each seed).
 
+`--average-last K` also averages each seed's last K kept checkpoints (`rlfleet average RUN --last
+K`: the mean of their weights, RUN/checkpoints/average), evaluates that policy on the run's own
+held-out episodes (`rlfleet eval`, kept while the same checkpoints are averaged) and adds its table
+and its episode-by-episode pairing with the start to the page.
+
 `--report-only` rebuilds the page and plots from the runs already in DIR. A command that was cut
 (or one that failed) keeps its work: run it again with the same DIR and it skips every seed that
 finished its budget, and continues (`rlfleet train --resume`) every seed that has a checkpoint:
@@ -244,20 +249,22 @@ def all_success_bound(episodes: int, confidence: float = 0.95) -> float:
     return (1.0 - confidence) ** (1.0 / episodes)
 
 
-def paired_lines(run_dirs: list[Path]) -> list[str]:
-    """Each task's final policy against its start on the same held-out episodes, per seed: the
-    episodes only the final policy solved (+), only the start solved (-) and the exact McNemar p
-    (`rlfleet.eval.paired`). Seeds are not pooled: they share the start's episodes, so their pairs
-    are not independent. No lines when no seed kept both episode files (runs before they existed)."""
+def paired_lines(run_dirs: list[Path], episodes: str = "", policy: str = "final policy") -> list[str]:
+    """Each task's final policy (or the policy whose episodes are at RUN/`episodes`) against its
+    start on the same held-out episodes, per seed: the episodes only it solved (+), only the start
+    solved (-) and the exact McNemar p (`rlfleet.eval.paired`). Seeds are not pooled: they share the
+    start's episodes, so their pairs are not independent. No lines when no seed kept both episode
+    files (runs before they existed)."""
     from rlfleet.eval.paired import BEFORE_EPISODES_FILE, EPISODES_FILE, paired_comparison, read_episodes
 
     cells: dict[str, dict[int, str]] = {}
     seeds = []
     for seed, run_dir in enumerate(run_dirs):
-        if not ((run_dir / EPISODES_FILE).exists() and (run_dir / BEFORE_EPISODES_FILE).exists()):
+        after_file = run_dir / (episodes or EPISODES_FILE)
+        if not (after_file.exists() and (run_dir / BEFORE_EPISODES_FILE).exists()):
             continue
         try:
-            after, before = read_episodes(run_dir / EPISODES_FILE), read_episodes(run_dir / BEFORE_EPISODES_FILE)
+            after, before = read_episodes(after_file), read_episodes(run_dir / BEFORE_EPISODES_FILE)
             rows = paired_comparison(after, before)["tasks"]
         except ValueError as e:  # a damaged file costs its seed's column, not the page
             print(f"[reproduce] seed {seed}: no paired table ({e})", file=sys.stderr)
@@ -270,7 +277,7 @@ def paired_lines(run_dirs: list[Path]) -> list[str]:
         return []
     lines = [
         "",
-        "Episode by episode, on the same held-out episodes: + episodes only the final policy solved, - episodes "
+        f"Episode by episode, on the same held-out episodes: + episodes only the {policy} solved, - episodes "
         "only the start solved, p the exact McNemar test of that split (two-sided; per seed, since the seeds "
         "share the start's episodes).",
         "",
@@ -348,6 +355,65 @@ def results_markdown(
     lines += commands
     lines += ["```", ""]
     return "\n".join(lines)
+
+
+AVERAGE_EPISODES = "checkpoints/average/eval/episodes.jsonl"  # rlfleet eval's default report folder
+
+
+def average_seed(run_dir: Path, last: int, log_path: Path, evaluate: bool = True) -> dict[str, Any]:
+    """The run's summary with the evaluation of the mean of its last `last` kept checkpoints in place
+    of its final one (`rlfleet average`, then `rlfleet eval` on the run's held-out episodes). An
+    evaluation of the same checkpoints' average is kept; without `evaluate` it must exist."""
+    from rlfleet.policies.averaging import AVERAGE_FOLDER, run_checkpoints
+
+    summary = json.loads((run_dir / "summary.json").read_text())
+    average = run_dir / "checkpoints" / AVERAGE_FOLDER
+    kept = [p.name for p in run_checkpoints(run_dir)][-last:]
+    report = average / "eval" / "eval.json"
+    done = report.exists() and json.loads((average / "config.json").read_text()).get("averaged_from") == kept
+    if not done and not evaluate:
+        raise RuntimeError(
+            f"{run_dir}: no evaluation of its last {last} checkpoints' average (run without --report-only)"
+        )
+    if not done:
+        with open(log_path, "wb") as log:
+            for cmd in (["average", str(run_dir), "--last", str(last)], ["eval", str(average)]):
+                res = subprocess.run([sys.executable, "-m", "rlfleet.cli", *cmd], stdout=log, stderr=subprocess.STDOUT)
+                if res.returncode != 0:
+                    raise RuntimeError(f"rlfleet {shlex.join(cmd)} failed (exit {res.returncode}); see {log_path}")
+    table = json.loads(report.read_text())
+    summary["eval_success"] = {row["task"]: row["success"] for row in table["tasks"]}
+    if summary.get("eval_chain") and table.get("chains"):
+        summary["eval_chain"] = {"all": table["chains"]["all"]}
+    summary["averaged_from"] = kept
+    return summary
+
+
+def average_markdown(last: int, final: dict[str, Any], average: dict[str, Any], paired: list[str]) -> str:
+    """The page's section on the mean of each seed's last checkpoints: before, final and average
+    per task (chain metrics for chained envs), mean +- standard error over seeds."""
+    lines = [
+        f"### The mean of each seed's last {last} checkpoints",
+        "",
+        f"`rlfleet average RUN --last {last}` (the mean of the weights of the last {last} checkpoints the run kept), "
+        "evaluated by `rlfleet eval RUN/checkpoints/average` on the same held-out episodes as the final policy.",
+        "",
+    ]
+    if "chain" in average:
+        lines += ["| chain metric | before | final | average | gain of the average |", "|---|---:|---:|---:|---:|"]
+        for key, row in average["chain"].items():
+            scale, digits = (1.0, 2) if key == "avg_num_subtasks" else (100.0, 1)
+            cells = [row["before"], final["chain"][key]["after"], row["after"]]
+            text = [_pm(c, scale, digits=digits) for c in cells] + [_pm(row["gain"], scale, True, digits)]
+            lines.append(f"| {key}{'' if scale == 1.0 else ' (%)'} | " + " | ".join(text) + " |")
+    else:
+        lines += ["| task | before | final | average | gain of the average (points) |", "|---|---:|---:|---:|---:|"]
+        rows = {**average["tasks"], "**mean**": average["mean"]}
+        finals = {**final["tasks"], "**mean**": final["mean"]}
+        for task, row in rows.items():
+            cells = [_pm(row["before"]), _pm(finals[task]["after"]), _pm(row["after"]), _pm(row["gain"], signed=True)]
+            lines.append(f"| {task} | " + " | ".join(cells) + " |")
+    return "\n".join(lines + paired + [""])
 
 
 def seed_commits(recorded: dict[str, Any], seeds: int) -> str:
@@ -434,9 +500,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--fresh", action="store_true", help="rerun seeds that finished in --out before (default: keep them)"
     )
+    p.add_argument(
+        "--average-last",
+        type=int,
+        default=0,
+        metavar="K",
+        help="also evaluate the mean of each seed's last K checkpoints (rlfleet average) and report it",
+    )
     args = p.parse_intermixed_args(argv)  # overrides may follow the options
     if args.seeds < 1:
         p.error("--seeds must be >= 1")
+    if args.average_last == 1 or args.average_last < 0:
+        p.error("--average-last must be 2 or more (0: no averaging)")
     bad = [o for o in args.overrides if "=" not in o]
     if bad:
         p.error(f"overrides must look like key=value, got {bad}")
@@ -518,6 +593,21 @@ def main(argv: list[str] | None = None) -> int:
         int(cfg.eval.episodes_per_task),
         paired_lines([out / f"seed{s}" for s in range(args.seeds)]),
     )
+    if args.average_last:
+        averaged = []
+        for s in range(args.seeds):
+            print(f"[reproduce] seed {s}: the mean of its last {args.average_last} checkpoints", flush=True)
+            log_path = out / f"seed{s}_average.log"
+            try:
+                averaged.append(average_seed(out / f"seed{s}", args.average_last, log_path, not args.report_only))
+            except RuntimeError as e:
+                print(f"[reproduce] {e}", file=sys.stderr)
+                return 1
+        agg["average"] = aggregate(averaged)
+        agg["average"]["averaged_from"] = [a["averaged_from"] for a in averaged]
+        runs = [out / f"seed{s}" for s in range(args.seeds)]
+        average_pairs = paired_lines(runs, AVERAGE_EPISODES, "average")
+        page += "\n" + average_markdown(args.average_last, agg, agg["average"], average_pairs)
     (out / "results.md").write_text(page)
     (out / "results.json").write_text(json.dumps(agg, indent=2))
     print(page)

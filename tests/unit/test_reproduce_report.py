@@ -347,3 +347,59 @@ def test_the_page_pairs_each_seeds_final_episodes_with_its_starts(tmp_path):
 def test_a_one_seed_page_says_seed():
     page = reproduce.results_markdown("toy", reproduce.aggregate(SUMMARIES[:1]), ["x"], "abc", [1.0], {}, "10 episodes")
     assert page.startswith("## toy: 1 seed\n") and "over 1 training seed;" in page
+
+
+def test_average_last_evaluates_each_seeds_averaged_checkpoints_and_reports_them(tmp_path, capsys):
+    """`--average-last 2` on finished seeds: `rlfleet average` and `rlfleet eval` (real processes)
+    per seed on the run's held-out episodes, a table beside the final policy's and the pairing with
+    the start; a second run keeps those evaluations, and --report-only needs them."""
+    import json
+
+    import torch
+
+    from rlfleet.config import load_config, to_yaml
+    from rlfleet.eval.paired import BEFORE_EPISODES_FILE, read_episodes, write_episodes
+    from rlfleet.learner.checkpointer import Checkpointer, TrainerCounters
+    from rlfleet.policies.checkpoint_io import model_config, policy_from_config
+
+    env = {"name": "metaworld", "task": "reach-v3", "max_episode_steps": 20, "chunk_size": 1, "image_size": 0}
+    policy_cfg = {"name": "gaussian_mlp", "hidden_sizes": [8]}
+    overrides = ["env.task=reach-v3", "env.max_episode_steps=20", "env.chunk_size=1", "eval.episodes_per_task=2"]
+    cfg = load_config("metaworld_reach_ppo", overrides)
+    for seed in (0, 1):
+        run = tmp_path / f"seed{seed}"
+        checkpointer = Checkpointer(run)
+        for update in (1, 2, 3):
+            torch.manual_seed(10 * seed + update)
+            policy = policy_from_config(policy_cfg, 39, 4, 1)
+            counters = TrainerCounters(update=update, env_steps=64 * update)
+            checkpointer.save(
+                policy, torch.optim.Adam(policy.parameters()), counters, model_config(policy_cfg, 39, 4, 1, env)
+            )
+        (run / "config.yaml").write_text(to_yaml(cfg))
+        (run / "summary.json").write_text(json.dumps(_summary({"reach-v3": 0.5}, {"reach-v3": 0.5})))
+        start = [{"task": "reach-v3", "seed": 10_000 + j, "success": j == 0} for j in range(2)]
+        write_episodes(start, run, BEFORE_EPISODES_FILE)
+    argv = ["metaworld_reach_ppo", "--seeds", "2", "--out", str(tmp_path), "--average-last", "2", *overrides]
+    assert reproduce.main(argv) == 0
+    page = (tmp_path / "results.md").read_text()
+    assert "### The mean of each seed's last 2 checkpoints" in page
+    agg = json.loads((tmp_path / "results.json").read_text())
+    assert agg["average"]["averaged_from"] == [["update_000002", "update_000003"]] * 2
+    rates = []
+    for seed in (0, 1):
+        episodes = read_episodes(tmp_path / f"seed{seed}" / reproduce.AVERAGE_EPISODES)
+        assert [(r["task"], r["seed"]) for r in episodes] == [("reach-v3", 10_000), ("reach-v3", 10_001)]
+        rates.append(sum(r["success"] for r in episodes) / 2)
+    row = agg["average"]["tasks"]["reach-v3"]
+    assert row["after"][0] == pytest.approx(sum(rates) / 2) and row["before"][0] == pytest.approx(0.5)
+    assert f"| reach-v3 | 50.0 +- 0.0 | 50.0 +- 0.0 | {100 * row['after'][0]:.1f} +- " in page
+    assert "only the average solved" in page
+    # kept: a second run evaluates nothing again, and the page is the same
+    stamp = (tmp_path / "seed0" / "checkpoints" / "average" / "eval" / "eval.json").stat().st_mtime_ns
+    assert reproduce.main(argv) == 0
+    assert (tmp_path / "seed0" / "checkpoints" / "average" / "eval" / "eval.json").stat().st_mtime_ns == stamp
+    assert (tmp_path / "results.md").read_text() == page
+    # --report-only never evaluates: with no evaluation of the average it says so
+    assert reproduce.main([*argv[: -len(overrides)], "--average-last", "3", "--report-only", *overrides]) == 1
+    assert "no evaluation of its last 3 checkpoints' average" in capsys.readouterr().err
