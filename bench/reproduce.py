@@ -360,38 +360,65 @@ def results_markdown(
 AVERAGE_EPISODES = "checkpoints/average/eval/episodes.jsonl"  # rlfleet eval's default report folder
 
 
-def average_seed(run_dir: Path, last: int, log_path: Path, evaluate: bool = True) -> dict[str, Any]:
+def _episode_keys(path: Path) -> set[tuple[str, int]]:
+    from rlfleet.eval.paired import read_episodes
+
+    return {(r["task"], int(r["seed"])) for r in read_episodes(path)} if path.exists() else set()
+
+
+def average_seed(run_dir: Path, last: int, log_path: Path, evaluate: bool = True) -> tuple[dict[str, Any], bool]:
     """The run's summary with the evaluation of the mean of its last `last` kept checkpoints in place
-    of its final one (`rlfleet average`, then `rlfleet eval` on the run's held-out episodes). An
-    evaluation of the same checkpoints' average is kept; without `evaluate` it must exist."""
+    of its final one (`rlfleet average`, then `rlfleet eval` on the run's held-out episodes), and
+    whether it evaluated now. An evaluation of the same checkpoints' average on the final
+    evaluation's episodes is kept; without `evaluate` it must exist."""
+    from rlfleet.eval.paired import BEFORE_EPISODES_FILE, EPISODES_FILE
     from rlfleet.policies.averaging import AVERAGE_FOLDER, run_checkpoints
 
     summary = json.loads((run_dir / "summary.json").read_text())
     average = run_dir / "checkpoints" / AVERAGE_FOLDER
-    kept = [p.name for p in run_checkpoints(run_dir)][-last:]
+    kept = [p.name for p in run_checkpoints(run_dir)]
+    if len(kept) < last:
+        raise RuntimeError(f"{run_dir} keeps {len(kept)} checkpoints, fewer than --average-last {last}")
+    kept = kept[-last:]
     report = average / "eval" / "eval.json"
-    done = report.exists() and json.loads((average / "config.json").read_text()).get("averaged_from") == kept
-    if not done and not evaluate:
-        raise RuntimeError(
-            f"{run_dir}: no evaluation of its last {last} checkpoints' average (run without --report-only)"
-        )
-    if not done:
+    # the final evaluation's episodes (the start's where a run kept no final ones: the same seeds)
+    final = _episode_keys(run_dir / EPISODES_FILE) or _episode_keys(run_dir / BEFORE_EPISODES_FILE)
+
+    def evaluated() -> bool:  # these checkpoints' average, on the final evaluation's episodes
+        if not report.exists() or json.loads((average / "config.json").read_text()).get("averaged_from") != kept:
+            return False
+        return not final or _episode_keys(run_dir / AVERAGE_EPISODES) == final
+
+    ran = False
+    if not evaluated():
+        if not evaluate:
+            raise RuntimeError(
+                f"{run_dir}: no evaluation of its last {last} checkpoints' average (run without --report-only)"
+            )
         with open(log_path, "wb") as log:
             for cmd in (["average", str(run_dir), "--last", str(last)], ["eval", str(average)]):
                 res = subprocess.run([sys.executable, "-m", "rlfleet.cli", *cmd], stdout=log, stderr=subprocess.STDOUT)
                 if res.returncode != 0:
                     raise RuntimeError(f"rlfleet {shlex.join(cmd)} failed (exit {res.returncode}); see {log_path}")
+        if not evaluated():  # e.g. a config.yaml that no longer loads: rlfleet eval's defaults
+            raise RuntimeError(f"{run_dir}: the average was evaluated on other episodes than the final policy")
+        ran = True
     table = json.loads(report.read_text())
     summary["eval_success"] = {row["task"]: row["success"] for row in table["tasks"]}
-    if summary.get("eval_chain") and table.get("chains"):
+    if summary.get("eval_chain"):
+        if not table.get("chains"):
+            raise RuntimeError(f"{report} has no chain metrics, the run's final evaluation has")
         summary["eval_chain"] = {"all": table["chains"]["all"]}
     summary["averaged_from"] = kept
-    return summary
+    return summary, ran
 
 
-def average_markdown(last: int, final: dict[str, Any], average: dict[str, Any], paired: list[str]) -> str:
+def average_markdown(
+    last: int, final: dict[str, Any], average: dict[str, Any], paired: list[str], commits: str = ""
+) -> str:
     """The page's section on the mean of each seed's last checkpoints: before, final and average
-    per task (chain metrics for chained envs), mean +- standard error over seeds."""
+    per task (chain metrics for chained envs), mean +- standard error over seeds, the commands and
+    the commit they ran at."""
     lines = [
         f"### The mean of each seed's last {last} checkpoints",
         "",
@@ -413,7 +440,21 @@ def average_markdown(last: int, final: dict[str, Any], average: dict[str, Any], 
         for task, row in rows.items():
             cells = [_pm(row["before"]), _pm(finals[task]["after"]), _pm(row["after"]), _pm(row["gain"], signed=True)]
             lines.append(f"| {task} | " + " | ".join(cells) + " |")
-    return "\n".join(lines + paired + [""])
+    lines += paired
+    lines += [
+        "",
+        f"Averaged checkpoints per seed: {'; '.join(', '.join(a) for a in average['averaged_from'])}."
+        + (f" Averaged and evaluated at commit `{commits}`." if commits else ""),
+        "",
+        "Commands, per seed (`bench/reproduce.py --average-last` runs them):",
+        "",
+        "```",
+        f"rlfleet average RUN --last {last}",
+        "rlfleet eval RUN/checkpoints/average",
+        "```",
+        "",
+    ]
+    return "\n".join(lines)
 
 
 def seed_commits(recorded: dict[str, Any], seeds: int) -> str:
@@ -593,23 +634,31 @@ def main(argv: list[str] | None = None) -> int:
         int(cfg.eval.episodes_per_task),
         paired_lines([out / f"seed{s}" for s in range(args.seeds)]),
     )
+    (out / "results.md").write_text(page)  # kept whatever the averaging below does
+    (out / "results.json").write_text(json.dumps(agg, indent=2))
     if args.average_last:
         averaged = []
+        average_commits = recorded.setdefault("average_commits", {})
         for s in range(args.seeds):
             print(f"[reproduce] seed {s}: the mean of its last {args.average_last} checkpoints", flush=True)
             log_path = out / f"seed{s}_average.log"
             try:
-                averaged.append(average_seed(out / f"seed{s}", args.average_last, log_path, not args.report_only))
+                summary, ran = average_seed(out / f"seed{s}", args.average_last, log_path, not args.report_only)
             except RuntimeError as e:
-                print(f"[reproduce] {e}", file=sys.stderr)
+                print(f"[reproduce] {e}; {out / 'results.md'} has no averaged section", file=sys.stderr)
                 return 1
+            averaged.append(summary)
+            if ran or str(s) not in average_commits:
+                average_commits[str(s)] = git_commit()
+                wall_file.write_text(json.dumps(recorded, indent=2))
         agg["average"] = aggregate(averaged)
         agg["average"]["averaged_from"] = [a["averaged_from"] for a in averaged]
         runs = [out / f"seed{s}" for s in range(args.seeds)]
         average_pairs = paired_lines(runs, AVERAGE_EPISODES, "average")
-        page += "\n" + average_markdown(args.average_last, agg, agg["average"], average_pairs)
-    (out / "results.md").write_text(page)
-    (out / "results.json").write_text(json.dumps(agg, indent=2))
+        commits = sorted({average_commits[str(s)] for s in range(args.seeds)})
+        page += "\n" + average_markdown(args.average_last, agg, agg["average"], average_pairs, ", ".join(commits))
+        (out / "results.md").write_text(page)
+        (out / "results.json").write_text(json.dumps(agg, indent=2))
     print(page)
     return 0
 

@@ -10,60 +10,93 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from argparse import Namespace
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from rlfleet.policies.checkpoint_io import read_model_config
 
 AVERAGE_FOLDER = "average"
 NORM_STATS = "norm_stats.json"
+TRAINING_INFO = "training.json"
+_CHECKPOINT_NAME = re.compile(r"update_\d+")  # the Checkpointer's folders, not its .tmp / .old leftovers
 
 
-def run_checkpoints(run: Path) -> list[Path]:
+def run_checkpoints(run: str | Path) -> list[Path]:
     """A run folder's kept checkpoints, oldest first."""
     root = Path(run) / "checkpoints"
-    return sorted(p for p in root.glob("update_*") if p.is_dir() and (p / "model.safetensors").exists())
+    return sorted(
+        p for p in root.glob("update_*") if _CHECKPOINT_NAME.fullmatch(p.name) and (p / "model.safetensors").exists()
+    )
+
+
+def _tensor_layout(folder: Path) -> dict[str, tuple[tuple[int, ...], str]]:
+    with safe_open(folder / "model.safetensors", framework="pt") as f:
+        return {k: (tuple(f.get_slice(k).get_shape()), f.get_slice(k).get_dtype()) for k in f.keys()}
+
+
+def _check_out(out: Path, folders: Sequence[Path]) -> None:
+    """`out` may be new or an earlier average; never a source, a folder holding one, or a run."""
+    resolved = out.resolve()
+    for folder in folders:
+        if folder.resolve() == resolved or resolved in folder.resolve().parents:
+            raise ValueError(f"--out {out} holds the checkpoint {folder}: choose a folder of its own")
+    if out.exists() and "averaged_from" not in _config_or_empty(out):
+        raise ValueError(f"--out {out} exists and is not an earlier average: choose a new folder")
+
+
+def _config_or_empty(folder: Path) -> dict:
+    try:
+        return json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return {}
 
 
 def average_checkpoints(folders: Sequence[str | Path], out: str | Path) -> Path:
-    """Write the mean of `folders`' weights as a checkpoint folder `out` (atomically): floating
-    tensors averaged in float64, others (integer buffers) taken from the last folder, which also
-    gives config.json (plus `averaged_from`) and norm_stats.json. The folders must hold the same
-    policy (equal policy settings and tensor shapes)."""
+    """Write the mean of `folders`' weights as a checkpoint folder `out`: floating tensors averaged
+    in float64 (observation-normalisation statistics too, like any weight), others (integer buffers)
+    taken from the last folder, which also gives config.json (plus `averaged_from`), norm_stats.json
+    and training.json. The folders must hold one policy (equal settings, tensor names, shapes and
+    dtypes). Written to a temporary folder first, which then replaces an earlier average at `out`."""
     folders = [Path(f) for f in folders]
     if len(folders) < 2:
         raise ValueError(f"averaging needs two checkpoints or more, got {len(folders)}")
+    out = Path(out)
     configs = [read_model_config(f) for f in folders]  # not a checkpoint: one clear FileNotFoundError
-    last = configs[-1]
+    _check_out(out, folders)
+    last, layout = configs[-1], _tensor_layout(folders[-1])
     for folder, config in zip(folders, configs):
         if config.get("policy") != last.get("policy"):
-            raise ValueError(f"{folder} holds another policy than {folders[-1]}: only one run's checkpoints average")
-    states = [load_file(f / "model.safetensors") for f in folders]
-    for folder, state in zip(folders, states):
-        wrong = sorted(k for k in state.keys() ^ states[-1].keys()) + sorted(
-            k for k in state.keys() & states[-1].keys() if state[k].shape != states[-1][k].shape
-        )
+            raise ValueError(
+                f"{folder} holds another policy than {folders[-1]}: only checkpoints of one policy average"
+            )
+        theirs = _tensor_layout(folder)
+        wrong = sorted(k for k in theirs.keys() | layout.keys() if theirs.get(k) != layout.get(k))
         if wrong:
             raise ValueError(f"{folder} and {folders[-1]} differ in tensors {wrong[:5]}")
-    mean = {
-        name: torch.stack([s[name].double() for s in states]).mean(0).to(t.dtype) if t.is_floating_point() else t
-        for name, t in states[-1].items()
-    }
-    out = Path(out)
+    total: dict[str, torch.Tensor] = {}
+    for folder in folders:  # one state dict in memory at a time besides the sum
+        for name, tensor in load_file(folder / "model.safetensors").items():
+            if tensor.is_floating_point():
+                total[name] = total[name] + tensor.double() if name in total else tensor.double()
+    newest = load_file(folders[-1] / "model.safetensors")
+    mean = {name: (total[name] / len(folders)).to(t.dtype) if name in total else t for name, t in newest.items()}
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     save_file(mean, tmp / "model.safetensors")
     sources = [os.path.relpath(f.resolve(), out.resolve().parent) for f in folders]
     (tmp / "config.json").write_text(json.dumps({**last, "averaged_from": sources}, indent=2))
-    if (folders[-1] / NORM_STATS).exists():
-        shutil.copyfile(folders[-1] / NORM_STATS, tmp / NORM_STATS)
-    shutil.rmtree(out, ignore_errors=True)
+    for name in (NORM_STATS, TRAINING_INFO):
+        if (folders[-1] / name).exists():
+            shutil.copyfile(folders[-1] / name, tmp / name)
+    shutil.rmtree(out, ignore_errors=True)  # an earlier average (checked above)
     os.rename(tmp, out)
     return out
 
@@ -71,8 +104,17 @@ def average_checkpoints(folders: Sequence[str | Path], out: str | Path) -> Path:
 def main(args: Namespace) -> int:
     """`rlfleet average RUN [--last K]` or `rlfleet average CKPT CKPT ... --out DIR`."""
     paths = [Path(p) for p in args.paths]
-    if len(paths) == 1 and (paths[0] / "checkpoints").is_dir():  # a run folder: its kept checkpoints
+    if args.last < 0:
+        raise ValueError(f"--last {args.last}: give a number of checkpoints (0: all the run kept)")
+    if len(paths) == 1:
+        if not (paths[0] / "checkpoints").is_dir():
+            raise ValueError(
+                f"{paths[0]} is not a run folder (no checkpoints/): pass a run folder, "
+                "or two checkpoint folders or more and --out"
+            )
         folders = run_checkpoints(paths[0])
+        if args.last > len(folders):
+            raise ValueError(f"{paths[0]} keeps {len(folders)} checkpoints; --last {args.last} asks for more")
         folders = folders[-args.last :] if args.last else folders
         out = Path(args.out) if args.out else paths[0] / "checkpoints" / AVERAGE_FOLDER
     else:
@@ -81,8 +123,6 @@ def main(args: Namespace) -> int:
         if not args.out:
             raise ValueError("averaging checkpoint folders needs --out")
         folders, out = paths, Path(args.out)
-    if out.resolve() in {f.resolve() for f in folders}:
-        raise ValueError(f"--out {out} is one of the checkpoints averaged")
     average_checkpoints(folders, out)
     print(f"averaged {', '.join(f.name for f in folders)} -> {out}")
     return 0

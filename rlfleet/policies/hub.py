@@ -101,6 +101,9 @@ def model_card(
         **{k: v for k, v in (info.get("counters") or {}).items()},
     }
     lines += [f"- {k}: `{v}`" for k, v in facts.items() if v is not None]
+    if config.get("averaged_from"):  # rlfleet average: the counters above are its newest checkpoint's
+        sources = ", ".join(f"`{s}`" for s in config["averaged_from"])
+        lines += [f"- weights: the mean of the checkpoints {sources} (`rlfleet average`)"]
     metrics = {k: summary[k] for k in _SUMMARY_METRICS if summary.get(k) is not None}
     if metrics:
         lines += ["", "## Metrics", "", "| metric | value |", "|---|---|"]
@@ -150,12 +153,23 @@ def export_checkpoint(
     info = json.loads((src / TRAINING_INFO).read_text()) if (src / TRAINING_INFO).exists() else {}
     if info:
         (out / TRAINING_INFO).write_text(json.dumps(info, indent=2))
-    run = run_folder(src)
-    summary = json.loads((run / "summary.json").read_text()) if run and (run / "summary.json").exists() else {}
+    summary = _run_summary(src)
     env_name = (config.get("env") or {}).get("name", "")
     eval_md = eval_markdown(summary, src, env_name) if eval_markdown else None
     (out / "README.md").write_text(model_card(config, info, summary, eval_md, repo_id))
     return out
+
+
+def _run_summary(checkpoint: Path) -> dict[str, Any]:
+    """The run's summary.json when `checkpoint` is the run's latest checkpoint, whose training and
+    evaluation it describes; {} for an earlier checkpoint, an average of several or no run's."""
+    run = run_folder(checkpoint)
+    if run is None or not (run / "summary.json").exists():
+        return {}
+    latest = run / "checkpoints" / "latest"
+    if not latest.exists() or latest.read_text().strip() != Path(checkpoint).resolve().name:
+        return {}
+    return json.loads((run / "summary.json").read_text())
 
 
 def push_checkpoint(

@@ -354,6 +354,8 @@ def test_average_last_evaluates_each_seeds_averaged_checkpoints_and_reports_them
     per seed on the run's held-out episodes, a table beside the final policy's and the pairing with
     the start; a second run keeps those evaluations, and --report-only needs them."""
     import json
+    import subprocess
+    import sys
 
     import torch
 
@@ -380,6 +382,8 @@ def test_average_last_evaluates_each_seeds_averaged_checkpoints_and_reports_them
         (run / "summary.json").write_text(json.dumps(_summary({"reach-v3": 0.5}, {"reach-v3": 0.5})))
         start = [{"task": "reach-v3", "seed": 10_000 + j, "success": j == 0} for j in range(2)]
         write_episodes(start, run, BEFORE_EPISODES_FILE)
+        if seed:  # seed 0 as a run from before final episodes were kept: its start's episodes count
+            write_episodes(start, run)
     argv = ["metaworld_reach_ppo", "--seeds", "2", "--out", str(tmp_path), "--average-last", "2", *overrides]
     assert reproduce.main(argv) == 0
     page = (tmp_path / "results.md").read_text()
@@ -400,6 +404,20 @@ def test_average_last_evaluates_each_seeds_averaged_checkpoints_and_reports_them
     assert reproduce.main(argv) == 0
     assert (tmp_path / "seed0" / "checkpoints" / "average" / "eval" / "eval.json").stat().st_mtime_ns == stamp
     assert (tmp_path / "results.md").read_text() == page
-    # --report-only never evaluates: with no evaluation of the average it says so
+    # an evaluation of the average on other episodes (by hand, into the same report folder) is not reused
+    average = tmp_path / "seed0" / "checkpoints" / "average"
+    hand = subprocess.run(
+        [sys.executable, "-m", "rlfleet.cli", "eval", str(average), "--episodes", "1", "--seed", "20000"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert hand.returncode == 0, hand.stderr[-3000:]
+    assert reproduce.main(argv) == 0
+    assert (tmp_path / "results.md").read_text() == page  # evaluated again on the run's episodes
+    assert len(read_episodes(average / "eval")) == 2
+    # --report-only never evaluates: with no evaluation of the average it says so, keeping the main page
     assert reproduce.main([*argv[: -len(overrides)], "--average-last", "3", "--report-only", *overrides]) == 1
     assert "no evaluation of its last 3 checkpoints' average" in capsys.readouterr().err
+    kept = (tmp_path / "results.md").read_text()
+    assert "| reach-v3 |" in kept and "### The mean of each seed's" not in kept
