@@ -385,7 +385,9 @@ def average_seed(run_dir: Path, last: int, log_path: Path, evaluate: bool = True
     final = _episode_keys(run_dir / EPISODES_FILE) or _episode_keys(run_dir / BEFORE_EPISODES_FILE)
 
     def evaluated() -> bool:  # these checkpoints' average, on the final evaluation's episodes
-        if not report.exists() or json.loads((average / "config.json").read_text()).get("averaged_from") != kept:
+        if not (report.exists() and (average / "config.json").exists()):
+            return False
+        if json.loads((average / "config.json").read_text()).get("averaged_from") != kept:
             return False
         return not final or _episode_keys(run_dir / AVERAGE_EPISODES) == final
 

@@ -21,10 +21,9 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from rlfleet.policies.checkpoint_io import read_model_config
+from rlfleet.policies.hub import NORM_STATS, TRAINING_INFO
 
 AVERAGE_FOLDER = "average"
-NORM_STATS = "norm_stats.json"
-TRAINING_INFO = "training.json"
 _CHECKPOINT_NAME = re.compile(r"update_\d+")  # the Checkpointer's folders, not its .tmp / .old leftovers
 
 
@@ -47,6 +46,8 @@ def _check_out(out: Path, folders: Sequence[Path]) -> None:
     for folder in folders:
         if folder.resolve() == resolved or resolved in folder.resolve().parents:
             raise ValueError(f"--out {out} holds the checkpoint {folder}: choose a folder of its own")
+    if _CHECKPOINT_NAME.fullmatch(out.name):  # a run's resume and pruning would take it for training's
+        raise ValueError(f"--out {out} is named like a training checkpoint: choose another name")
     if out.exists() and "averaged_from" not in _config_or_empty(out):
         raise ValueError(f"--out {out} exists and is not an earlier average: choose a new folder")
 

@@ -101,6 +101,8 @@ def test_average_never_replaces_a_run_or_a_checkpoint_and_skips_checkpointer_lef
     for last, says in (("4", "keeps 3 checkpoints; --last 4 asks for more"), ("-1", "--last -1")):
         res = _cli("average", str(run), "--last", last)
         assert res.returncode == 2 and says in res.stderr, res.stderr
+    res = _cli("average", a, b, "--out", str(tmp_path / "update_000009"))
+    assert res.returncode == 2 and "named like a training checkpoint" in res.stderr
     res = _cli("average", str(folders[0]))
     assert res.returncode == 2 and "is not a run folder" in res.stderr
 
