@@ -656,7 +656,8 @@ def main(argv: list[str] | None = None) -> int:
         agg["average"] = aggregate(averaged)
         agg["average"]["averaged_from"] = [a["averaged_from"] for a in averaged]
         runs = [out / f"seed{s}" for s in range(args.seeds)]
-        average_pairs = paired_lines(runs, AVERAGE_EPISODES, "average")
+        # chained envs are judged by their chain metrics, as on the main page
+        average_pairs = [] if "chain" in agg else paired_lines(runs, AVERAGE_EPISODES, "average")
         commits = sorted({average_commits[str(s)] for s in range(args.seeds)})
         page += "\n" + average_markdown(args.average_last, agg, agg["average"], average_pairs, ", ".join(commits))
         (out / "results.md").write_text(page)
