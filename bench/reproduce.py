@@ -366,15 +366,18 @@ def _episode_keys(path: Path) -> set[tuple[str, int]]:
     return {(r["task"], int(r["seed"])) for r in read_episodes(path)} if path.exists() else set()
 
 
-def average_seed(run_dir: Path, last: int, log_path: Path, evaluate: bool = True) -> tuple[dict[str, Any], bool]:
+def average_seed(
+    run_dir: Path, summary: dict[str, Any], last: int, log_path: Path, evaluate: bool = True
+) -> tuple[dict[str, Any], bool]:
     """The run's summary with the evaluation of the mean of its last `last` kept checkpoints in place
     of its final one (`rlfleet average`, then `rlfleet eval` on the run's held-out episodes), and
     whether it evaluated now. An evaluation of the same checkpoints' average on the final
     evaluation's episodes is kept; without `evaluate` it must exist."""
     from rlfleet.eval.paired import BEFORE_EPISODES_FILE, EPISODES_FILE
-    from rlfleet.policies.averaging import AVERAGE_FOLDER, run_checkpoints
+    from rlfleet.policies.averaging import AVERAGE_FOLDER
+    from rlfleet.policies.checkpoint_io import run_checkpoints
 
-    summary = json.loads((run_dir / "summary.json").read_text())
+    summary = dict(summary)
     average = run_dir / "checkpoints" / AVERAGE_FOLDER
     kept = [p.name for p in run_checkpoints(run_dir)]
     if len(kept) < last:
@@ -645,12 +648,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[reproduce] seed {s}: the mean of its last {args.average_last} checkpoints", flush=True)
             log_path = out / f"seed{s}_average.log"
             try:
-                summary, ran = average_seed(out / f"seed{s}", args.average_last, log_path, not args.report_only)
+                run_dir = out / f"seed{s}"
+                summary, ran = average_seed(run_dir, summaries[s], args.average_last, log_path, not args.report_only)
             except RuntimeError as e:
                 print(f"[reproduce] {e}; {out / 'results.md'} has no averaged section", file=sys.stderr)
                 return 1
             averaged.append(summary)
-            if ran or str(s) not in average_commits:
+            if ran:  # the commit an average was evaluated at; a kept evaluation keeps its own
                 average_commits[str(s)] = git_commit()
                 wall_file.write_text(json.dumps(recorded, indent=2))
         agg["average"] = aggregate(averaged)
@@ -658,7 +662,7 @@ def main(argv: list[str] | None = None) -> int:
         runs = [out / f"seed{s}" for s in range(args.seeds)]
         # chained envs are judged by their chain metrics, as on the main page
         average_pairs = [] if "chain" in agg else paired_lines(runs, AVERAGE_EPISODES, "average")
-        commits = sorted({average_commits[str(s)] for s in range(args.seeds)})
+        commits = sorted({average_commits[str(s)] for s in range(args.seeds) if str(s) in average_commits})
         page += "\n" + average_markdown(args.average_last, agg, agg["average"], average_pairs, ", ".join(commits))
         (out / "results.md").write_text(page)
         (out / "results.json").write_text(json.dumps(agg, indent=2))

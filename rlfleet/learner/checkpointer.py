@@ -29,7 +29,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from rlfleet.policies.checkpoint_io import save_checkpoint_folder
+from rlfleet.policies.checkpoint_io import run_checkpoints, save_checkpoint_folder
 
 STATE_TENSORS, STATE_JSON, LEGACY_STATE = "trainer_state.safetensors", "trainer_state.json", "trainer_state.pt"
 TRAINING_INFO = "training.json"  # how the checkpoint was made: command, commit, counters (the model card reads it)
@@ -156,8 +156,7 @@ class Checkpointer:
         return folder
 
     def _prune(self) -> None:
-        folders = sorted(p for p in self.root.glob("update_*") if p.is_dir() and not p.name.endswith((".tmp", ".old")))
-        for old in folders[: -self.keep]:
+        for old in run_checkpoints(self.root.parent)[: -self.keep]:
             shutil.rmtree(old, ignore_errors=True)
 
     def record_published(self, version: int) -> None:

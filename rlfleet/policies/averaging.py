@@ -10,34 +10,18 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 from argparse import Namespace
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from rlfleet.policies.checkpoint_io import read_model_config
+from rlfleet.policies.checkpoint_io import is_training_checkpoint_name, read_model_config, run_checkpoints
 from rlfleet.policies.hub import NORM_STATS, TRAINING_INFO
 
 AVERAGE_FOLDER = "average"
-_CHECKPOINT_NAME = re.compile(r"update_\d+")  # the Checkpointer's folders, not its .tmp / .old leftovers
-
-
-def run_checkpoints(run: str | Path) -> list[Path]:
-    """A run folder's kept checkpoints, oldest first."""
-    root = Path(run) / "checkpoints"
-    return sorted(
-        p for p in root.glob("update_*") if _CHECKPOINT_NAME.fullmatch(p.name) and (p / "model.safetensors").exists()
-    )
-
-
-def _tensor_layout(folder: Path) -> dict[str, tuple[tuple[int, ...], str]]:
-    with safe_open(folder / "model.safetensors", framework="pt") as f:
-        return {k: (tuple(f.get_slice(k).get_shape()), f.get_slice(k).get_dtype()) for k in f.keys()}
 
 
 def _check_out(out: Path, folders: Sequence[Path]) -> None:
@@ -46,7 +30,7 @@ def _check_out(out: Path, folders: Sequence[Path]) -> None:
     for folder in folders:
         if folder.resolve() == resolved or resolved in folder.resolve().parents:
             raise ValueError(f"--out {out} holds the checkpoint {folder}: choose a folder of its own")
-    if _CHECKPOINT_NAME.fullmatch(out.name):  # a run's resume and pruning would take it for training's
+    if is_training_checkpoint_name(out.name):  # a run's resume and pruning would take it for training's
         raise ValueError(f"--out {out} is named like a training checkpoint: choose another name")
     if out.exists() and "averaged_from" not in _config_or_empty(out):
         raise ValueError(f"--out {out} exists and is not an earlier average: choose a new folder")
@@ -71,23 +55,25 @@ def average_checkpoints(folders: Sequence[str | Path], out: str | Path) -> Path:
     out = Path(out)
     configs = [read_model_config(f) for f in folders]  # not a checkpoint: one clear FileNotFoundError
     _check_out(out, folders)
-    last, layout = configs[-1], _tensor_layout(folders[-1])
+    last = configs[-1]
     for folder, config in zip(folders, configs):
         if config.get("policy") != last.get("policy"):
             raise ValueError(
                 f"{folder} holds another policy than {folders[-1]}: only checkpoints of one policy average"
             )
-        theirs = _tensor_layout(folder)
+    total: dict[str, torch.Tensor] = {}
+    layout = None
+    for folder in folders:  # one state dict in memory at a time besides the sum
+        state = load_file(folder / "model.safetensors")
+        theirs = {k: (tuple(t.shape), t.dtype) for k, t in state.items()}
+        layout = layout or theirs
         wrong = sorted(k for k in theirs.keys() | layout.keys() if theirs.get(k) != layout.get(k))
         if wrong:
-            raise ValueError(f"{folder} and {folders[-1]} differ in tensors {wrong[:5]}")
-    total: dict[str, torch.Tensor] = {}
-    for folder in folders:  # one state dict in memory at a time besides the sum
-        for name, tensor in load_file(folder / "model.safetensors").items():
+            raise ValueError(f"{folder} and {folders[0]} differ in tensors {wrong[:5]}")
+        for name, tensor in state.items():
             if tensor.is_floating_point():
                 total[name] = total[name] + tensor.double() if name in total else tensor.double()
-    newest = load_file(folders[-1] / "model.safetensors")
-    mean = {name: (total[name] / len(folders)).to(t.dtype) if name in total else t for name, t in newest.items()}
+    mean = {name: (total[name] / len(folders)).to(t.dtype) if name in total else t for name, t in state.items()}
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)

@@ -12,6 +12,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
@@ -192,6 +193,19 @@ def checkpoint_folder(path: str | Path) -> Path:
         folder = folder / "checkpoints" / latest.read_text().strip()
     read_model_config(folder)  # not a checkpoint: one clear FileNotFoundError
     return folder
+
+
+_CHECKPOINT_NAME = re.compile(r"update_\d+")  # a run's checkpoints, not a crash's .tmp / .old leftovers
+
+
+def is_training_checkpoint_name(name: str) -> bool:
+    return _CHECKPOINT_NAME.fullmatch(name) is not None
+
+
+def run_checkpoints(run: str | os.PathLike) -> list[Path]:
+    """A run folder's checkpoints RUN/checkpoints/update_N, oldest first."""
+    root = Path(run) / "checkpoints"
+    return sorted(p for p in root.glob("update_*") if is_training_checkpoint_name(p.name) and p.is_dir())
 
 
 def run_folder(checkpoint: str | os.PathLike) -> Path | None:

@@ -384,7 +384,8 @@ def test_average_last_evaluates_each_seeds_averaged_checkpoints_and_reports_them
         write_episodes(start, run, BEFORE_EPISODES_FILE)
         if seed:  # seed 0 as a run from before final episodes were kept: its start's episodes count
             write_episodes(start, run)
-    argv = ["metaworld_reach_ppo", "--seeds", "2", "--out", str(tmp_path), "--average-last", "2", *overrides]
+    common = ["metaworld_reach_ppo", "--seeds", "2", "--out", str(tmp_path), *overrides]
+    argv = [*common, "--average-last", "2"]
     assert reproduce.main(argv) == 0
     page = (tmp_path / "results.md").read_text()
     assert "### The mean of each seed's last 2 checkpoints" in page
@@ -417,7 +418,7 @@ def test_average_last_evaluates_each_seeds_averaged_checkpoints_and_reports_them
     assert (tmp_path / "results.md").read_text() == page  # evaluated again on the run's episodes
     assert len(read_episodes(average / "eval")) == 2
     # --report-only never evaluates: with no evaluation of the average it says so, keeping the main page
-    assert reproduce.main([*argv[: -len(overrides)], "--average-last", "3", "--report-only", *overrides]) == 1
+    assert reproduce.main([*common, "--average-last", "3", "--report-only"]) == 1
     assert "no evaluation of its last 3 checkpoints' average" in capsys.readouterr().err
     kept = (tmp_path / "results.md").read_text()
     assert "| reach-v3 |" in kept and "### The mean of each seed's" not in kept
