@@ -514,6 +514,21 @@ def eval_env_config(cfg: DictConfig) -> EnvConfig:
     return held_out_env(EnvConfig(**as_dict(cfg.env)), cfg.eval.task)
 
 
+EVALUATION_KEYS = ("task", "seed", "episodes_per_task")  # what config.json records of a recipe's `eval`
+
+
+def evaluation_record(cfg: DictConfig) -> dict[str, Any]:
+    """How a recipe evaluates its policies, as a checkpoint's config.json records it."""
+    return {key: cfg.eval[key] for key in EVALUATION_KEYS}
+
+
+def checkpoint_eval_config(meta: dict[str, Any]) -> EvalConfig:
+    """The evaluation a checkpoint's config.json records (`evaluation_record`), else the defaults
+    (checkpoints written before it was recorded)."""
+    recorded = meta.get("evaluation") or {}
+    return EvalConfig(**{key: recorded[key] for key in EVALUATION_KEYS if key in recorded})
+
+
 def checkpoint_run_config(checkpoint: str | Path) -> DictConfig | None:
     """The config of the run a checkpoint RUN/checkpoints/update_N was written by (its config.yaml),
     or None for any other folder or a Hub path."""

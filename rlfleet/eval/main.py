@@ -14,7 +14,13 @@ import yaml
 from omegaconf.errors import OmegaConfBaseException
 from rich.console import Console
 
-from rlfleet.config import EvalConfig, VideoConfig, checkpoint_run_config, eval_env_config, held_out_env
+from rlfleet.config import (
+    VideoConfig,
+    checkpoint_eval_config,
+    checkpoint_run_config,
+    eval_env_config,
+    held_out_env,
+)
 from rlfleet.envs.api import EnvConfig
 from rlfleet.eval.episodes import evaluate_policy, report_evaluation
 from rlfleet.eval.paired import (
@@ -42,14 +48,19 @@ def main(args: Namespace) -> int:
     except (OmegaConfBaseException, yaml.YAMLError, OSError) as exc:  # e.g. a key a later rlfleet dropped
         print(f"note: the run's config.yaml does not load ({type(exc).__name__}); evaluating on the checkpoint's env")
         run_cfg = None
-    run_eval = run_cfg.eval if run_cfg is not None else EvalConfig()  # a run's, else the defaults
+    # A run's checkpoint is evaluated as the run evaluated it (its `eval.task`, e.g. RoboTwin's
+    # X:eval scenes), so its final evaluation replays here episode by episode; any other checkpoint
+    # as its config.json says its recipe evaluates it (an SFT cache, a Hub copy), else the defaults.
+    run_eval = run_cfg.eval if run_cfg is not None else checkpoint_eval_config(meta)
     seed = args.seed if args.seed is not None else run_eval.seed
     episodes = args.episodes if args.episodes is not None else run_eval.episodes_per_task
-    if run_cfg is not None and not args.task and not args.env_address:
-        # A run's checkpoint is evaluated as the run evaluated it (its `eval.task`, e.g. RoboTwin's
-        # X:eval scenes), so its final evaluation replays here episode by episode.
-        env = dataclasses.asdict(eval_env_config(run_cfg))
-        print(f"evaluating on the run's evaluation env: {env['name']} {env['task']}", flush=True)
+    if not args.task and not args.env_address:
+        if run_cfg is not None:
+            env = dataclasses.asdict(eval_env_config(run_cfg))
+            print(f"evaluating on the run's evaluation env: {env['name']} {env['task']}", flush=True)
+        elif env and run_eval.task:
+            env["task"] = run_eval.task
+            print(f"evaluating on the checkpoint's evaluation env: {env['name']} {env['task']}", flush=True)
     if args.env_address:  # the same policy against another (or a restarted) env server
         query = env.get("name", "").partition("?")[2] if str(env.get("name", "")).startswith("remote://") else ""
         env["name"] = f"remote://{args.env_address}" + (f"?{query}" if query else "")

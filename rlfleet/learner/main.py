@@ -27,6 +27,7 @@ from rlfleet.config import (
     as_dict,
     eval_env_config,
     eval_seed_range,
+    evaluation_record,
     fill_model_dims,
     load_config,
     run_observation_spec,
@@ -132,6 +133,7 @@ class Learner:
             cfg.env.chunk_size,
             as_dict(cfg.env),
             cfg.env.image_size,
+            evaluation_record(cfg),
         )
         # the settings the policy was built with, for the inference servers and actors that build
         # their copy from the run's config (a model_path checkpoint's settings the recipe leaves out)

@@ -110,11 +110,14 @@ def model_config(
     chunk_size: int,
     env: dict[str, Any] | None = None,
     image_size: int = 0,
+    evaluation: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """config.json: enough to rebuild the policy (and to know which env it was trained on). The
-    policy settings are recorded whole, as the policy was built (a `model_path` checkpoint's settings
-    under the run's) with defaults filled in, so a later change of a default does not change what
-    the checkpoint rebuilds."""
+    """config.json: enough to rebuild the policy (and to know which env it was trained on, and how
+    its recipe evaluates it: `evaluation` holds the recipe's eval task, seed and episodes per task,
+    so `rlfleet eval` of a checkpoint outside its run folder, an SFT cache or a Hub copy, plays the
+    recipe's held-out episodes). The policy settings are recorded whole, as the policy was built (a
+    `model_path` checkpoint's settings under the run's) with defaults filled in, so a later change of
+    a default does not change what the checkpoint rebuilds."""
     policy_cfg = dict(policy_cfg)
     model_path = policy_cfg.pop("model_path", None)
     if model_path:
@@ -126,6 +129,7 @@ def model_config(
         "chunk_size": chunk_size,
         "image_size": image_size,
         "env": env or {},
+        **({"evaluation": dict(evaluation)} if evaluation else {}),
     }
 
 

@@ -120,7 +120,8 @@ def model_card(
         "## Files",
         "",
         "- `model.safetensors`: weights (with the observation/action normalisation buffers)",
-        "- `config.json`: policy settings and env dimensions (what rebuilds the policy)",
+        "- `config.json`: policy settings and env dimensions (what rebuilds the policy), and the"
+        " evaluation `rlfleet eval` plays (the recipe's eval task, seed and episodes per task)",
         "- `norm_stats.json`: the normalisation statistics, readable",
         "- `training.json`: command, commit and counters of the training run",
         "",

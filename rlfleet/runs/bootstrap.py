@@ -15,7 +15,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from rlfleet.config import SFTConfig, as_dict, policy_settings
+from rlfleet.config import SFTConfig, as_dict, evaluation_record, policy_settings
 from rlfleet.envs.api import EnvConfig
 from rlfleet.envs.registry import demos_revision
 from rlfleet.runs.collect import collect_env_demos
@@ -86,7 +86,15 @@ def ensure_sft_checkpoint(cfg: DictConfig, progress: bool = True) -> Path:
         collect_env_demos(demos, env, cfg.demos.episodes_per_task, seed=cfg.demos.seed, progress=progress)
     log.info("behaviour cloning %s on %s -> %s", cfg.policy.get("name"), demos, ckpt)
     sft_cfg = SFTConfig(**as_dict(cfg.sft))
-    run_sft(demos, ckpt, policy_settings(cfg), EnvConfig(**as_dict(cfg.env)), sft_cfg, progress=progress)
+    run_sft(
+        demos,
+        ckpt,
+        policy_settings(cfg),
+        EnvConfig(**as_dict(cfg.env)),
+        sft_cfg,
+        progress=progress,
+        evaluation=evaluation_record(cfg),
+    )
     return ckpt
 
 

@@ -48,7 +48,7 @@ from rlfleet.algorithms.dagger import (
     intervention_gate,
     mix_policies,
 )
-from rlfleet.config import as_dict, eval_env_config, fill_model_dims, to_yaml
+from rlfleet.config import as_dict, eval_env_config, evaluation_record, fill_model_dims, to_yaml
 from rlfleet.data.demos import load_demos
 from rlfleet.envs.api import EnvConfig
 from rlfleet.envs.chains import chain_report
@@ -247,7 +247,13 @@ def run_dagger(cfg: DictConfig, progress: bool = True) -> dict[str, Any]:
     policy = policy_from_config(as_dict(cfg.policy), dims.state_dim, dims.action_dim, K, cfg.env.image_size)
     policy.to(dcfg.device)
     model_cfg = model_config(
-        as_dict(cfg.policy), dims.state_dim, dims.action_dim, K, as_dict(cfg.env), cfg.env.image_size
+        as_dict(cfg.policy),
+        dims.state_dim,
+        dims.action_dim,
+        K,
+        as_dict(cfg.env),
+        cfg.env.image_size,
+        evaluation_record(cfg),
     )
     (run_dir / "config.yaml").write_text(to_yaml(cfg))
     optimizer = torch.optim.AdamW(

@@ -22,7 +22,7 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from rlfleet.config import SFTConfig, as_dict, eval_env_config, load_config, policy_settings
+from rlfleet.config import SFTConfig, as_dict, eval_env_config, evaluation_record, load_config, policy_settings
 from rlfleet.data.demos import IMAGE_KEYS, DemoEpisode, drop_noop_frames, load_demos
 from rlfleet.envs.api import EnvConfig
 from rlfleet.envs.registry import gripper_action_dims
@@ -187,8 +187,10 @@ def run_sft(
     env_cfg: EnvConfig,
     cfg: SFTConfig,
     progress: bool = True,
+    evaluation: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Demos folder -> trained checkpoint folder (config.json, model.safetensors, norm_stats.json)."""
+    """Demos folder -> trained checkpoint folder (config.json, model.safetensors, norm_stats.json);
+    `evaluation` (`rlfleet.config.evaluation_record`) is how the recipe evaluates it."""
     torch.set_num_threads(cfg.threads)
     t0 = time.monotonic()
     episodes = load_demos(demos, only_success=True)
@@ -211,7 +213,13 @@ def run_sft(
         )
     # built before training, so a setting config.json cannot hold fails now, not after the last step
     config = model_config(
-        dict(policy_cfg), state_dim, action_dim, env_cfg.chunk_size, dict(vars(env_cfg)), env_cfg.image_size
+        dict(policy_cfg),
+        state_dim,
+        action_dim,
+        env_cfg.chunk_size,
+        dict(vars(env_cfg)),
+        env_cfg.image_size,
+        evaluation,
     )
     unnorm_key = policy_cfg.get("unnorm_key", "metaworld")
     stats = None
@@ -249,7 +257,12 @@ def main(args: Namespace) -> int:
     dataset and write a checkpoint folder (evaluated with --eval-episodes)."""
     cfg = load_config(args.recipe, args.overrides)
     summary = run_sft(
-        args.demos, args.out, policy_settings(cfg), EnvConfig(**as_dict(cfg.env)), SFTConfig(**as_dict(cfg.sft))
+        args.demos,
+        args.out,
+        policy_settings(cfg),
+        EnvConfig(**as_dict(cfg.env)),
+        SFTConfig(**as_dict(cfg.sft)),
+        evaluation=evaluation_record(cfg),
     )
     if args.eval_episodes:  # on the recipe's held-out evaluation env, reported as `rlfleet eval` reports
         policy, meta = load_checkpoint(args.out)

@@ -36,6 +36,12 @@ def test_train_local_then_eval(tmp_path):
     assert {"config.json", "model.safetensors", "trainer_state.json", "trainer_state.safetensors", "training.json"} <= {
         p.name for p in ckpt.iterdir()
     }
+    import yaml
+
+    run_eval = yaml.safe_load((run / "config.yaml").read_text())["eval"]
+    assert json.loads((ckpt / "config.json").read_text())["evaluation"] == {
+        key: run_eval[key] for key in ("task", "seed", "episodes_per_task")
+    }  # how the run evaluates, for a copy of the checkpoint away from its run (export, Hub)
     assert (run / "logs" / "actor0.log").exists() and (run / "logs" / "inference.log").exists()
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

@@ -87,7 +87,7 @@ def test_episode_records_round_trip_and_bad_files_are_one_line(tmp_path):
         read_episodes(tmp_path / "short.jsonl")
 
 
-def _checkpoint(root: Path, torch_seed: int) -> Path:
+def _checkpoint(root: Path, torch_seed: int, evaluation: dict | None = None) -> Path:
     torch.manual_seed(torch_seed)
     policy_cfg = {"name": "gaussian_mlp", "hidden_sizes": [8]}
     policy = policy_from_config(policy_cfg, 39, 4, 1)
@@ -95,7 +95,7 @@ def _checkpoint(root: Path, torch_seed: int) -> Path:
         policy,
         torch.optim.Adam(policy.parameters()),
         TrainerCounters(update=1, env_steps=64),
-        model_config(policy_cfg, 39, 4, 1, ENV),
+        model_config(policy_cfg, 39, 4, 1, ENV, evaluation=evaluation),
     )
 
 
@@ -191,4 +191,32 @@ def test_rlfleet_eval_of_a_runs_checkpoint_plays_the_runs_evaluation(tmp_path):
     res = _eval(str(ckpt), "--episodes", "1", "--out", str(tmp_path / "c"))
     assert res.returncode == 0, res.stderr[-3000:]
     assert "note: the run's config.yaml does not load" in res.stdout
+    assert [(r["task"], r["seed"]) for r in read_episodes(tmp_path / "c")] == [("reach-v3", 10_000)]
+
+
+def test_rlfleet_eval_of_a_checkpoint_outside_its_run_plays_the_evaluation_its_config_records(tmp_path):
+    """A checkpoint away from its run folder (an SFT cache, an export, a Hub copy) records in
+    config.json how its recipe evaluates it (`evaluation_record`): `rlfleet eval` plays that task
+    from that seed for that many episodes per task, and the flags still override. A checkpoint
+    written before the record plays its own env from the defaults."""
+    import shutil
+
+    from rlfleet.config import evaluation_record, load_config
+
+    cfg = load_config("metaworld_reach_ppo", ["eval.task=push-v3", "eval.seed=12345", "eval.episodes_per_task=2"])
+    record = evaluation_record(cfg)
+    assert record == {"task": "push-v3", "seed": 12345, "episodes_per_task": 2}
+    copy = tmp_path / "exported"
+    shutil.copytree(_checkpoint(tmp_path / "run", 0, evaluation=record), copy)
+    res = _eval(str(copy), "--out", str(tmp_path / "a"))
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "evaluating on the checkpoint's evaluation env: metaworld push-v3" in res.stdout
+    assert [(r["task"], r["seed"]) for r in read_episodes(tmp_path / "a")] == [("push-v3", 12345), ("push-v3", 12346)]
+    res = _eval(str(copy), "--task", "reach-v3", "--seed", "7", "--episodes", "1", "--out", str(tmp_path / "b"))
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert [(r["task"], r["seed"]) for r in read_episodes(tmp_path / "b")] == [("reach-v3", 7)]
+    older = tmp_path / "older"
+    shutil.copytree(_checkpoint(tmp_path / "old_run", 0), older)
+    res = _eval(str(older), "--episodes", "1", "--out", str(tmp_path / "c"))
+    assert res.returncode == 0, res.stderr[-3000:]
     assert [(r["task"], r["seed"]) for r in read_episodes(tmp_path / "c")] == [("reach-v3", 10_000)]

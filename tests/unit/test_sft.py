@@ -152,6 +152,26 @@ def test_demos_task_collects_on_its_own_tasks_and_keeps_their_cache(tmp_path, mo
         bootstrap.ensure_sft_checkpoint(split, progress=False)
 
 
+def test_the_recipes_sft_start_records_how_the_recipe_evaluates(tmp_path, monkeypatch):
+    """The SFT checkpoint a run builds for itself records the recipe's evaluation (RoboTwin's
+    X:eval layouts), so `rlfleet eval` of the cached start plays the held-out layouts."""
+    from rlfleet.config import load_config
+    from rlfleet.runs import bootstrap
+
+    cfg = load_config("robotwin_multitask_ppo_mlp_cpu", [f"demos.cache_dir={tmp_path}"])
+    (bootstrap.demos_folder(cfg)).mkdir(parents=True)
+    (bootstrap.demos_folder(cfg) / "index.json").write_text("{}")  # demos present: straight to SFT
+    seen = {}
+    monkeypatch.setattr(bootstrap, "run_sft", lambda *args, **kwargs: seen.update(kwargs))
+    bootstrap.ensure_sft_checkpoint(cfg, progress=False)
+    assert seen["evaluation"] == {
+        "task": cfg.eval.task,
+        "seed": cfg.eval.seed,
+        "episodes_per_task": cfg.eval.episodes_per_task,
+    }
+    assert cfg.eval.task.split(",")[0].endswith(":eval")
+
+
 def test_goal_marker_gets_its_own_demo_cache_and_leaves_the_others_keys_alone(tmp_path):
     from rlfleet.config import load_config
     from rlfleet.runs import bootstrap
@@ -243,7 +263,7 @@ def test_sft_eval_episodes_keeps_a_report_rlfleet_eval_replays(tmp_path):
     demos, out = tmp_path / "demos", tmp_path / "sft"
     collect_env_demos(demos, EnvConfig(task="reach-v3", max_episode_steps=60), 2, progress=False)
     overrides = ["env.task=reach-v3", "env.max_episode_steps=60", "sft.steps=5", "sft.threads=1"]
-    overrides += ["eval.task=push-v3", "eval.seed=12345"]
+    overrides += ["eval.task=push-v3", "eval.seed=12345", "eval.episodes_per_task=2"]
     args = ["sft", "metaworld_reach_ppo", "--demos", str(demos), "--out", str(out), "--eval-episodes", "2"]
     assert main([*args, *overrides]) == 0
     records = read_episodes(out / "eval")
@@ -256,3 +276,11 @@ def test_sft_eval_episodes_keeps_a_report_rlfleet_eval_replays(tmp_path):
     compare = ["--out", str(again), "--compare", str(out / "eval")]
     assert main(["eval", str(out), "--task", "push-v3", "--seed", "12345", "--episodes", "2", *compare]) == 0
     assert read_episodes(again) == records
+    # config.json records the recipe's evaluation, so a plain `rlfleet eval CKPT` replays it too
+    assert json.loads((out / "config.json").read_text())["evaluation"] == {
+        "task": "push-v3",
+        "seed": 12_345,
+        "episodes_per_task": 2,
+    }
+    assert main(["eval", str(out), "--out", str(tmp_path / "plain")]) == 0
+    assert read_episodes(tmp_path / "plain") == records
