@@ -58,7 +58,7 @@ _EXAMPLES = """examples:
   rlfleet train metaworld_reach_ppo
   rlfleet train metaworld_reach_ppo actor.num_envs=32 runner.logger.logger_backends=[tensorboard,wandb]
   # evaluate a checkpoint folder, or one on the Hugging Face Hub
-  rlfleet eval runs/metaworld_reach_ppo/checkpoints/update_000050 --episodes 20
+  rlfleet eval runs/metaworld_reach_ppo --episodes 20        # a run folder: its latest checkpoint
   rlfleet eval hf://ORG/NAME
   # two policies on the same 200 episodes, episode by episode
   rlfleet eval START --episodes 200 --out eval/start
@@ -379,17 +379,21 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument(
         "--episodes",
         type=int,
-        help="episodes per task (default: the run's eval.episodes_per_task for a run's checkpoint, else 10)",
+        help="episodes per task (default: the run's eval.episodes_per_task for a run's checkpoint, else what the "
+        "checkpoint's config.json records of its recipe's evaluation, else 10)",
     )
     ev.add_argument(
-        "--seed", type=int, help="first episode seed (default: the run's eval.seed for a run's checkpoint, else 10000)"
+        "--seed",
+        type=int,
+        help="first episode seed (default: the run's eval.seed for a run's checkpoint, else the one its "
+        "config.json records, else 10000)",
     )
     ev.add_argument("--out", help="report folder (default: CHECKPOINT/eval; for hf:// eval/ORG--NAME)")
     ev.add_argument("--video", action="store_true", help="write MP4s of the first episode of each task")
     ev.add_argument(
         "--compare",
         metavar="OTHER",
-        help="pair each episode with the same episode (task, seed) of another evaluation: its report folder "
+        help="pair each episode with the same episode (task and scene played) of another evaluation: its report folder "
         "or episodes.jsonl; prints success of both, the episodes only one solved and an exact McNemar p",
     )
     ev.add_argument("--json", action="store_true", help="also print the report as JSON")
@@ -439,6 +443,7 @@ def build_parser() -> argparse.ArgumentParser:
     sf.add_argument("--demos", required=True, help="demo dataset folder")
     sf.add_argument("--out", required=True, help="checkpoint folder to write")
     sf.add_argument("--eval-episodes", type=int, default=0, help="evaluate the result (episodes per task)")
+    sf.add_argument("--overwrite", action="store_true", help="replace an existing checkpoint at --out")
     sf.set_defaults(func=cmd_sft)
 
     es = sub.add_parser("env-server", help="serve a simulator over gRPC (EnvService) for env.name=remote://HOST:PORT")
@@ -524,13 +529,22 @@ def main(argv: list[str] | None = None) -> int:
         if hasattr(args, "token_file"):
             _configure_auth(args)
         return args.func(args)
-    except (FileNotFoundError, ValueError, ConnectionError, TimeoutError) as exc:  # e.g. an env server gone
+    except (
+        FileNotFoundError,
+        FileExistsError,
+        ValueError,
+        ConnectionError,
+        TimeoutError,
+    ) as exc:  # e.g. an env server gone
         logging.getLogger("rlfleet").error("%s", exc)
         return 2
     except Exception as exc:
         if type(exc).__name__ == "RemoteEnvError":  # a bad env server: its message says which and how
             logging.getLogger("rlfleet").error("%s", exc)
             return 2
+        if type(exc).__name__ == "FleetError":  # rlfleet.runs.launcher: the role's own log has its traceback
+            logging.getLogger("rlfleet").error("%s", exc)
+            return 1
         if not _unauthenticated(exc):
             raise
         logging.getLogger("rlfleet").error("a server refused this process's credentials: %s", exc.details())

@@ -369,7 +369,21 @@ def load_config(recipe: str | None, overrides: list[str] | None = None) -> DictC
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     _check_policy(cfg)
+    _check_budget(cfg)
     return cfg
+
+
+def _check_budget(cfg: DictConfig) -> None:
+    """A PPO run whose env-step budget ends before its first update would train nothing and report
+    the untrained policy as its result: refused in one line (an only-eval or DAgger run has no update)."""
+    if cfg.runner.only_eval or cfg.dagger.enabled:
+        return
+    total, batch = cfg.runner.total_env_steps, cfg.learner.batch_env_steps
+    if batch < 1 or total < batch:
+        raise ConfigError(
+            f"runner.total_env_steps={total} is less than one update (learner.batch_env_steps={batch}): "
+            "no update would run; raise the first or lower the second"
+        )
 
 
 def _first_line(exc: BaseException) -> str:

@@ -4,8 +4,10 @@ in episodes.jsonl; `--compare OTHER` pairs those episodes with another evaluatio
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import sys
 from argparse import Namespace
 from pathlib import Path
 
@@ -37,7 +39,19 @@ from rlfleet.policies.checkpoint_io import checkpoint_folder, is_hub_path, load_
 
 def main(args: Namespace) -> int:
     """Success per task and per task group the env declares (MetaWorld: difficulty, ML45 held-out),
-    as JSON and Markdown."""
+    as JSON and Markdown; with --json stdout holds the report's JSON alone (tables and notes go to
+    stderr), so it pipes into jq."""
+    if not args.json:
+        evaluate_checkpoint(args)
+        return 0
+    with contextlib.redirect_stdout(sys.stderr):
+        table = evaluate_checkpoint(args)
+    print(json.dumps(table))
+    return 0
+
+
+def evaluate_checkpoint(args: Namespace) -> dict:
+    """`rlfleet eval`'s work: the evaluation, its report files and terminal tables; returns the report."""
     decode = getattr(args, "decode", None)
     # a run folder names its latest checkpoint; hf:// stays as given (its report folder is named after it)
     checkpoint = args.checkpoint if is_hub_path(args.checkpoint) else str(checkpoint_folder(args.checkpoint))
@@ -75,6 +89,12 @@ def main(args: Namespace) -> int:
         raise SystemExit("the checkpoint does not name its env: pass --task")
     env_cfg = held_out_env(EnvConfig(**env))  # a checkpoint's own env, evaluated as a run evaluates it
     out = Path(args.out or _default_eval_dir(checkpoint))
+    if (out / "config.yaml").exists() and (out / "checkpoints").is_dir():  # its episodes.jsonl is the run's
+        raise ValueError(
+            f"--out {out} is a run folder: its episodes.jsonl is the run's final evaluation (pass another --out)"
+        )
+    if episodes < 1:
+        raise ValueError(f"--episodes must be at least 1, got {episodes}")
     other = None
     if args.compare:  # a bad path fails before any episode runs
         other = read_episodes(args.compare)
@@ -112,9 +132,7 @@ def main(args: Namespace) -> int:
         atomic_write(out / "paired.md", paired_markdown(table["paired"], title))
         write_report(table, out, name="eval", title=f"Evaluation of {checkpoint}")
     print(f"report: {json_path} {md_path}")
-    if args.json:
-        print(json.dumps(table))
-    return 0
+    return table
 
 
 def _report_mode(path: Path) -> str | None:

@@ -54,7 +54,10 @@ def read_episodes(path: str | Path) -> list[dict[str, Any]]:
     if path.is_dir():
         path = path / EPISODES_FILE
     if not path.is_file():
-        raise ValueError(f"{path}: no episode records (rlfleet eval writes {EPISODES_FILE} in its report folder)")
+        raise ValueError(
+            f"{path}: no such file (rlfleet eval writes {EPISODES_FILE} in its report folder, a run writes "
+            f"{EPISODES_FILE} and, with eval.before=true, {BEFORE_EPISODES_FILE})"
+        )
     records = []
     for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():

@@ -324,7 +324,14 @@ def checkpoint_eval_markdown(summary: Mapping[str, Any], checkpoint: Path, env_n
     if after and summary.get("eval_before"):
         return compare_markdown(summary["eval_before"], after, "Success before / after RL fine-tuning", groups)
     if after:
-        return to_markdown(success_table(after, groups=groups), "Evaluation (success_once, deterministic policy)")
+        from rlfleet.eval.paired import EPISODES_FILE, read_episodes  # paired imports this module
+
+        episodes_file = checkpoint.parent.parent / EPISODES_FILE  # the run's final evaluation, when kept
+        played = read_episodes(episodes_file) if episodes_file.is_file() else []
+        counts = {task: sum(r["task"] == task for r in played) for task in after} if played else None
+        return to_markdown(
+            success_table(after, counts, groups=groups), "Evaluation (success_once, deterministic policy)"
+        )
     if (checkpoint / "eval" / "eval.md").exists():  # `rlfleet eval CHECKPOINT` wrote one
         return (checkpoint / "eval" / "eval.md").read_text()
     return None

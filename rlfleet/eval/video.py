@@ -200,7 +200,10 @@ class EpisodeRecorder:
 
     def _check_frames(self, frames: np.ndarray | None) -> np.ndarray:
         if frames is None:
-            raise ValueError("save_video needs camera frames: set env.image_size > 0 (obs['main_images'])")
+            raise ValueError(
+                "save_video needs camera frames (obs['main_images']), which the env renders only at "
+                "env.image_size > 0 (a run's setting; rlfleet eval plays the checkpoint's env)"
+            )
         frames = np.asarray(frames)
         if frames.ndim != 4 or frames.shape[0] != len(self.task_names) or frames.shape[-1] != 3:
             raise ValueError(f"frames must be [B={len(self.task_names)},H,W,3], got {frames.shape}")

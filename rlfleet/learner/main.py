@@ -155,8 +155,8 @@ class Learner:
             check_stage_rows(cfg.actor.num_envs, cfg.actor.pipeline_stage_num, cfg.algorithm.group_size)
         self.checkpointer = Checkpointer(run_dir, info=run_info())  # command and commit, for the model card
         self.counters = TrainerCounters()
+        latest = self.checkpointer.latest() if cfg.runner.resume else None
         if cfg.runner.resume:
-            latest = self.checkpointer.latest()
             if latest is None:
                 log.warning("--resume: no checkpoint under %s; starting fresh", self.checkpointer.root)
             else:
@@ -168,7 +168,7 @@ class Learner:
                 # actors read this from the run's config: their envs start a new episode stream
                 cfg.runner.resumed_from_env_steps = self.counters.env_steps
         self.losses = LossLedger(self.checkpointer.root)  # env steps lost by cause, across restarts
-        if cfg.runner.resume:
+        if latest is not None:  # resumed from a checkpoint
             self.losses.resume(self.counters.env_steps)
         else:
             self.losses.start(self.counters.env_steps)
@@ -349,7 +349,8 @@ class Learner:
             "env_steps": self.counters.env_steps,
             "train_seconds": round(t_end - self._t_start, 1),  # this process's life
             "train_seconds_all_lives": round(self.counters.wall_seconds, 1),  # with the lives before a --resume
-            "throughput_env_steps_per_s": round(steps / max(t_end - (t_first or t_end), 1e-6), 1),
+            # from the first data on; 0 when none came (a run stopped before any segment)
+            "throughput_env_steps_per_s": round(steps / max(t_end - t_first, 1e-6), 1) if t_first else 0.0,
             "train_success_once": self.last_stats.get("env/success_once"),
             "policy_lag_last_update": self.last_stats.get("throughput/policy_lag"),
             "checkpoint": str(final),

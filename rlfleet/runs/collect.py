@@ -220,27 +220,23 @@ def main(args: Namespace) -> int:
         logging.getLogger("rlfleet").warning(
             "--workers is ignored: one env batch steps every expert in lockstep (see --envs-per-task)"
         )
-    try:
-        cfg = EnvConfig(
-            name=args.env,
-            task=args.tasks,
-            max_episode_steps=args.max_episode_steps,
-            image_size=args.image_size,
-            camera=args.camera,
-            wrist_camera=getattr(args, "wrist_camera", False),
-        )
-        summary = collect_env_demos(
-            Path(args.out),
-            cfg,
-            args.episodes_per_task,
-            envs_per_task=getattr(args, "envs_per_task", 1),
-            seed=args.seed,
-            keep_failed=args.keep_failed,
-            overwrite=args.overwrite,
-        )
-    except FileExistsError as exc:  # main() only maps FileNotFoundError / ValueError to exit code 2
-        logging.getLogger("rlfleet").error("%s", exc)
-        return 2
+    cfg = EnvConfig(
+        name=args.env,
+        task=args.tasks,
+        max_episode_steps=args.max_episode_steps,
+        image_size=args.image_size,
+        camera=args.camera,
+        wrist_camera=getattr(args, "wrist_camera", False),
+    )
+    summary = collect_env_demos(
+        Path(args.out),
+        cfg,
+        args.episodes_per_task,
+        envs_per_task=getattr(args, "envs_per_task", 1),
+        seed=args.seed,
+        keep_failed=args.keep_failed,
+        overwrite=args.overwrite,
+    )
     table = Table(title=f"scripted-expert demos in {args.out}")
     table.add_column("task")
     table.add_column("episodes", justify="right")

@@ -99,6 +99,11 @@ def _inference_addresses(addresses: list[str], actor_index: int) -> str:
     return ",".join(addresses[k:] + addresses[:k])
 
 
+class FleetError(RuntimeError):
+    """A role of the local fleet stopped the run (it exited before it was ready, or every actor
+    crashed): the message says which and where its log is, so `rlfleet train` prints it as one line."""
+
+
 # A role's start-up (imports, policy and reference build, a probe env for the model's dimensions)
 # took over 180 s on 2 cores shared with two other training runs: wait long while it is alive.
 ROLE_START_TIMEOUT_S = 900.0
@@ -113,7 +118,7 @@ def _wait_address(
             return json.loads(path.read_text())[key]
         if proc.poll() is not None:
             cause = last_error_line(log_file)
-            raise RuntimeError(
+            raise FleetError(
                 f"{key} exited with code {proc.returncode} before it was ready" + (f": {cause}" if cause else "")
             )
         time.sleep(0.1)
@@ -305,7 +310,7 @@ def _supervise(learner: subprocess.Popen, supervisor: ActorSupervisor, every_s: 
                 learner.send_signal(signal.SIGINT)  # no data will come: checkpoint and stop
                 learner.wait()
                 last = "; ".join(f"actor {i}: {c}" for i, c in sorted(supervisor.causes.items()) if c)
-                raise RuntimeError(
+                raise FleetError(
                     "every actor crashed more often than actor.max_restarts allows"
                     + (f" ({last})" if last else "")
                     + "; see the run folder's logs/actor*.log"
@@ -402,5 +407,5 @@ def _run_fleet(
         _stop_all(children + (supervisor.current() if supervisor else []), grace=15.0)
     summary_file = run_dir / "summary.json"
     if learner.returncode != 0 and not summary_file.exists():
-        raise RuntimeError(f"learner exited with code {learner.returncode}; see the output above")
+        raise FleetError(f"learner exited with code {learner.returncode}; see the output above")
     return json.loads(summary_file.read_text()) if summary_file.exists() else {}

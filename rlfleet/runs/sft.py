@@ -256,6 +256,9 @@ def main(args: Namespace) -> int:
     """`rlfleet sft RECIPE --demos DIR --out DIR`: behaviour-clone the recipe's policy on a demo
     dataset and write a checkpoint folder (evaluated with --eval-episodes)."""
     cfg = load_config(args.recipe, args.overrides)
+    out = Path(args.out)
+    if (out.exists() or out.is_symlink()) and not getattr(args, "overwrite", False):  # before any training
+        raise FileExistsError(f"{out} already exists; pass --overwrite to replace it, or choose another folder")
     summary = run_sft(
         args.demos,
         args.out,

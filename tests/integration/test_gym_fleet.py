@@ -61,3 +61,12 @@ def test_recipe_balances_the_pendulum(tmp_path) -> None:
     summary, mean_return = _train_and_eval(tmp_path, timeout=900)
     assert summary["env_steps"] >= 150_000
     assert mean_return >= 400.0
+
+
+def test_an_env_the_learner_refuses_ends_the_run_in_one_line_per_process(tmp_path):
+    """A role that exits before it is ready (here the learner, on a Discrete-action env) ends
+    `rlfleet train` with its own reason and one line from the launcher, not a traceback."""
+    res = _cli("train", RECIPE, f"runner.logger.log_path={tmp_path / 'run'}", "env.name=gym:CartPole-v1", timeout=300)
+    assert res.returncode == 1
+    assert "has a Discrete action space; rlfleet needs a Box" in res.stderr
+    assert "learner exited with code 2 before it was ready" in res.stderr and "Traceback" not in res.stderr

@@ -54,7 +54,8 @@ def test_train_local_then_eval(tmp_path):
     assert "eval/before_after/text_summary" in events.Tags()["tensors"]  # the table, as TensorBoard text
     ev = _cli("eval", str(ckpt), "--episodes", "2", "--json", timeout=120)
     assert ev.returncode == 0, ev.stderr[-3000:]
-    result = json.loads(ev.stdout.strip().splitlines()[-1])
+    result = json.loads(ev.stdout)  # --json: stdout is the report alone (tables go to stderr), for jq
+    assert "Evaluation" not in ev.stdout and "reach-v3" in ev.stderr
     assert [row["task"] for row in result["tasks"]] == ["reach-v3"]
     assert result["groups"]["Easy"]["tasks"] == 1  # reach is an easy task in MetaWorld's declared split
     assert (ckpt / "eval" / "eval.json").exists() and (ckpt / "eval" / "eval.md").exists()

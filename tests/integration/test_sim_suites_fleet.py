@@ -77,7 +77,7 @@ def test_short_fleet_run_then_eval_only(tmp_path, suite):
     # held-out X:eval scenes; CALVIN: the eval chain pool), so the final evaluation replays.
     ev = _cli("eval", str(ckpt), "--episodes", "1", "--compare", str(run), "--json", timeout=300)
     assert ev.returncode == 0, ev.stderr[-3000:]
-    assert "evaluating on the run's evaluation env" in ev.stdout
+    assert "evaluating on the run's evaluation env" in ev.stderr  # --json: stdout holds the JSON alone
     paired = json.loads(ev.stdout.strip().splitlines()[-1])["paired"]
     assert {row["task"] for row in paired["tasks"]} == set(summary["eval_success"])
     assert all(row["pairs"] == 1 and row["only_this"] == row["only_other"] == 0 for row in paired["tasks"])

@@ -97,6 +97,14 @@ def test_unknown_key_raises(override):
         load_config("metaworld_reach_ppo", [override])
 
 
+@pytest.mark.parametrize("overrides", [["runner.total_env_steps=2000"], ["runner.total_env_steps=0"]])
+def test_a_budget_that_ends_before_the_first_update_is_refused(overrides):
+    with pytest.raises(ConfigError, match=r"runner.total_env_steps=\d+ is less than one update .*batch_env_steps=4096"):
+        load_config("metaworld_reach_ppo", overrides)
+    assert load_config("metaworld_reach_ppo", ["runner.total_env_steps=64", "learner.batch_env_steps=64"])
+    assert load_config("metaworld_reach_ppo", ["runner.total_env_steps=0", "runner.only_eval=true"])
+
+
 def test_a_wrist_camera_policy_needs_the_envs_wrist_camera():
     with pytest.raises(ConfigError, match="policy.wrist_camera reads wrist_images: set env.wrist_camera=true too"):
         load_config("calvin_d_d_ppo_tinypi0_cpu", ["policy.wrist_camera=true"])

@@ -77,7 +77,7 @@ def test_episode_records_round_trip_and_bad_files_are_one_line(tmp_path):
     records = [_record("a", 5, True), _record("b", 6, False)]
     path = write_episodes(records, tmp_path / "ev")
     assert read_episodes(tmp_path / "ev") == records == read_episodes(path)
-    with pytest.raises(ValueError, match="no episode records"):
+    with pytest.raises(ValueError, match="missing: no such file .*eval.before=true"):
         read_episodes(tmp_path / "missing")
     (tmp_path / "bad.jsonl").write_text('{"task": "a", "seed": 1, "success": true}\n{oops\n')
     with pytest.raises(ValueError, match=r"bad.jsonl:2: not JSON"):
@@ -151,7 +151,7 @@ def test_rlfleet_eval_writes_each_episode_and_compares_two_policies_on_the_same_
 def test_rlfleet_eval_compare_refuses_in_one_line(tmp_path):
     ckpt = _checkpoint(tmp_path / "run", 0)
     res = _eval(str(ckpt), "--episodes", "1", "--compare", str(tmp_path / "nowhere"), "--out", str(tmp_path / "x"))
-    assert res.returncode == 2 and "no episode records" in res.stderr and "Traceback" not in res.stderr
+    assert res.returncode == 2 and "no such file" in res.stderr and "Traceback" not in res.stderr
     assert not (tmp_path / "x").exists()  # refused before any episode ran
     write_episodes([_record("reach-v3", 5, True)], tmp_path / "other")
     res = _eval(str(ckpt), "--episodes", "1", "--compare", str(tmp_path / "other"), "--out", str(tmp_path / "other"))
@@ -159,6 +159,16 @@ def test_rlfleet_eval_compare_refuses_in_one_line(tmp_path):
     res = _eval(str(ckpt), "--episodes", "1", "--compare", str(tmp_path / "other"), "--out", str(tmp_path / "y"))
     assert res.returncode == 2 and "share no episode" in res.stderr and "Traceback" not in res.stderr
     assert (tmp_path / "y" / "eval.json").exists() and len(read_episodes(tmp_path / "y")) == 1  # nothing lost
+    # a run folder's episodes.jsonl is the run's final evaluation: never an --out
+    (tmp_path / "run" / "config.yaml").write_text("{}\n")
+    write_episodes([_record("reach-v3", 10_000, True)], tmp_path / "run")
+    res = _eval(str(ckpt), "--episodes", "1", "--seed", "5", "--out", str(tmp_path / "run"))
+    assert res.returncode == 2 and "is a run folder" in res.stderr and "Traceback" not in res.stderr
+    assert read_episodes(tmp_path / "run") == [_record("reach-v3", 10_000, True)]
+    res = _eval(str(ckpt), "--episodes", "0", "--out", str(tmp_path / "z"))
+    assert (
+        res.returncode == 2 and "--episodes must be at least 1, got 0" in res.stderr and not (tmp_path / "z").exists()
+    )
 
 
 def test_rlfleet_eval_of_a_runs_checkpoint_plays_the_runs_evaluation(tmp_path):

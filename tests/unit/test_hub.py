@@ -276,3 +276,19 @@ def test_a_run_pins_its_hub_checkpoint_to_one_commit(tmp_path):
     # after the branch moved: a resumed life keeps its first life's commit, a new run takes the new one
     assert result["resumed"] == pinned
     assert result["new_run"] == f"hf://acme/reach-mlp@{COMMIT_V1}"
+
+
+def test_the_cards_evaluation_table_counts_the_runs_final_episodes(tmp_path):
+    """A run measured without a start (no eval_before): the card's table gives each task's episodes
+    from the run's episodes.jsonl."""
+    from rlfleet.eval.paired import write_episodes
+    from rlfleet.eval.report import checkpoint_eval_markdown
+
+    ckpt = make_run(tmp_path)
+    summary = {"eval_success": {"reach-v3": 2 / 3}}
+    records = [{"task": "reach-v3", "seed": s, "success": s > 0, "return": 1.0, "length": 9} for s in range(3)]
+    write_episodes(records, ckpt.parent.parent)
+    card = checkpoint_eval_markdown(summary, ckpt, "metaworld")
+    assert card is not None and "| reach-v3 | Easy | 66.7 | 3 |" in card
+    (ckpt.parent.parent / "episodes.jsonl").unlink()  # not kept: the count is unknown, not made up
+    assert "| reach-v3 | Easy | 66.7 | - |" in checkpoint_eval_markdown(summary, ckpt, "metaworld")

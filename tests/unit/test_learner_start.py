@@ -59,3 +59,17 @@ def test_the_run_config_it_serves_holds_the_settings_of_the_checkpoint_it_starte
         assert learner.model_config["policy"]["activation"] == "relu"
     finally:
         learner.close()
+
+
+def test_resume_without_a_checkpoint_starts_fresh_with_one_warning(tmp_path, caplog):
+    """`--resume` on a folder without a checkpoint says it starts fresh, and nothing about the
+    losses of a resume that did not happen."""
+    cfg = load_config(
+        "metaworld_reach_ppo", [f"runner.logger.log_path={tmp_path}", "actor.num_envs=4", "runner.resume=true"]
+    )
+    with caplog.at_level("WARNING", logger="rlfleet"):
+        learner = Learner(cfg, tmp_path)
+    learner.close()
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "no checkpoint under" in warnings[0] and "starting fresh" in warnings[0]
+    assert learner.counters.env_steps == 0 and learner.losses.accepted == 0

@@ -284,3 +284,7 @@ def test_sft_eval_episodes_keeps_a_report_rlfleet_eval_replays(tmp_path):
     }
     assert main(["eval", str(out), "--out", str(tmp_path / "plain")]) == 0
     assert read_episodes(tmp_path / "plain") == records
+    # a second `rlfleet sft` onto the same folder is refused before training, keeping it whole
+    assert main([*args, *overrides]) == 2
+    assert read_episodes(out / "eval") == records
+    assert main([*args, *overrides, "--overwrite"]) == 0
