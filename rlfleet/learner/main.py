@@ -220,6 +220,7 @@ class Learner:
         eval_seed_range(cfg, len(eval_tasks))
         self.last_stats: dict[str, float] = {}
         self.eval_chain: dict[str, dict[str, float]] = {}  # chained envs: rlfleet.envs.chains.chain_report
+        self.eval_return: dict[str, float] = {}  # the final evaluation's mean episode return per task
         self.writer: MetricsWriter | None = None  # opened by train()
 
     def start(self) -> str:
@@ -424,6 +425,8 @@ class Learner:
         returns: dict[str, list[float]] = {}
         t0 = time.time()
         success = self.evaluation(self.policy, self.cfg.eval.episodes_per_task, self.run_dir, episode_returns=returns)
+        # mean episode return per task: how envs without a success signal (gymnasium's MuJoCo tasks) are judged
+        self.eval_return = {task: sum(r) / len(r) for task, r in returns.items() if r}
         if self.episodes.chain_length:  # CALVIN's table: success_len_1..5 and avg_num_subtasks
             self.eval_chain = chain_report(returns, self.episodes.chain_length)
             self.evaluation.write_chains(self.run_dir, self.eval_chain, self.episodes.chain_length)
@@ -496,6 +499,8 @@ def run_learner(
             summary["eval_success"] = eval_success
             if learner.eval_chain:
                 summary["eval_chain"] = learner.eval_chain
+            if learner.eval_return:
+                summary["eval_return"] = learner.eval_return
             summary["eval_success_mean"] = sum(eval_success.values()) / len(eval_success)
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         return summary

@@ -190,5 +190,7 @@ def print_summary(summary: Mapping[str, Any]) -> None:
     if summary.get("eval_success"):
         table.add_row("[bold]mean[/bold]", f"[bold]{summary['eval_success_mean']:.0%}[/bold]")
         console.print(table)
+    if summary.get("eval_return"):  # envs judged by return (gymnasium's MuJoCo tasks) show it too
+        console.print("mean episode return: " + ", ".join(f"{t} {v:.1f}" for t, v in summary["eval_return"].items()))
     keys = ("env_steps", "updates", "train_seconds", "throughput_env_steps_per_s", "checkpoint")
     console.print({k: summary[k] for k in keys if k in summary})

@@ -52,6 +52,10 @@ def test_a_few_updates_through_the_fleet(tmp_path) -> None:
     assert summary["updates"] >= 4 and summary["env_steps"] >= 1024
     assert set(summary["eval_success"]) == {"InvertedPendulum-v5"}
     assert 1.0 <= mean_return <= 50.0  # at least one step survived, at most the episode limit
+    # the run's own final evaluation reports the return too: what this env is judged by
+    final = [json.loads(line) for line in (tmp_path / "run" / "episodes.jsonl").read_text().splitlines()]
+    assert len(final) == 2
+    assert summary["eval_return"] == {"InvertedPendulum-v5": sum(r["return"] for r in final) / 2}
 
 
 @pytest.mark.slow
