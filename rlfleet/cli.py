@@ -396,7 +396,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="pair each episode with the same episode (task and scene played) of another evaluation: its report folder "
         "or episodes.jsonl; prints success of both, the episodes only one solved and an exact McNemar p",
     )
-    ev.add_argument("--json", action="store_true", help="also print the report as JSON")
+    ev.add_argument(
+        "--json", action="store_true", help="print the report as JSON, alone on stdout (tables and notes go to stderr)"
+    )
     ev.add_argument(
         "--sample",
         action="store_true",

@@ -375,14 +375,15 @@ def load_config(recipe: str | None, overrides: list[str] | None = None) -> DictC
 
 def _check_budget(cfg: DictConfig) -> None:
     """A PPO run whose env-step budget ends before its first update would train nothing and report
-    the untrained policy as its result: refused in one line (an only-eval or DAgger run has no update)."""
+    the untrained policy as its result: refused in one line (an only-eval or DAgger run has no update).
+    An update takes `learner.batch_env_steps` samples, one per chunk of `env.chunk_size` env steps."""
     if cfg.runner.only_eval or cfg.dagger.enabled:
         return
-    total, batch = cfg.runner.total_env_steps, cfg.learner.batch_env_steps
-    if batch < 1 or total < batch:
+    total, batch, chunk = cfg.runner.total_env_steps, cfg.learner.batch_env_steps, cfg.env.chunk_size
+    if batch < 1 or total < batch * chunk:
         raise ConfigError(
-            f"runner.total_env_steps={total} is less than one update (learner.batch_env_steps={batch}): "
-            "no update would run; raise the first or lower the second"
+            f"runner.total_env_steps={total} is less than one update ({batch * chunk} env steps: "
+            f"learner.batch_env_steps={batch} samples of env.chunk_size={chunk}): no update would run"
         )
 
 

@@ -34,7 +34,7 @@ from rlfleet.eval.paired import (
     read_episodes,
 )
 from rlfleet.eval.report import atomic_write, evaluation_mode, write_report
-from rlfleet.policies.checkpoint_io import checkpoint_folder, is_hub_path, load_checkpoint
+from rlfleet.policies.checkpoint_io import checkpoint_folder, is_hub_path, is_run_folder, load_checkpoint
 
 
 def main(args: Namespace) -> int:
@@ -55,12 +55,19 @@ def evaluate_checkpoint(args: Namespace) -> dict:
     decode = getattr(args, "decode", None)
     # a run folder names its latest checkpoint; hf:// stays as given (its report folder is named after it)
     checkpoint = args.checkpoint if is_hub_path(args.checkpoint) else str(checkpoint_folder(args.checkpoint))
+    out = Path(args.out or _default_eval_dir(checkpoint))
+    if is_run_folder(out):  # refused before any download or episode
+        raise ValueError(
+            f"--out {out} is a run folder: its episodes.jsonl is the run's final evaluation (pass another --out)"
+        )
+    if args.episodes is not None and args.episodes < 1:
+        raise ValueError(f"--episodes must be at least 1, got {args.episodes}")
     policy, meta = load_checkpoint(checkpoint, overrides={"decode": decode} if decode else None)
     env = dict(meta.get("env") or {})
     try:
         run_cfg = checkpoint_run_config(checkpoint)
     except (OmegaConfBaseException, yaml.YAMLError, OSError) as exc:  # e.g. a key a later rlfleet dropped
-        print(f"note: the run's config.yaml does not load ({type(exc).__name__}); evaluating on the checkpoint's env")
+        print(f"note: the run's config.yaml does not load ({type(exc).__name__}); evaluating as its config.json says")
         run_cfg = None
     # A run's checkpoint is evaluated as the run evaluated it (its `eval.task`, e.g. RoboTwin's
     # X:eval scenes), so its final evaluation replays here episode by episode; any other checkpoint
@@ -88,13 +95,6 @@ def evaluate_checkpoint(args: Namespace) -> dict:
     if not env:
         raise SystemExit("the checkpoint does not name its env: pass --task")
     env_cfg = held_out_env(EnvConfig(**env))  # a checkpoint's own env, evaluated as a run evaluates it
-    out = Path(args.out or _default_eval_dir(checkpoint))
-    if (out / "config.yaml").exists() and (out / "checkpoints").is_dir():  # its episodes.jsonl is the run's
-        raise ValueError(
-            f"--out {out} is a run folder: its episodes.jsonl is the run's final evaluation (pass another --out)"
-        )
-    if episodes < 1:
-        raise ValueError(f"--episodes must be at least 1, got {episodes}")
     other = None
     if args.compare:  # a bad path fails before any episode runs
         other = read_episodes(args.compare)

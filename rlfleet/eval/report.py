@@ -28,6 +28,7 @@ from rich.table import Table
 
 from rlfleet.envs.chains import CHAIN_LENGTH, chain_columns
 from rlfleet.envs.registry import task_groups
+from rlfleet.policies.checkpoint_io import run_folder
 
 Groups = Mapping[str, Sequence[str]]
 """Group title -> its tasks, in report order (a task may be in several groups)."""
@@ -316,6 +317,19 @@ def write_before_after(
         print(text, flush=True)
 
 
+def _final_episode_counts(checkpoint: Path, after: Mapping[str, float]) -> dict[str, int] | None:
+    """Episodes per task of the final evaluation of the run `checkpoint` belongs to, from its
+    episodes.jsonl; None where that is not known (no run folder, no file, a file that does not read)."""
+    from rlfleet.eval.paired import EPISODES_FILE, read_episodes  # paired imports this module
+
+    run = run_folder(checkpoint)
+    try:
+        played = read_episodes(run / EPISODES_FILE) if run is not None else []
+    except ValueError:  # missing or damaged: the card says "-" rather than failing the export
+        return None
+    return {task: sum(r["task"] == task for r in played) for task in after} if played else None
+
+
 def checkpoint_eval_markdown(summary: Mapping[str, Any], checkpoint: Path, env_name: str) -> str | None:
     """The evaluation section of an exported checkpoint's model card (`rlfleet.policies.hub`):
     the run's before/after table, its final evaluation, or the report `rlfleet eval` left."""
@@ -324,11 +338,7 @@ def checkpoint_eval_markdown(summary: Mapping[str, Any], checkpoint: Path, env_n
     if after and summary.get("eval_before"):
         return compare_markdown(summary["eval_before"], after, "Success before / after RL fine-tuning", groups)
     if after:
-        from rlfleet.eval.paired import EPISODES_FILE, read_episodes  # paired imports this module
-
-        episodes_file = checkpoint.parent.parent / EPISODES_FILE  # the run's final evaluation, when kept
-        played = read_episodes(episodes_file) if episodes_file.is_file() else []
-        counts = {task: sum(r["task"] == task for r in played) for task in after} if played else None
+        counts = _final_episode_counts(checkpoint, after)
         return to_markdown(
             success_table(after, counts, groups=groups), "Evaluation (success_once, deterministic policy)"
         )

@@ -220,7 +220,7 @@ class Learner:
         eval_seed_range(cfg, len(eval_tasks))
         self.last_stats: dict[str, float] = {}
         self.eval_chain: dict[str, dict[str, float]] = {}  # chained envs: rlfleet.envs.chains.chain_report
-        self.eval_return: dict[str, float] = {}  # the final evaluation's mean episode return per task
+        self.eval_mean_return: dict[str, float] = {}  # the final evaluation's, per task (eval.json: mean_return)
         self.writer: MetricsWriter | None = None  # opened by train()
 
     def start(self) -> str:
@@ -350,7 +350,7 @@ class Learner:
             "env_steps": self.counters.env_steps,
             "train_seconds": round(t_end - self._t_start, 1),  # this process's life
             "train_seconds_all_lives": round(self.counters.wall_seconds, 1),  # with the lives before a --resume
-            # from the first data on; 0 when none came (a run stopped before any segment)
+            # from the first full batch on; 0 when the run stopped before one (t_first unset)
             "throughput_env_steps_per_s": round(steps / max(t_end - t_first, 1e-6), 1) if t_first else 0.0,
             "train_success_once": self.last_stats.get("env/success_once"),
             "policy_lag_last_update": self.last_stats.get("throughput/policy_lag"),
@@ -426,7 +426,7 @@ class Learner:
         t0 = time.time()
         success = self.evaluation(self.policy, self.cfg.eval.episodes_per_task, self.run_dir, episode_returns=returns)
         # mean episode return per task: how envs without a success signal (gymnasium's MuJoCo tasks) are judged
-        self.eval_return = {task: sum(r) / len(r) for task, r in returns.items() if r}
+        self.eval_mean_return = {task: sum(r) / len(r) for task, r in returns.items() if r}
         if self.episodes.chain_length:  # CALVIN's table: success_len_1..5 and avg_num_subtasks
             self.eval_chain = chain_report(returns, self.episodes.chain_length)
             self.evaluation.write_chains(self.run_dir, self.eval_chain, self.episodes.chain_length)
@@ -499,8 +499,8 @@ def run_learner(
             summary["eval_success"] = eval_success
             if learner.eval_chain:
                 summary["eval_chain"] = learner.eval_chain
-            if learner.eval_return:
-                summary["eval_return"] = learner.eval_return
+            if learner.eval_mean_return:
+                summary["eval_mean_return"] = learner.eval_mean_return
             summary["eval_success_mean"] = sum(eval_success.values()) / len(eval_success)
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         return summary

@@ -179,6 +179,11 @@ class TrainProgress:
         self.progress.__exit__(*exc)
 
 
+def return_line(mean_return: Mapping[str, float]) -> str:
+    """The terminal line for an evaluation's mean episode return per task."""
+    return "mean episode return: " + ", ".join(f"{t} {v:.1f}" for t, v in mean_return.items())
+
+
 def print_summary(summary: Mapping[str, Any]) -> None:
     """A run's end on the terminal: the final evaluation per task, then its counters."""
     console = Console()
@@ -190,7 +195,7 @@ def print_summary(summary: Mapping[str, Any]) -> None:
     if summary.get("eval_success"):
         table.add_row("[bold]mean[/bold]", f"[bold]{summary['eval_success_mean']:.0%}[/bold]")
         console.print(table)
-    if summary.get("eval_return"):  # envs judged by return (gymnasium's MuJoCo tasks) show it too
-        console.print("mean episode return: " + ", ".join(f"{t} {v:.1f}" for t, v in summary["eval_return"].items()))
+    if summary.get("eval_mean_return"):  # envs judged by return (gymnasium's MuJoCo tasks) show it too
+        console.print(return_line(summary["eval_mean_return"]))
     keys = ("env_steps", "updates", "train_seconds", "throughput_env_steps_per_s", "checkpoint")
     console.print({k: summary[k] for k in keys if k in summary})

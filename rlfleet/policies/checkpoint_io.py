@@ -212,13 +212,18 @@ def run_checkpoints(run: str | os.PathLike) -> list[Path]:
     return sorted(p for p in root.glob("update_*") if is_training_checkpoint_name(p.name) and p.is_dir())
 
 
+def is_run_folder(path: str | os.PathLike) -> bool:
+    """A training run's folder: its config.yaml beside its checkpoints/ (and its evaluation files)."""
+    return (Path(path) / "config.yaml").is_file() and (Path(path) / "checkpoints").is_dir()
+
+
 def run_folder(checkpoint: str | os.PathLike) -> Path | None:
     """RUN for a checkpoint RUN/checkpoints/update_N (where config.yaml and summary.json live), else None."""
     if is_hub_path(checkpoint):
         return None
     checkpoint = Path(checkpoint).resolve()
     run = checkpoint.parent.parent
-    return run if checkpoint.parent.name == "checkpoints" and (run / "config.yaml").exists() else None
+    return run if checkpoint.parent.name == "checkpoints" and is_run_folder(run) else None
 
 
 def read_model_config(folder: str | Path) -> dict[str, Any]:

@@ -84,6 +84,12 @@ def _record_round(env: Any, seeds: np.ndarray, max_steps: int) -> list[dict[str,
     return out
 
 
+def refuse_existing(out: Path, overwrite: bool) -> None:
+    """A command's output folder is never replaced unless the user said --overwrite."""
+    if (out.exists() or out.is_symlink()) and not overwrite:
+        raise FileExistsError(f"{out} already exists; pass --overwrite to replace it, or choose another folder")
+
+
 def collect_env_demos(
     out: Path,
     env_cfg: EnvConfig,
@@ -104,8 +110,7 @@ def collect_env_demos(
         raise ValueError(f"episodes_per_task and envs_per_task must be >= 1, got {episodes_per_task}, {envs_per_task}")
     if seed < 0:
         raise ValueError(f"seed must be >= 0, got {seed}")
-    if (out.exists() or out.is_symlink()) and not overwrite:
-        raise FileExistsError(f"{out} already exists; pass --overwrite to replace it, or choose another folder")
+    refuse_existing(out, overwrite)
     cfg = replace(env_cfg, chunk_size=1, reward_type="success")
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)

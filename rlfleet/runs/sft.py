@@ -32,6 +32,7 @@ from rlfleet.learner.metrics import print_summary
 from rlfleet.policies.checkpoint_io import load_checkpoint, model_config, save_checkpoint_folder
 from rlfleet.policies.registry import make_policy
 from rlfleet.policies.vla.normalization import compute_norm_stats, save_norm_stats, set_norm_stats
+from rlfleet.runs.collect import refuse_existing
 
 log = logging.getLogger(__name__)
 
@@ -257,15 +258,18 @@ def main(args: Namespace) -> int:
     dataset and write a checkpoint folder (evaluated with --eval-episodes)."""
     cfg = load_config(args.recipe, args.overrides)
     out = Path(args.out)
-    if (out.exists() or out.is_symlink()) and not getattr(args, "overwrite", False):  # before any training
-        raise FileExistsError(f"{out} already exists; pass --overwrite to replace it, or choose another folder")
+    refuse_existing(out, getattr(args, "overwrite", False))  # before any training
     summary = run_sft(
         args.demos,
         args.out,
         policy_settings(cfg),
         EnvConfig(**as_dict(cfg.env)),
         SFTConfig(**as_dict(cfg.sft)),
-        evaluation=evaluation_record(cfg),
+        # what `--eval-episodes N` plays is what a later plain `rlfleet eval CKPT` replays
+        evaluation={
+            **evaluation_record(cfg),
+            **({"episodes_per_task": args.eval_episodes} if args.eval_episodes else {}),
+        },
     )
     if args.eval_episodes:  # on the recipe's held-out evaluation env, reported as `rlfleet eval` reports
         policy, meta = load_checkpoint(args.out)

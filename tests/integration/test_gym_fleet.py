@@ -55,7 +55,7 @@ def test_a_few_updates_through_the_fleet(tmp_path) -> None:
     # the run's own final evaluation reports the return too: what this env is judged by
     final = [json.loads(line) for line in (tmp_path / "run" / "episodes.jsonl").read_text().splitlines()]
     assert len(final) == 2
-    assert summary["eval_return"] == {"InvertedPendulum-v5": sum(r["return"] for r in final) / 2}
+    assert summary["eval_mean_return"] == {"InvertedPendulum-v5": sum(r["return"] for r in final) / 2}
 
 
 @pytest.mark.slow

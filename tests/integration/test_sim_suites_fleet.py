@@ -78,7 +78,7 @@ def test_short_fleet_run_then_eval_only(tmp_path, suite):
     ev = _cli("eval", str(ckpt), "--episodes", "1", "--compare", str(run), "--json", timeout=300)
     assert ev.returncode == 0, ev.stderr[-3000:]
     assert "evaluating on the run's evaluation env" in ev.stderr  # --json: stdout holds the JSON alone
-    paired = json.loads(ev.stdout.strip().splitlines()[-1])["paired"]
+    paired = json.loads(ev.stdout)["paired"]  # nothing but the JSON on stdout, simulators' prints included
     assert {row["task"] for row in paired["tasks"]} == set(summary["eval_success"])
     assert all(row["pairs"] == 1 and row["only_this"] == row["only_other"] == 0 for row in paired["tasks"])
     assert read_episodes(ckpt / "eval") == read_episodes(run)

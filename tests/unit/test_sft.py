@@ -263,7 +263,7 @@ def test_sft_eval_episodes_keeps_a_report_rlfleet_eval_replays(tmp_path):
     demos, out = tmp_path / "demos", tmp_path / "sft"
     collect_env_demos(demos, EnvConfig(task="reach-v3", max_episode_steps=60), 2, progress=False)
     overrides = ["env.task=reach-v3", "env.max_episode_steps=60", "sft.steps=5", "sft.threads=1"]
-    overrides += ["eval.task=push-v3", "eval.seed=12345", "eval.episodes_per_task=2"]
+    overrides += ["eval.task=push-v3", "eval.seed=12345"]  # the recipe's episodes_per_task is 10
     args = ["sft", "metaworld_reach_ppo", "--demos", str(demos), "--out", str(out), "--eval-episodes", "2"]
     assert main([*args, *overrides]) == 0
     records = read_episodes(out / "eval")
