@@ -25,8 +25,9 @@ class EnvConfig:
     """Which simulator and tasks to run; simple types only so it works as an OmegaConf structured config."""
 
     name: str = "metaworld"
-    # A single task ("reach-v3"), a task set ("MT10", "MT25", "MT50") or a comma-separated list of tasks.
-    task: str = "reach-v3"
+    # What the simulator plays, in its own terms (MetaWorld: a task "reach-v3", a set "MT10" or a
+    # comma-separated list; CALVIN: scene variants); empty for envs that take none (gym:<id>, plugins).
+    task: str = ""
     max_episode_steps: int = 150  # env steps (not chunks) before an episode is truncated
     chunk_size: int = 1  # K: actions executed per policy query
     seed: int = 0

@@ -352,7 +352,8 @@ def main(args: Namespace) -> int:
         server.stop(grace=0)
         raise
     write_address(args.address_file, env=address)
-    log.info("EnvService for %s (%s) on %s: use env.name=remote://%s", cfg.env.name, cfg.env.task, address, address)
+    what = f"{cfg.env.name} ({cfg.env.task})" if cfg.env.task else cfg.env.name
+    log.info("EnvService for %s on %s: use env.name=remote://%s", what, address, address)
     stop = threading.Event()
     stop_on_signals(stop)
     stop.wait()

@@ -116,6 +116,11 @@ def resolve_tasks(task: str) -> list[str]:
     """
     if task in TASK_SETS:
         return list(TASK_SETS[task])
+    if not task.strip():
+        raise ValueError(
+            f"env.task is empty: name a MetaWorld task (e.g. reach-v3), a task set ({', '.join(TASK_SETS)}) "
+            "or a comma-separated list"
+        )
     names = [t.strip() for t in task.split(",") if t.strip()]
     unknown = [t for t in names if t not in _env_dict.ALL_V3_ENVIRONMENTS]
     if not names or unknown:
