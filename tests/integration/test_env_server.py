@@ -179,7 +179,10 @@ def test_evaluation_runs_on_a_remote_env(env_server):
 def test_sigint_stops_the_server_cleanly(tmp_path):
     addr_file = tmp_path / "env.json"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "rlfleet.cli", "env-server", "--env", "metaworld", "--address-file", str(addr_file)],
+        [
+            *[sys.executable, "-m", "rlfleet.cli", "env-server", "--env", "metaworld", "--task", "reach-v3"],
+            *["--address-file", str(addr_file)],
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -208,6 +211,13 @@ def test_env_server_rejects_a_bad_config(tmp_path):
         timeout=120,
     )
     assert res.returncode == 2 and "unknown MetaWorld task" in res.stderr
+    res = subprocess.run(  # no --task: MetaWorld names no default of its own (EnvConfig.task is empty)
+        [sys.executable, "-m", "rlfleet.cli", "env-server", "--env", "metaworld"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert res.returncode == 2 and "env.task is empty: name a MetaWorld task" in res.stderr
     res = subprocess.run(
         [sys.executable, "-m", "rlfleet.cli", "env-server", "--env", "metaworld", "colour=red"],
         capture_output=True,
