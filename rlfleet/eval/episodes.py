@@ -23,7 +23,7 @@ from rlfleet.envs.registry import make_env, scored_chain_length, task_groups, ta
 from rlfleet.eval.paired import write_episodes
 from rlfleet.eval.report import rich_table, success_table, write_chain_table, write_report
 from rlfleet.eval.video import EpisodeRecorder
-from rlfleet.learner.metrics import return_line
+from rlfleet.learner.metrics import mean_returns, return_line
 
 # A rendering env holds a ~60 MB offscreen context: evaluate in rounds of at most this many envs.
 MAX_EVAL_ENVS = 50
@@ -168,7 +168,7 @@ def report_evaluation(
     Console().print(rich_table(table, title=f"evaluation of {checkpoint} ({per_task} episodes per task, {mode})"))
     table["mode"] = mode  # what a later --compare against this report checks
     table["env"], table["seed"] = {"name": env.name, "task": env.task}, seed  # what it ran, for a later pairing
-    table["mean_return"] = {t: sum(r) / len(r) for t, r in returns.items() if r}  # envs judged by return (gym:...)
+    table["mean_return"] = mean_returns(returns)  # envs judged by return (gym:...)
     print(return_line(table["mean_return"]))
     n = scored_chain_length(env.name, env.reward_type)
     if n:

@@ -41,7 +41,7 @@ from rlfleet.learner.distributed import Ranks, SingleRank, join_ranks
 from rlfleet.learner.follower import run_follower
 from rlfleet.learner.ingest import IngestQueue
 from rlfleet.learner.losses import LossLedger
-from rlfleet.learner.metrics import EpisodeWindow, MetricsWriter, TrainProgress, print_summary
+from rlfleet.learner.metrics import EpisodeWindow, MetricsWriter, TrainProgress, mean_returns, print_summary
 from rlfleet.learner.service import LearnerServicer, segment_byte_limit
 from rlfleet.learner.trainer import PPOTrainer, ppo_config
 from rlfleet.learner.weight_publisher import WeightPublisher, tensor_digests
@@ -425,8 +425,7 @@ class Learner:
         returns: dict[str, list[float]] = {}
         t0 = time.time()
         success = self.evaluation(self.policy, self.cfg.eval.episodes_per_task, self.run_dir, episode_returns=returns)
-        # mean episode return per task: how envs without a success signal (gymnasium's MuJoCo tasks) are judged
-        self.eval_mean_return = {task: sum(r) / len(r) for task, r in returns.items() if r}
+        self.eval_mean_return = mean_returns(returns)
         if self.episodes.chain_length:  # CALVIN's table: success_len_1..5 and avg_num_subtasks
             self.eval_chain = chain_report(returns, self.episodes.chain_length)
             self.evaluation.write_chains(self.run_dir, self.eval_chain, self.episodes.chain_length)

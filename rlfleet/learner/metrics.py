@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -177,6 +177,12 @@ class TrainProgress:
 
     def __exit__(self, *exc) -> None:
         self.progress.__exit__(*exc)
+
+
+def mean_returns(returns: Mapping[str, Sequence[float]]) -> dict[str, float]:
+    """An evaluation's mean episode return per task (tasks that ran no episode left out): how envs
+    without a success signal (gymnasium's MuJoCo tasks) are judged."""
+    return {task: sum(r) / len(r) for task, r in returns.items() if r}
 
 
 def return_line(mean_return: Mapping[str, float]) -> str:
