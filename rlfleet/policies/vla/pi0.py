@@ -71,6 +71,7 @@ class FlowActionExpert(nn.Module):
         )
         self.out_norm = nn.LayerNorm(hidden)
         self.out = nn.Linear(hidden, num_tokens)
+        self.hidden_size = hidden  # what `hidden` returns per row: the critic's and noise net's input width
         nn.init.zeros_(self.out.weight)  # v = 0 at init: the untrained ODE leaves x0 unchanged
         nn.init.zeros_(self.out.bias)
 
@@ -102,19 +103,28 @@ class FlowNoiseNet(nn.Module):
         return bounded_std(self.net(torch.cat([h, time_embedding(s)], -1)), self.min_std, self.max_std)
 
 
-class TinyPi0Policy(VLAPolicyBase):
-    """Flow-matching action expert on the fused prefix; Gaussian, Flow-SDE or Flow-Noise RL (`flow_rl`)."""
+class FlowPolicyMixin:
+    """The flow-matching policy contract on any prefix and action expert (the tiny family here, the
+    transformers family in `rlfleet.policies.hf`).
+
+    The class using it provides `cfg` (the flow settings of `VLAConfig`), `norm`, `num_tokens`,
+    `chunk_size`, `action_dim`, `_reduce`, `prefix_feature(obs) -> cond`, `_prefix_summary(cond) ->
+    [B, C]` and `expert` with `expert(x_t, t, cond) -> v`, `expert.hidden(x_t, t, cond) -> h [B, H]`,
+    `expert.out(h) -> v` and `expert.hidden_size` (H). `cond` is whatever the expert reads (a tensor,
+    or a key/value cache of the prefix); the flow code needs only its rows, dtype, device, `new_zeros`
+    and `repeat_interleave(n, 0)`.
+    """
 
     # Trained by RL only: an SFT checkpoint without them still starts a Flow-Noise / Gaussian run.
     exploration_parameters = ("noise_net.", "log_std")
 
-    def __init__(self, state_dim: int, action_dim: int, chunk_size: int, cfg: VLAConfig, image_size: int):
-        super().__init__(state_dim, action_dim, chunk_size, cfg, image_size)
-        n, steps = self.num_tokens, cfg.num_denoise_steps
+    def _init_flow(self, critic_in: int) -> None:
+        """The critic and the parameters of `cfg.flow_rl`'s stochastic policy (after `expert`)."""
+        cfg, n = self.cfg, self.num_tokens
         self.flow_rl = cfg.flow_rl
         self.value_after_vlm = cfg.value_after_vlm or self.discrete_proprio  # pi0.5 always
-        self.expert = FlowActionExpert(n, cfg.dim, cfg.flow_hidden)
-        self.critic = mlp([cfg.dim if self.value_after_vlm else cfg.flow_hidden, cfg.dim, 1])
+        hidden = self.expert.hidden_size
+        self.critic = mlp([critic_in if self.value_after_vlm else hidden, critic_in, 1])
         # Each mode holds only the parameters it trains (DDP and the optimiser see no dead weights).
         if self.flow_rl == "gaussian":
             self.extra_outputs = {"noise": ((n,), "float32")}
@@ -126,8 +136,12 @@ class TinyPi0Policy(VLAPolicyBase):
                 "flow_xnext": ((n,), "float32"),
             }
         else:
-            self.extra_outputs = {"flow_chain": ((steps + 1, n), "float32")}
-            self.noise_net = FlowNoiseNet(cfg.flow_hidden, n, cfg.noise_min_std, cfg.noise_max_std)
+            self.extra_outputs = {"flow_chain": ((cfg.num_denoise_steps + 1, n), "float32")}
+            self.noise_net = FlowNoiseNet(hidden, n, cfg.noise_min_std, cfg.noise_max_std)
+
+    def _prefix_summary(self, cond: torch.Tensor) -> torch.Tensor:
+        """The observation feature [B, C] the pi0.5 critic reads (here `cond` itself)."""
+        return cond
 
     # ---- the flow -------------------------------------------------------------------------
 
@@ -151,7 +165,7 @@ class TinyPi0Policy(VLAPolicyBase):
         pi0.5 (`value_after_vlm`): critic on the VLM prefix feature. `critic_detach` keeps the
         value loss out of the expert and backbone in every `flow_rl` mode."""
         if self.value_after_vlm:
-            feature = cond
+            feature = self._prefix_summary(cond)
         else:
             zeros = cond.new_zeros(cond.shape[0], self.num_tokens)
             feature = self.expert.hidden(zeros, zeros[:, 0], cond)
@@ -343,6 +357,15 @@ class TinyPi0Policy(VLAPolicyBase):
         t = (_T_SCALE * (1.0 - b)).to(x1.dtype)
         x_t = (1.0 - t).unsqueeze(-1) * x0 + t.unsqueeze(-1) * x1
         return (self.expert(x_t, t, cond) - (x1 - x0)).square().mean()
+
+
+class TinyPi0Policy(FlowPolicyMixin, VLAPolicyBase):
+    """Flow-matching action expert on the fused prefix; Gaussian, Flow-SDE or Flow-Noise RL (`flow_rl`)."""
+
+    def __init__(self, state_dim: int, action_dim: int, chunk_size: int, cfg: VLAConfig, image_size: int):
+        super().__init__(state_dim, action_dim, chunk_size, cfg, image_size)
+        self.expert = FlowActionExpert(self.num_tokens, cfg.dim, cfg.flow_hidden)
+        self._init_flow(cfg.dim)
 
 
 class TinyPi05Policy(TinyPi0Policy):
