@@ -26,6 +26,9 @@ _BUILTIN: dict[str, tuple[str, str]] = {
     "tiny_oft": ("rlfleet.policies.vla:TinyOFTPolicy", "rlfleet.policies.vla:VLAConfig"),
     "tiny_pi0": ("rlfleet.policies.vla:TinyPi0Policy", "rlfleet.policies.vla:VLAConfig"),
     "tiny_pi05": ("rlfleet.policies.vla:TinyPi05Policy", "rlfleet.policies.vla:VLAConfig"),
+    "hf_oft": ("rlfleet.policies.hf.oft:HFOFTPolicy", "rlfleet.policies.hf:HFVLAConfig"),
+    "hf_pi0": ("rlfleet.policies.hf.pi0:HFPi0Policy", "rlfleet.policies.hf:HFVLAConfig"),
+    "hf_pi05": ("rlfleet.policies.hf.pi0:HFPi05Policy", "rlfleet.policies.hf:HFVLAConfig"),
 }
 BUILTIN_POLICIES: tuple[str, ...] = tuple(_BUILTIN)
 

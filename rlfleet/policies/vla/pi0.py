@@ -118,13 +118,15 @@ class FlowPolicyMixin:
     # Trained by RL only: an SFT checkpoint without them still starts a Flow-Noise / Gaussian run.
     exploration_parameters = ("noise_net.", "log_std")
 
-    def _init_flow(self, critic_in: int) -> None:
-        """The critic and the parameters of `cfg.flow_rl`'s stochastic policy (after `expert`)."""
+    def _init_flow(self, critic_in: int, critic_width: int | None = None) -> None:
+        """The critic (on the prefix feature [critic_in] or the expert's hidden state, one hidden
+        layer of `critic_width`, default critic_in) and the parameters of `cfg.flow_rl`'s
+        stochastic policy (after `expert`)."""
         cfg, n = self.cfg, self.num_tokens
         self.flow_rl = cfg.flow_rl
         self.value_after_vlm = cfg.value_after_vlm or self.discrete_proprio  # pi0.5 always
         hidden = self.expert.hidden_size
-        self.critic = mlp([critic_in if self.value_after_vlm else hidden, critic_in, 1])
+        self.critic = mlp([critic_in if self.value_after_vlm else hidden, critic_width or critic_in, 1])
         # Each mode holds only the parameters it trains (DDP and the optimiser see no dead weights).
         if self.flow_rl == "gaussian":
             self.extra_outputs = {"noise": ((n,), "float32")}
