@@ -29,6 +29,9 @@ class HFVLAConfig:
     # huggingface_hub's cache, pinned to its commit when a run starts), or builtin:tiny-paligemma /
     # builtin:tiny-smolvlm (random tiny configs of the same classes, for CPU runs and tests).
     backbone: str = "builtin:tiny-paligemma"
+    # hf_pi0 / hf_pi05: a pi0 base checkpoint in openpi's PyTorch / LeRobot layout (a folder or
+    # hf://...) whose VLM and expert weights replace the backbone's (rlfleet/policies/hf/keymap.py).
+    pi0_weights: str = ""
     max_text_len: int = 24  # prompt tokens (instruction, and for hf_pi05 the state), right padded
     proprio_dims: int = 4
     # OFT heads
@@ -99,5 +102,7 @@ class HFVLAConfig:
                 f"gradient_checkpointing is for hf_oft only: {self.name}'s expert reads the prefix's key/value "
                 "cache, which transformers does not keep under checkpointing"
             )
+        if self.pi0_weights and self.name == "hf_oft":
+            raise ValueError("pi0_weights is a pi0 checkpoint: it fits hf_pi0 / hf_pi05, not hf_oft")
         if self.name == "hf_pi05":
             self.value_after_vlm = True

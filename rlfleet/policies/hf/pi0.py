@@ -252,6 +252,11 @@ class HFPi0Policy(FlowPolicyMixin, HFPolicyBase):
             raise ValueError(f"proprio_dims {cfg.proprio_dims} exceeds max_state_dim {cfg.max_state_dim}")
         self.expert = Pi0Expert(cfg, self.prefix, chunk_size, action_dim, state_token=not self.discrete_proprio)
         self._init_flow(self.prefix.width, cfg.critic_width)
+        if cfg.pi0_weights:
+            from rlfleet.policies.checkpoint_io import resolve_model_path  # it imports the registry
+            from rlfleet.policies.hf.keymap import load_pi0_weights
+
+            load_pi0_weights(self, resolve_model_path(cfg.pi0_weights))
 
     def _normalized_state(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
         return self.norm.normalize_state(obs["states"][:, : self.cfg.proprio_dims].to(self.norm.state_q01.dtype))
