@@ -211,11 +211,23 @@ def cmd_sft(args: argparse.Namespace) -> int:
     return main(args)
 
 
+_MERGE_HELP = (
+    "hf_* policies with LoRA: fold the adapters into the backbone and write it whole under backbone/ "
+    "(default: adapters and heads, with the backbone's id and revision)"
+)
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     from rlfleet.eval.report import checkpoint_eval_markdown  # lazy: see Dispatch
     from rlfleet.policies.hub import export_checkpoint  # lazy: see Dispatch
 
-    out = export_checkpoint(args.checkpoint, args.out, repo_id=args.repo_id, eval_markdown=checkpoint_eval_markdown)
+    out = export_checkpoint(
+        args.checkpoint,
+        args.out,
+        repo_id=args.repo_id,
+        eval_markdown=checkpoint_eval_markdown,
+        merge_adapters=args.merge_adapters,
+    )
     print("\n".join(sorted(str(p) for p in out.iterdir())))
     return 0
 
@@ -229,6 +241,7 @@ def cmd_push(args: argparse.Namespace) -> int:
         args.repo_id,
         private=args.private,
         revision=args.revision,
+        merge_adapters=args.merge_adapters,
         message=args.message,
         eval_markdown=checkpoint_eval_markdown,
     )
@@ -469,6 +482,7 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("checkpoint", help="checkpoint folder, run folder (its latest checkpoint) or hf://ORG/NAME[@REV]")
     ex.add_argument("out", help="folder to write (created; files of the same names are replaced)")
     ex.add_argument("--repo-id", help="ORG/NAME the model card's usage lines name (default: a placeholder)")
+    ex.add_argument("--merge-adapters", action="store_true", help=_MERGE_HELP)
     ex.set_defaults(func=cmd_export)
 
     pu = sub.add_parser("push", help="export a checkpoint and upload it to the Hugging Face Hub")
@@ -477,6 +491,7 @@ def build_parser() -> argparse.ArgumentParser:
     pu.add_argument("--private", action="store_true", help="create the repository private")
     pu.add_argument("--revision", help="branch to push to (created if missing; default: main)")
     pu.add_argument("--message", help="commit message (default: names the checkpoint)")
+    pu.add_argument("--merge-adapters", action="store_true", help=_MERGE_HELP)
     pu.set_defaults(func=cmd_push)
 
     av = sub.add_parser("average", help="average the weights of a run's last checkpoints into one checkpoint")

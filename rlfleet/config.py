@@ -511,6 +511,15 @@ def starting_checkpoint(cfg: DictConfig, run_dir: Path) -> str:
     return pin_model_path(path)
 
 
+def pin_policy_hub_paths(cfg: DictConfig) -> None:
+    """Every other hf:// setting of the policy (a transformers backbone, a base checkpoint) pinned
+    to its commit, as `starting_checkpoint` pins `model_path`: every process of the run, and the
+    checkpoints' config.json, name the revision the run read."""
+    for key, value in as_dict(cfg.policy).items():
+        if key != "model_path" and isinstance(value, str) and is_hub_path(value):
+            cfg.policy[key] = pin_model_path(value)
+
+
 def policy_settings(cfg: DictConfig) -> dict[str, Any]:
     """The run's policy section without `model_path` (what builds a fresh policy of the same kind)."""
     return {k: v for k, v in as_dict(cfg.policy).items() if k != "model_path"}

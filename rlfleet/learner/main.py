@@ -30,6 +30,7 @@ from rlfleet.config import (
     evaluation_record,
     fill_model_dims,
     load_config,
+    pin_policy_hub_paths,
     run_observation_spec,
     starting_checkpoint,
     to_yaml,
@@ -122,6 +123,7 @@ class Learner:
         dims = cfg.model_dims
         if cfg.policy.get("model_path"):  # the reads below, the ranks and the servers see one Hub revision
             cfg.policy.model_path = starting_checkpoint(cfg, run_dir)
+        pin_policy_hub_paths(cfg)
         self.policy = policy_from_config(
             as_dict(cfg.policy), dims.state_dim, dims.action_dim, cfg.env.chunk_size, cfg.env.image_size
         )

@@ -231,7 +231,13 @@ def read_model_config(folder: str | Path) -> dict[str, Any]:
     cfg_path, weights = folder / "config.json", folder / "model.safetensors"
     if not cfg_path.exists() or not weights.exists():
         raise FileNotFoundError(f"{folder} is not a checkpoint folder (needs config.json and model.safetensors)")
-    return json.loads(cfg_path.read_text())
+    cfg = json.loads(cfg_path.read_text())
+    # A policy setting "./NAME" is a file of the checkpoint itself (an export's merged backbone).
+    policy = cfg.get("policy") or {}
+    for key, value in policy.items():
+        if isinstance(value, str) and value.startswith("./"):
+            policy[key] = str(Path(folder).resolve() / value[2:])
+    return cfg
 
 
 def load_checkpoint(folder: str | Path, overrides: Mapping[str, Any] | None = None) -> tuple[nn.Module, dict[str, Any]]:

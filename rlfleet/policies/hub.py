@@ -16,10 +16,11 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from safetensors.torch import save_file
+
 from rlfleet.policies.checkpoint_io import (
     checkpoint_folder,
     load_checkpoint,
-    read_model_config,
     run_folder,
 )
 from rlfleet.policies.vla.normalization import get_norm_stats
@@ -134,20 +135,37 @@ EvalMarkdown = Callable[[Mapping[str, Any], Path, str], "str | None"]
 
 
 def export_checkpoint(
-    checkpoint: str | Path, out: str | Path, repo_id: str | None = None, eval_markdown: EvalMarkdown | None = None
+    checkpoint: str | Path,
+    out: str | Path,
+    repo_id: str | None = None,
+    eval_markdown: EvalMarkdown | None = None,
+    merge_adapters: bool = False,
 ) -> Path:
     """Write a Hub-ready folder for `checkpoint` (a checkpoint folder, run folder or hf:// path) into
     `out`. `eval_markdown` writes the card's evaluation section (the CLI passes
-    `rlfleet.eval.report.checkpoint_eval_markdown`; policies sit below the eval layer)."""
+    `rlfleet.eval.report.checkpoint_eval_markdown`; policies sit below the eval layer).
+
+    A policy on a pretrained backbone exports its adapters and heads, with the backbone's id and
+    revision in config.json; `merge_adapters` instead folds the adapters into the backbone and
+    writes it whole under `backbone/` (the policy's `export_merged`)."""
     src = checkpoint_folder(checkpoint)
     out = Path(out)
     if out.resolve() == src.resolve():
         raise ValueError(f"export to {out}: choose another folder than the checkpoint itself")
-    config = read_model_config(src)
-    load_checkpoint(src)  # the weights must fit their config before anyone downloads them
+    config = json.loads((src / "config.json").read_text())
+    policy, _ = load_checkpoint(src)  # the weights must fit their config before anyone downloads them
     out.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(src / "model.safetensors", out / "model.safetensors")
-    shutil.copyfile(src / "config.json", out / "config.json")
+    if merge_adapters:
+        export_merged = getattr(policy, "export_merged", None)
+        if export_merged is None:
+            raise ValueError(f"{config['policy'].get('name')} policy has no adapters to merge (drop --merge-adapters)")
+        settings, tensors = export_merged(out)
+        config["policy"] = {**config["policy"], **settings}
+        save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, out / "model.safetensors")
+        (out / "config.json").write_text(json.dumps(config, indent=2))
+    else:
+        shutil.copyfile(src / "model.safetensors", out / "model.safetensors")
+        shutil.copyfile(src / "config.json", out / "config.json")
     norm = _norm_stats(src)
     if norm:
         (out / NORM_STATS).write_text(json.dumps(norm, indent=1, sort_keys=True))
@@ -180,6 +198,7 @@ def push_checkpoint(
     revision: str | None = None,
     message: str | None = None,
     eval_markdown: EvalMarkdown | None = None,
+    merge_adapters: bool = False,
 ) -> str:
     """Export `checkpoint` and upload it to the Hub model repo `repo_id` (created if missing); the
     token comes from HF_TOKEN or `hf auth login`. Returns the commit URL."""
@@ -188,7 +207,13 @@ def push_checkpoint(
 
     api = HfApi()
     with tempfile.TemporaryDirectory() as tmp:
-        folder = export_checkpoint(checkpoint, Path(tmp) / "export", repo_id=repo_id, eval_markdown=eval_markdown)
+        folder = export_checkpoint(
+            checkpoint,
+            Path(tmp) / "export",
+            repo_id=repo_id,
+            eval_markdown=eval_markdown,
+            merge_adapters=merge_adapters,
+        )
         try:
             api.create_repo(repo_id, repo_type="model", private=private, exist_ok=True)
             if revision:

@@ -24,7 +24,15 @@ import torch
 from omegaconf import DictConfig
 
 from rlfleet.actors.learner_client import LEDGER_DIR_VAR
-from rlfleet.config import as_dict, eval_env_config, fill_model_dims, load_config, starting_checkpoint, to_yaml
+from rlfleet.config import (
+    as_dict,
+    eval_env_config,
+    fill_model_dims,
+    load_config,
+    pin_policy_hub_paths,
+    starting_checkpoint,
+    to_yaml,
+)
 from rlfleet.envs.chains import chain_report
 from rlfleet.envs.registry import scored_chain_length, task_groups
 from rlfleet.eval.episodes import evaluate_policy, returns_by_task
@@ -229,6 +237,7 @@ def train_local(cfg: DictConfig, metrics_port: int = 0, metrics_host: str = "127
     (or DAgger in this process); writes the before/after tables when the starting policy was evaluated."""
     run_dir = Path(cfg.runner.logger.log_path)
     plan = resolve_placement(cfg)  # a bad placement fails now, before the bootstrap or any process
+    pin_policy_hub_paths(cfg)
     if needs_bootstrap(cfg):
         cfg.policy.model_path = str(ensure_sft_checkpoint(cfg))
     if cfg.policy.get("model_path"):  # every process of the run reads the same Hub revision

@@ -340,3 +340,31 @@ def test_the_expert_is_a_gemma_attending_to_the_prefix_cache():
         positions = cond.valid.sum(1, keepdim=True) + torch.arange(n)[None]
         theirs = gemma(inputs_embeds=tokens, attention_mask=mask, position_ids=positions, cache=cache).last_hidden_state
     assert torch.allclose(ours, theirs[:, n_state:], atol=1e-5)
+
+
+def test_export_keeps_the_backbone_id_and_merging_gives_the_same_actions(tmp_path):
+    from rlfleet.policies.checkpoint_io import load_checkpoint, model_config, save_checkpoint_folder
+    from rlfleet.policies.hub import export_checkpoint
+
+    settings = {"name": "hf_oft", "oft_head": "l1", "backbone": "builtin:tiny-paligemma", "lora_rank": 4}
+    p = policy(**settings)
+    with torch.no_grad():  # adapters that do something (lora_B starts at zero)
+        for name, q in p.named_parameters():
+            if "lora_B" in name:
+                q.normal_(0, 0.05)
+    save_checkpoint_folder(tmp_path / "ckpt", p, model_config(settings, STATE, ACTION, CHUNK, image_size=IMAGE))
+    plain = export_checkpoint(tmp_path / "ckpt", tmp_path / "plain")
+    assert json.loads((plain / "config.json").read_text())["policy"]["backbone"] == "builtin:tiny-paligemma"
+    assert not (plain / "backbone").exists()
+    merged = export_checkpoint(tmp_path / "ckpt", tmp_path / "merged", merge_adapters=True)
+    cfg = json.loads((merged / "config.json").read_text())["policy"]
+    assert cfg["backbone"] == "./backbone" and cfg["lora_rank"] == 0 and cfg["freeze_backbone"] is True
+    assert (merged / "backbone" / "config.json").exists() and (merged / "backbone" / "tokenizer.json").exists()
+    loaded, _ = load_checkpoint(merged)
+    assert not any("lora_" in k for k in loaded.state_dict())
+    o = obs()
+    a = p.act(o, deterministic=True)["actions"]
+    b = loaded.act(o, deterministic=True)["actions"]
+    assert torch.allclose(a, b, atol=1e-4)
+    with pytest.raises(ValueError, match="no LoRA adapters"):
+        export_checkpoint(tmp_path / "merged", tmp_path / "again", merge_adapters=True)

@@ -261,6 +261,38 @@ class HFPolicyBase(nn.Module):
         """(parameters of the whole policy, elements of what its state_dict holds: what travels)."""
         return sum(p.numel() for p in self.parameters()), sum(t.numel() for t in self.state_dict().values())
 
+    def export_merged(self, out: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+        """Fold every LoRA adapter into its base weight (W + scale B A) and write the merged VLM with
+        its tokenizer to `out/backbone` (`save_pretrained`). Returns the policy settings that load it
+        (`backbone: ./backbone`, no adapters, base frozen) and the tensors left to save: the heads
+        and normalisation."""
+        if not self.cfg.lora_rank:
+            raise ValueError(f"{self.cfg.name} has no LoRA adapters to merge (lora_rank is 0)")
+        from peft.tuners.lora import LoraLayer
+
+        vlm = self.prefix.vlm
+        deltas = {name: m.get_delta_weight("default") for name, m in vlm.named_modules() if isinstance(m, LoraLayer)}
+        merged: dict[str, torch.Tensor] = {}
+        for key, tensor in vlm.state_dict().items():
+            if "lora_" in key:
+                continue
+            if ".base_layer." in key:
+                owner, _, leaf = key.partition(".base_layer.")
+                key = f"{owner}.{leaf}"
+                if leaf == "weight":
+                    tensor = tensor + deltas[owner].to(tensor.dtype)
+            merged[key] = tensor
+        clean = _import_transformers().AutoModelForImageTextToText.from_config(vlm.config)
+        clean.load_state_dict(merged, strict=True)
+        folder = Path(out) / "backbone"
+        clean.save_pretrained(folder)
+        self.prefix.tokenizer.save_pretrained(folder)
+        processor = Path(self.prefix.folder) / "preprocessor_config.json"
+        if processor.is_file():
+            (folder / processor.name).write_bytes(processor.read_bytes())
+        heads = {k: v for k, v in self.state_dict().items() if not k.startswith("prefix.")}
+        return {"backbone": "./backbone", "lora_rank": 0, "freeze_backbone": True}, heads
+
     def texts(self, obs: dict[str, torch.Tensor]) -> list[str]:
         """The prompt of each row: its instruction (bytes, zero padded)."""
         rows = obs["instructions"].detach().to("cpu", torch.uint8).numpy()
