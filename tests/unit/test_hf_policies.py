@@ -249,9 +249,8 @@ def lerobot_pi0_layout(p: nn.Module, old_paligemma: bool = False) -> dict[str, t
     # PaliGemma ties its output head to the token embedding: a real file holds the same tensor twice
     pg = "model.paligemma_with_expert.paligemma."
     head = pg + ("language_model.lm_head.weight" if old_paligemma else "lm_head.weight")
-    out[head] = out[
-        pg + ("language_model.model." if old_paligemma else "model.language_model.") + "embed_tokens.weight"
-    ]
+    embed = pg + ("language_model.model." if old_paligemma else "model.language_model.") + "embed_tokens.weight"
+    out[head] = out[embed].clone()
     for k, v in expert.state_dict().items():
         out[f"model.paligemma_with_expert.gemma_expert.{k}"] = torch.randn_like(v) * 0.1
     w, a, s = e.width, p.cfg.max_action_dim, p.cfg.max_state_dim
@@ -368,3 +367,22 @@ def test_export_keeps_the_backbone_id_and_merging_gives_the_same_actions(tmp_pat
     assert torch.allclose(a, b, atol=1e-4)
     with pytest.raises(ValueError, match="no LoRA adapters"):
         export_checkpoint(tmp_path / "merged", tmp_path / "again", merge_adapters=True)
+
+
+def test_lora_on_a_pretrained_expert_sends_its_adapters_only(tmp_path):
+    from safetensors.torch import save_file
+
+    save_file(lerobot_pi0_layout(policy(name="hf_pi0")), tmp_path / "model.safetensors")
+    settings = {"name": "hf_pi0", "lora_expert": True, "pi0_weights": str(tmp_path)}
+    settings["lora_target_modules"] = ["q_proj", "v_proj", "gate_proj"]
+    p = policy(**settings)
+    names = set(p.state_dict())
+    assert any(n.startswith("expert.model.") and "lora_" in n for n in names)
+    assert not [n for n in names if n.startswith(("expert.model.", "prefix.vlm.")) and "lora_" not in n]
+    assert {"expert.action_in_proj.weight", "expert.action_out_proj.weight"} <= names  # the projections train
+    other = policy(seed=1, **settings)  # another process: the same frozen expert, from pi0_weights
+    assert other.load_state_dict(p.state_dict()).missing_keys == []
+    o = obs()
+    assert torch.equal(p.act(o, deterministic=True)["actions"], other.act(o, deterministic=True)["actions"])
+    with pytest.raises(ValueError, match="pi0_weights"):
+        policy(name="hf_pi0", lora_expert=True)

@@ -54,9 +54,30 @@ def _import_transformers() -> Any:
     return transformers
 
 
+def _quiet(transformers: Any) -> None:
+    """No progress bars: one per load would flood every role's log (called right before a load:
+    importing peft turns them back on)."""
+    transformers.utils.logging.disable_progress_bar()
+
+
 def _rope_theta(text_config: Any) -> float:
     params = getattr(text_config, "rope_parameters", None) or {}
     return float(params.get("rope_theta", getattr(text_config, "rope_theta", 10000.0)))
+
+
+def add_lora(module: nn.Module, cfg: HFVLAConfig) -> None:
+    """peft LoRA adapters (rank, alpha, dropout, target modules of `cfg`) injected into `module`."""
+    try:
+        from peft import LoraConfig, inject_adapter_in_model
+    except ImportError as exc:
+        raise ImportError("lora_rank > 0 needs peft: pip install 'rlfleet[hf]'") from exc
+    lora = LoraConfig(
+        r=cfg.lora_rank,
+        lora_alpha=cfg.lora_alpha,
+        lora_dropout=cfg.lora_dropout,
+        target_modules=list(cfg.lora_target_modules),
+    )
+    inject_adapter_in_model(lora, module)
 
 
 @dataclass
@@ -81,9 +102,18 @@ class HFPrefix(nn.Module):
                 f"(supported: {', '.join(SUPPORTED)})"
             )
         self.model_type = config.model_type
-        self.vlm = transformers.AutoModelForImageTextToText.from_pretrained(
-            self.folder, attn_implementation="sdpa", dtype=torch.float32
-        )
+        _quiet(transformers)
+        if any(self.folder.glob("*.safetensors")) or any(self.folder.glob("*.bin")):
+            self.vlm = transformers.AutoModelForImageTextToText.from_pretrained(
+                self.folder, attn_implementation="sdpa", dtype=torch.float32
+            )
+        else:  # a config without weights (builtin:*-random): the architecture at random, for sizing
+            log.warning("backbone %s has no weight files: random weights (seed 0)", cfg.backbone)
+            with torch.random.fork_rng():  # the same frozen base in every process of a run
+                torch.manual_seed(0)
+                self.vlm = transformers.AutoModelForImageTextToText.from_config(
+                    config, attn_implementation="sdpa", dtype=torch.float32
+                )
         self.tokenizer = transformers.AutoTokenizer.from_pretrained(self.folder)
         text = self.vlm.config.get_text_config()
         self.width = text.hidden_size
@@ -98,8 +128,8 @@ class HFPrefix(nn.Module):
         mean, std = self._image_stats()
         self.register_buffer("pixel_mean", torch.tensor(mean).view(1, 3, 1, 1), persistent=False)
         self.register_buffer("pixel_std", torch.tensor(std).view(1, 3, 1, 1), persistent=False)
-        with torch.no_grad():
-            self.num_image_tokens = self.image_tokens(torch.zeros(1, 8, 8, 3, dtype=torch.uint8)).shape[1]
+        patches = (self.image_side // int(vision.patch_size)) ** 2
+        self.num_image_tokens = patches // int(getattr(self.vlm.config, "scale_factor", 1)) ** 2  # SmolVLM's shuffle
         self.max_text_len = cfg.max_text_len
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self._prompt_cache: dict[bytes, list[int]] = {}
@@ -124,18 +154,8 @@ class HFPrefix(nn.Module):
         if not cfg.freeze_backbone and not cfg.lora_rank:
             (self.lm if cfg.freeze_vision else self.vlm).requires_grad_(True)
         if cfg.lora_rank:
-            try:
-                from peft import LoraConfig, inject_adapter_in_model
-            except ImportError as exc:
-                raise ImportError("lora_rank > 0 needs peft: pip install 'rlfleet[hf]'") from exc
-            lora = LoraConfig(
-                r=cfg.lora_rank,
-                lora_alpha=cfg.lora_alpha,
-                lora_dropout=cfg.lora_dropout,
-                target_modules=list(cfg.lora_target_modules),
-            )
             # Adapters on the language model only when the vision tower is frozen.
-            inject_adapter_in_model(lora, self.lm if cfg.freeze_vision else self.vlm)
+            add_lora(self.lm if cfg.freeze_vision else self.vlm, cfg)
             for name, p in self.vlm.named_parameters():
                 p.requires_grad_("lora_" in name)
         if cfg.gradient_checkpointing:
@@ -254,8 +274,15 @@ class HFPolicyBase(nn.Module):
 
     def frozen_base_names(self) -> set[str]:
         """State-dict names of the VLM's tensors that never train: loaded from `backbone`, never sent."""
-        tensors = self.prefix.vlm.state_dict(keep_vars=True)  # tied weights under each of their names
-        return {f"prefix.vlm.{n}" for n, t in tensors.items() if not t.requires_grad}
+        names = set()
+        for prefix, module in self.base_modules().items():
+            tensors = module.state_dict(keep_vars=True)  # tied weights under each of their names
+            names |= {f"{prefix}{n}" for n, t in tensors.items() if not t.requires_grad}
+        return names
+
+    def base_modules(self) -> dict[str, nn.Module]:
+        """The pretrained modules (state-dict prefix -> module) whose frozen tensors never travel."""
+        return {"prefix.vlm.": self.prefix.vlm}
 
     def element_counts(self) -> tuple[int, int]:
         """(parameters of the whole policy, elements of what its state_dict holds: what travels)."""

@@ -62,6 +62,9 @@ class HFVLAConfig:
     lora_alpha: float = 16.0
     lora_dropout: float = 0.0
     lora_target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+    # hf_pi0 / hf_pi05: the same adapters on the expert's layers, its base frozen (for a pretrained
+    # expert from pi0_weights); else the expert trains whole, as a head.
+    lora_expert: bool = False
     freeze_vision: bool = True  # the vision tower and its projector never train
     freeze_backbone: bool = False  # the whole prefix model frozen: heads (and adapters) only
     gradient_checkpointing: bool = False  # hf_oft only (pi0's expert reads the prefix cache)
@@ -97,6 +100,9 @@ class HFVLAConfig:
             raise ValueError(f"sde_a must be > 0, got {self.sde_a}")
         if self.lora_rank and not self.lora_target_modules:
             raise ValueError("lora_rank > 0 needs lora_target_modules (e.g. [q_proj, v_proj])")
+        if self.lora_expert and (self.name == "hf_oft" or not self.lora_rank or not self.pi0_weights):
+            # a frozen expert must be the same in every process: a pretrained one, not a fresh init
+            raise ValueError("lora_expert needs hf_pi0 / hf_pi05, lora_rank > 0 and pi0_weights (a pretrained expert)")
         if self.gradient_checkpointing and self.name != "hf_oft":
             raise ValueError(
                 f"gradient_checkpointing is for hf_oft only: {self.name}'s expert reads the prefix's key/value "

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from rlfleet.policies.hf.backbone import HFPolicyBase, HFPrefix
+from rlfleet.policies.hf.backbone import HFPolicyBase, HFPrefix, add_lora
 from rlfleet.policies.hf.config import HFVLAConfig
 from rlfleet.policies.vla.backbone import masked_mean
 from rlfleet.policies.vla.pi0 import FlowPolicyMixin
@@ -257,6 +257,16 @@ class HFPi0Policy(FlowPolicyMixin, HFPolicyBase):
             from rlfleet.policies.hf.keymap import load_pi0_weights
 
             load_pi0_weights(self, resolve_model_path(cfg.pi0_weights))
+        if cfg.lora_expert:  # a pretrained expert: adapters on it too, its base frozen and never sent
+            add_lora(self.expert.model, cfg)
+            for name, p in self.expert.model.named_parameters():
+                p.requires_grad_("lora_" in name)
+
+    def base_modules(self) -> dict[str, nn.Module]:
+        modules = super().base_modules()
+        if self.cfg.lora_expert:
+            modules["expert.model."] = self.expert.model
+        return modules
 
     def _normalized_state(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
         return self.norm.normalize_state(obs["states"][:, : self.cfg.proprio_dims].to(self.norm.state_q01.dtype))

@@ -11,6 +11,9 @@ from pathlib import Path
 import torch
 
 TINY_BACKBONES = ("tiny-paligemma", "tiny-smolvlm")
+# The real architectures' sizes with random weights (config and tokenizer only, no weight files):
+# memory and latency of the real shapes on a GPU host without downloading a checkpoint.
+RANDOM_REAL = ("paligemma-3b-random", "smolvlm-256m-random")
 BUILTIN_PREFIX = "builtin:"
 SEED = 0
 # Byte-level BPE covers any text; the corpus only decides which words get single tokens.
@@ -41,6 +44,60 @@ def _tokenizer():
     tok.train_from_iterator(_CORPUS, trainer)
     return PreTrainedTokenizerFast(
         tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>", unk_token=None
+    )
+
+
+def _real_config(kind: str, vocab: int, image_token: int):
+    """PaliGemma-3B-pt-224 (SigLIP So400m/14 at 224 + Gemma-2B) or SmolVLM-256M (a SigLIP-B/16 at
+    512 + a 30-layer SmolLM2-135M-shaped text model), as their published config.json describe them;
+    the vocabulary is the tiny tokenizer's (the embedding table is the only size that differs)."""
+    if kind == "paligemma-3b-random":
+        from transformers import PaliGemmaConfig
+
+        return PaliGemmaConfig(
+            vision_config={
+                "hidden_size": 1152,
+                "intermediate_size": 4304,
+                "num_hidden_layers": 27,
+                "num_attention_heads": 16,
+                "image_size": 224,
+                "patch_size": 14,
+                "projection_dim": 2048,
+            },
+            text_config={
+                "hidden_size": 2048,
+                "intermediate_size": 16384,
+                "num_hidden_layers": 18,
+                "num_attention_heads": 8,
+                "num_key_value_heads": 1,
+                "head_dim": 256,
+                "vocab_size": vocab,
+            },
+            image_token_id=image_token,
+            projection_dim=2048,
+        )
+    from transformers import SmolVLMConfig
+
+    return SmolVLMConfig(
+        vision_config={
+            "hidden_size": 768,
+            "intermediate_size": 3072,
+            "num_hidden_layers": 12,
+            "num_attention_heads": 12,
+            "image_size": 512,
+            "patch_size": 16,
+        },
+        text_config={
+            "hidden_size": 576,
+            "intermediate_size": 1536,
+            "num_hidden_layers": 30,
+            "num_attention_heads": 9,
+            "num_key_value_heads": 3,
+            "head_dim": 64,
+            "vocab_size": vocab,
+        },
+        image_token_id=image_token,
+        scale_factor=4,
     )
 
 
@@ -88,17 +145,24 @@ def _model(kind: str, vocab: int, image_token: int):
 
 
 def write_tiny_backbone(kind: str, folder: str | os.PathLike, seed: int = SEED) -> Path:
-    """A random `kind` VLM (weights from `seed`) and its tokenizer in `folder`, written atomically."""
-    if kind not in TINY_BACKBONES:
-        raise ValueError(f"unknown tiny backbone {kind!r} (known: {', '.join(TINY_BACKBONES)})")
+    """A random `kind` VLM (weights from `seed`) and its tokenizer in `folder`, written atomically; a
+    real-sized kind gets its config and tokenizer only (the policy initialises it at random)."""
+    if kind not in TINY_BACKBONES + RANDOM_REAL:
+        raise ValueError(f"unknown builtin backbone {kind!r} (known: {', '.join(TINY_BACKBONES + RANDOM_REAL)})")
     folder = Path(folder)
     tmp = folder.with_name(f"{folder.name}.tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()  # a bar in every role's log otherwise
     tokenizer = _tokenizer()
-    with torch.random.fork_rng():
-        torch.manual_seed(seed)
-        model = _model(kind, len(tokenizer), tokenizer.convert_tokens_to_ids("<image>"))
-    model.save_pretrained(tmp)
+    image_token = tokenizer.convert_tokens_to_ids("<image>")
+    if kind in RANDOM_REAL:
+        _real_config(kind, len(tokenizer), image_token).save_pretrained(tmp)
+    else:
+        with torch.random.fork_rng():
+            torch.manual_seed(seed)
+            _model(kind, len(tokenizer), image_token).save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     try:
         os.rename(tmp, folder)
