@@ -167,7 +167,18 @@ class Learner:
                 log.info("resumed from %s at version %d", latest, self.counters.version)
                 # actors read this from the run's config: their envs start a new episode stream
                 cfg.runner.resumed_from_env_steps = self.counters.env_steps
-        self.losses = LossLedger(self.checkpointer.root)  # env steps lost by cause, across restarts
+        # env steps lost by cause, across restarts; life reports are checked against the largest
+        # push and what one life can hold unsent (its send queue, a push in flight, unfinished segments)
+        segment_env_steps = (
+            max(cfg.actor.rollout_len, -(-cfg.env.max_episode_steps // max(cfg.env.chunk_size, 1)))
+            * cfg.actor.num_envs
+            * cfg.env.chunk_size
+        )
+        self.losses = LossLedger(
+            self.checkpointer.root,
+            life_slack=(cfg.actor.send_queue_size + cfg.actor.pipeline_stage_num + 2) * segment_env_steps,
+            segment_env_steps=segment_env_steps,
+        )
         if latest is not None:  # resumed from a checkpoint
             self.losses.resume(self.counters.env_steps)
         else:
@@ -207,6 +218,7 @@ class Learner:
                 extras,
             ),
             on_life_ended=self.losses.life_ended,
+            on_refused_push=self.losses.refused_push,
         )
         self.server = None  # start() serves: constructing a Learner opens no port
         self.port, self.address = 0, ""
@@ -358,6 +370,7 @@ class Learner:
             "segments_by_client": dict(self.ingest.by_client),
             "rejected_segments": self.ingest.rejected,
             "rejected_by_reason": self.ingest.rejected_by_reason(),
+            "rejected_calls": self.servicer.rejected_calls(),  # refused life reports, ids, stream budget, ...
             "ingest": acct,  # accepted == consumed + queued: nothing counted twice
         }
         # env steps taken by the actors == env_steps + sum(lost_env_steps) (rlfleet.learner.losses)
@@ -455,6 +468,7 @@ class Learner:
         self.publisher.finish()
         if self.server is not None:
             self.server.stop(grace=1.0)
+        self.losses.close()
 
 
 def run_learner(

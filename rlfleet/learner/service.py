@@ -27,6 +27,7 @@ MIN_WEIGHT_CHUNK_BYTES = 64 * 1024  # a PullWeights asking for smaller chunks ge
 MAX_ADOPTED_CLIENTS = 256  # heartbeat ids never registered here (a learner restart) kept at once
 FORGET_CLIENT_S = 600.0  # a client silent this long is dropped from the table
 MAX_CLIENTS = 4096
+MAX_CLIENT_ID_BYTES = 128  # a longer id is refused: ids are kept in the client table and the loss ledger
 
 
 def segment_byte_limit(
@@ -79,6 +80,7 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
         check_segment: Callable[[Segment], None] | None = None,
         max_segment_bytes: int = MAX_SEGMENT_BYTES,
         on_life_ended: Callable[..., int] | None = None,
+        on_refused_push: Callable[[str, int], None] | None = None,
     ):
         self.config_yaml = config_yaml
         self.run_id = run_id
@@ -90,6 +92,7 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
         self.max_segment_bytes = min(max_segment_bytes, MAX_SEGMENT_BYTES)
         self.other_rejections = RejectionCounter()  # refused calls that are not pushes, by reason
         self.on_life_ended = on_life_ended  # (client_id, life, taken, accepted, rejected, crashed) -> lost
+        self.on_refused_push = on_refused_push  # (client_id, segment_id): bounds what a life may report rejected
         self.stop_event = threading.Event()
         self._clients: dict[str, ClientInfo] = {}
         self._adopted: set[str] = set()  # ids first seen in a heartbeat, not a Register
@@ -126,7 +129,13 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
         info.last_seen = time.monotonic()
         return info
 
+    def _check_client_id(self, client_id: str, context: Any) -> None:
+        if len(client_id.encode()) > MAX_CLIENT_ID_BYTES:
+            self.other_rejections.count("bad_client_id")
+            _abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"client_id longer than {MAX_CLIENT_ID_BYTES} bytes")
+
     def Register(self, request, context):
+        self._check_client_id(request.client_id, context)
         with self._lock:
             info = self._client(request.client_id, request.role)
             before = 0
@@ -147,6 +156,7 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
         )
 
     def Heartbeat(self, request, context):
+        self._check_client_id(request.client_id, context)
         with self._lock:
             # An unknown id registered with a learner that has since restarted: adopt it (a bounded
             # number of such ids; beyond it the heartbeat is answered but not recorded).
@@ -191,9 +201,14 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
             if info is not None and info.life == r.life:
                 info.life_ended = True
         if self.on_life_ended is not None:
-            lost = self.on_life_ended(
-                client_id, r.life, r.env_steps, r.accepted_env_steps, r.rejected_env_steps, r.crashed
-            )
+            try:
+                lost = self.on_life_ended(
+                    client_id, r.life, r.env_steps, r.accepted_env_steps, r.rejected_env_steps, r.crashed
+                )
+            except ValueError as exc:  # an account the learners' count rules out: refused, counted
+                self.other_rejections.count("bad_life_report")
+                log.warning("%s", str(exc)[:300])
+                return
             log.info(
                 "%s life %x %s: %d env steps taken, %d lost",
                 client_id,
@@ -222,6 +237,10 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
             for chunk in request_iterator:
                 if first is None:
                     first = chunk
+                    if len(chunk.client_id.encode()) > MAX_CLIENT_ID_BYTES:
+                        raise codec.WireFormatError(
+                            f"client_id longer than {MAX_CLIENT_ID_BYTES} bytes", reason="bad_client_id"
+                        )
                     if chunk.num_chunks == 0:
                         raise codec.WireFormatError("num_chunks must be at least 1", reason="protocol")
                 elif (chunk.segment_id, chunk.client_id, chunk.num_chunks) != (
@@ -284,6 +303,8 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
 
     def _reject(self, first, reason: str, error: str, version: int) -> learner_pb2.PushAck:
         self.ingest.count_rejected(reason)
+        if first is not None and self.on_refused_push is not None and reason != "bad_client_id":
+            self.on_refused_push(first.client_id, first.segment_id)
         log.warning("rejected a trajectory push (%s): %s", reason, error)
         return learner_pb2.PushAck(
             segment_id=first.segment_id if first else 0, accepted=False, error=error, learner_version=version
