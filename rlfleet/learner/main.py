@@ -330,6 +330,7 @@ class Learner:
                     stats["learner/version"] = float(self.counters.version)
                     stats["actors/alive"] = float(self.servicer.alive_clients("actor"))
                     stats.update({f"lost_env_steps/{k}": float(v) for k, v in self.losses.by_cause().items()})
+                    stats.update({f"env_faults/{k}": float(v) for k, v in self.servicer.env_faults().items()})
                     writer.write(stats, self.counters.env_steps)
                     writer.write_lag_histogram(stats, self.counters.env_steps)
                     self.last_stats = stats
@@ -375,6 +376,8 @@ class Learner:
         }
         # env steps taken by the actors == env_steps + sum(lost_env_steps) (rlfleet.learner.losses)
         summary["lost_env_steps"] = self.losses.by_cause(acct["accepted_env_steps"] - acct["consumed_env_steps"])
+        # what remote simulators got wrong (episodes cut by NaN or bad replies, timeouts, reopened sessions)
+        summary["env_faults"] = self.servicer.env_faults()
         return summary
 
     def _eval_due(self) -> bool:

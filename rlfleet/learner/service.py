@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, NoReturn
@@ -27,6 +28,8 @@ MIN_WEIGHT_CHUNK_BYTES = 64 * 1024  # a PullWeights asking for smaller chunks ge
 MAX_ADOPTED_CLIENTS = 256  # heartbeat ids never registered here (a learner restart) kept at once
 FORGET_CLIENT_S = 600.0  # a client silent this long is dropped from the table
 MAX_CLIENTS = 4096
+MAX_FAULT_LIVES = 4096  # actor lives whose env fault counts are kept apart (older ones are folded)
+MAX_FAULT_KINDS = 32  # per heartbeat; a kind is at most 64 characters
 MAX_CLIENT_ID_BYTES = 128  # a longer id is refused: ids are kept in the client table and the loss ledger
 
 
@@ -97,6 +100,9 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
         self._clients: dict[str, ClientInfo] = {}
         self._adopted: set[str] = set()  # ids first seen in a heartbeat, not a Register
         self._next_index: dict[str, int] = {}
+        # remote simulator faults (RemoteEnv.faults): each actor life's latest cumulative counts
+        self._faults: OrderedDict[tuple[str, int], dict[str, int]] = OrderedDict()
+        self._faults_folded: Counter[str] = Counter()
         self._lock = threading.Lock()
 
     # ---- membership -------------------------------------------------------------------------
@@ -166,6 +172,8 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
                 info.told_to_stop = self.stop_event.is_set()
                 if request.life and request.life != info.life:
                     info.life, info.life_ended = request.life, False
+                if request.env_faults:
+                    self._note_faults(request.client_id, request.life, request.env_faults)
         if info is None:
             self.other_rejections.count("unknown_client")
         elif request.HasField("ended"):
@@ -174,6 +182,23 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
         return learner_pb2.HeartbeatReply(
             stop=self.stop_event.is_set(), policy_version=current.version if current else -1
         )
+
+    def _note_faults(self, client_id: str, life: int, faults: Any) -> None:
+        """Hold _lock. Counts are cumulative per life: the latest replaces the one before."""
+        clean = {str(k)[:64]: max(0, min(int(v), 1 << 53)) for k, v in list(faults.items())[:MAX_FAULT_KINDS]}
+        self._faults[(client_id, life)] = clean
+        self._faults.move_to_end((client_id, life))
+        while len(self._faults) > MAX_FAULT_LIVES:
+            _, old = self._faults.popitem(last=False)
+            self._faults_folded.update(old)
+
+    def env_faults(self) -> dict[str, int]:
+        """Remote simulator faults the actors reported, by kind, over the run's actor lives."""
+        with self._lock:
+            total = Counter(self._faults_folded)
+            for faults in self._faults.values():
+                total.update(faults)
+        return {k: v for k, v in sorted(total.items()) if v}
 
     def wait_clients_told(self, timeout: float, within_s: float = 10.0) -> bool:
         """After stop: give live actors a moment to hear it, so none is left waiting on a dead run."""
