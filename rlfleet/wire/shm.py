@@ -329,7 +329,7 @@ class PeerBlock:
             for key in keys:
                 spec = self.layout[key]
                 arr = np.empty((hi - lo, *spec.shape[1:]), dtype=spec.dtype)
-                if not _pread_all(fd, memoryview(arr).cast("B"), self.offsets[key] + lo * self._row_bytes[key]):
+                if not _pread_all(fd, arr.data.cast("B"), self.offsets[key] + lo * self._row_bytes[key]):
                     # truncated after the size check: the rows are not all there
                     raise WireFormatError(
                         f"shared block {self.name} was truncated while its rows were read", reason="block_truncated"
@@ -351,7 +351,7 @@ class PeerBlock:
                 data = np.ascontiguousarray(np.asarray(value).astype(spec.dtype, casting="same_kind", copy=False))
                 # a truncation racing this write makes pwrite extend the file back (up to the layout's
                 # size, which was checked at attach), never fault
-                view, pos = memoryview(data).cast("B"), self.offsets[key] + lo * self._row_bytes[key]
+                view, pos = data.data.cast("B"), self.offsets[key] + lo * self._row_bytes[key]
                 while view:
                     done = os.pwrite(fd, view, pos)
                     view, pos = view[done:], pos + done
