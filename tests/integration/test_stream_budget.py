@@ -195,11 +195,11 @@ def test_unauthenticated_health_streams_cannot_spend_the_budget_of_authenticated
     try:
         _wait_open(server, limits.max_open_streams)
         refused = 0
-        for w in watches[limits.max_open_streams :]:
-            with pytest.raises(grpc.RpcError) as err:
+        for w in watches:  # admitted ones answer SERVING at once (in arrival order, not list order)
+            try:
                 next(w)
-                next(w)
-            refused += err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            except grpc.RpcError as exc:
+                refused += exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert refused == 20 - limits.max_open_streams
         assert servicer.rejected_calls() == {"too_many_open_streams": refused}
         with make_channel(address, auth) as mine:  # the token holder's streams are all still there
