@@ -146,6 +146,7 @@ def _run_actor(
             steps += (rows[s][1] - rows[s][0]) * K
             counters.env_steps = steps
             learner.env_steps = steps
+            learner.env_faults = pool.env_faults
             if builders[s].full:
                 segment = builders[s].finish(pool.slots)
                 learner.push(segment)
@@ -159,6 +160,8 @@ def _run_actor(
         if not stopping():  # the server went away while the run goes on: a real failure
             raise
     finally:
+        if pool.env_faults:
+            log.warning("actor %s: remote simulator faults %s", client_id, pool.env_faults)
         if learner is not None:
             learner.close()
         if inference is not None:

@@ -120,6 +120,15 @@ def worker_main(
         _serve(env_cfg, slices, shm_name, layout_json, conn)
 
 
+def _env_faults(envs) -> dict[str, int]:
+    """What remote simulators got wrong so far (`RemoteEnv.faults`), summed over this worker's envs."""
+    out: dict[str, int] = {}
+    for env in envs:
+        for kind, n in (getattr(env, "faults", None) or {}).items():
+            out[kind] = out.get(kind, 0) + int(n)
+    return out
+
+
 def _serve(env_cfg: dict, slices: list[EnvSlice], shm_name: str, layout_json: str, pipe: Connection) -> None:
     conn = _Lines(pipe)
     slots = SharedArrays.attach(shm_name, layout_from_json(layout_json), untrack=False)
@@ -129,6 +138,7 @@ def _serve(env_cfg: dict, slices: list[EnvSlice], shm_name: str, layout_json: st
         envs = {sl.stage: make_env(cfg, sl.hi - sl.lo, env_offset=sl.global_offset) for sl in slices}
         by_stage = {sl.stage: sl for sl in slices}
         keys = obs_keys(slots.layout)
+        told: dict[str, int] = {}
         _send(conn, "ready")
         while True:
             cmd, arg = _recv(conn)
@@ -141,7 +151,12 @@ def _serve(env_cfg: dict, slices: list[EnvSlice], shm_name: str, layout_json: st
                     obs = envs[stage].reset(np.asarray(json.loads(seeds_json))[sl.lo : sl.hi])
                     _write_obs(slots, slice(sl.lo, sl.hi), obs, keys)
                     slots["task_ids"][sl.lo : sl.hi] = obs["task_ids"]
-                _send(conn, "stepped", stage_arg)
+                faults = _env_faults(envs.values())
+                if faults != told:  # rare: only a change travels, after the stage number
+                    told = faults
+                    _send(conn, "stepped", f"{stage_arg} {json.dumps(faults)}")
+                else:
+                    _send(conn, "stepped", stage_arg)
             elif cmd == "reset":
                 arg = json.loads(arg)
                 for sl in slices:
@@ -184,6 +199,7 @@ class EnvWorkerPool:
         ctx = mp.get_context("spawn")  # never fork a process that may hold gRPC threads
         self.conns: list[_Lines] = []
         self.procs: list[mp.Process] = []
+        self._faults: dict[int, dict[str, int]] = {}  # per worker: its remote envs' faults so far
         try:
             for slices in stage_slices(num_envs, num_stages, num_workers, env_offset):
                 parent, child = ctx.Pipe()
@@ -211,6 +227,18 @@ class EnvWorkerPool:
                 raise WorkerCrashed(f"env worker {i} failed:\n{payload}")
             if kind != expect:
                 raise WorkerCrashed(f"env worker {i} answered {kind!r}, expected {expect!r}")
+            _, _, faults = payload.partition(" ")
+            if faults:
+                self._faults[i] = json.loads(faults)
+
+    @property
+    def env_faults(self) -> dict[str, int]:
+        """Remote simulator faults of every worker's envs so far, by kind (empty for local envs)."""
+        out: dict[str, int] = {}
+        for faults in self._faults.values():
+            for kind, n in faults.items():
+                out[kind] = out.get(kind, 0) + n
+        return out
 
     def reset(self, seeds: np.ndarray | None = None) -> None:
         for conn in self.conns:

@@ -133,6 +133,7 @@ class LearnerClient:
         self.failed = threading.Event()
         self.segments_sent = 0
         self.rejected = 0
+        self.env_faults: dict[str, int] = {}  # remote simulator faults so far (the actor loop sets it)
         self._next_id = secrets.randbits(31) << 32  # this process's id block (see the module doc)
         self.life = self._next_id >> 32
         folder = os.environ.get(LEDGER_DIR_VAR) or None
@@ -215,6 +216,7 @@ class LearnerClient:
                 segments_sent=self.segments_sent,
                 life=self.life,
                 ended=ended,
+                env_faults=self.env_faults if ended is None or ended.life == self.life else {},
             ),
             timeout=timeout,
         )

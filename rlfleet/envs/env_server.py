@@ -152,6 +152,8 @@ class EnvServicer(env_pb2_grpc.EnvServiceServicer):
                 f"num_envs and chunk_size must be >= 0 and env_offset >= 0, got "
                 f"{request.num_envs}, {request.chunk_size}, {request.env_offset}",
             )
+        if request.seed < 0:  # seeds feed numpy's SeedSequence, which takes none below 0: every Reset would fail
+            raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, f"seed must be >= 0, got {request.seed}")
         settings = (n, int(request.env_offset), int(request.seed), k)
         with self._lock:
             old = self.sessions.get(request.session_id)

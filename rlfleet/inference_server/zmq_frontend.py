@@ -7,6 +7,8 @@ Protocol (DEALER -> ROUTER), every message [kind, request_id(8 bytes little endi
   removed them are released too, and at most MAX_ATTACHED are held, least recently used first);
 - b"act_shm" + int64[3] (lo, hi, deterministic): read the observation rows lo:hi from the block,
   write the outputs into the same rows (`rlfleet.wire.slots`), answer b"done" + int64 policy version;
+  the block is read and written with pread/pwrite, never mapped (`rlfleet.wire.shm.PeerBlock`), so
+  a block its owner truncates or removes is an error answer (`block_truncated`, `block_gone`);
 - b"act" + flag byte + codec frames: answer b"result" + int64 version + codec frames;
 - anything wrong: b"error" + UTF-8 message; the socket keeps serving.
 With a token configured (`rlfleet.wire.auth`), each message is prefixed by [b"auth", token];
@@ -29,7 +31,7 @@ from rlfleet.inference_server.batcher import DynamicBatcher, InferenceRequest
 from rlfleet.wire import codec
 from rlfleet.wire.auth import AuthConfig, check_bind_host, check_zmq_token, is_loopback, resolve
 from rlfleet.wire.rejections import RejectionCounter
-from rlfleet.wire.shm import SharedArrays, check_layout
+from rlfleet.wire.shm import PeerBlock, check_layout
 from rlfleet.wire.slots import BASE_OUTPUTS, obs_keys, output_slot
 
 log = logging.getLogger(__name__)
@@ -42,7 +44,7 @@ _SHM_DIR = "/dev/shm"
 class _Attached:
     """One attached block and the requests still using it: it is unmapped only when none is."""
 
-    def __init__(self, blk: SharedArrays):
+    def __init__(self, blk: PeerBlock):
         self.blk = blk
         self.pending = 0
         self.retired = False
@@ -210,7 +212,7 @@ class ZmqFrontend:
             oldest = min(self.blocks, key=lambda k: self.blocks[k].last_used)
             log.warning("%d shared blocks attached: releasing the least recently used", len(self.blocks))
             self._retire(oldest)
-        self.blocks[ident] = _Attached(SharedArrays.attach(name, layout, secret=secret))
+        self.blocks[ident] = _Attached(PeerBlock.attach(name, layout, secret))
 
     def _retire(self, ident: bytes) -> None:
         entry = self.blocks.pop(ident, None)
@@ -246,10 +248,10 @@ class ZmqFrontend:
         if len(rest) != 1 or len(rest[0].bytes) != 24:
             raise codec.WireFormatError("act_shm needs one 24-byte frame (lo, hi, deterministic)", reason="protocol")
         lo, hi, det = struct.unpack("<qqq", rest[0].bytes)
-        n = blk["actions"].shape[0]
+        n = blk.layout["actions"].shape[0]
         if not 0 <= lo < hi <= n:
             raise codec.WireFormatError(f"rows {lo}:{hi} outside the block's {n} envs", reason="bad_shape")
-        obs = self.validate({k: blk[k][lo:hi] for k in obs_keys(blk.layout)})
+        obs = self.validate(blk.read_rows(obs_keys(blk.layout), lo, hi))
         entry.last_used = time.monotonic()
         fail_once = self._fail(ident, req_id)
         answered = threading.Event()
@@ -286,11 +288,14 @@ class ZmqFrontend:
             if answered.is_set():
                 return
             answered.set()
-            try:  # the block stays mapped until _done_with, even if re-attached meanwhile
+            try:  # written by name even if re-attached meanwhile (the block is never mapped here)
                 try:
-                    for key, value in out.items():
-                        blk[output_slot(key)][lo:hi] = value
-                except (ValueError, TypeError) as exc:
+                    blk.write_rows({output_slot(key): value for key, value in out.items()}, lo, hi)
+                except codec.WireFormatError as exc:  # the owner truncated or removed its block
+                    self.rejections.count(exc.reason)
+                    fail_once(str(exc))
+                    return
+                except (ValueError, TypeError, OSError) as exc:
                     self.rejections.count("slot_mismatch")
                     fail_once(f"could not write the policy's answer into the shared block: {exc}")
                     return

@@ -169,7 +169,18 @@ class Learner:
                 log.info("resumed from %s at version %d", latest, self.counters.version)
                 # actors read this from the run's config: their envs start a new episode stream
                 cfg.runner.resumed_from_env_steps = self.counters.env_steps
-        self.losses = LossLedger(self.checkpointer.root)  # env steps lost by cause, across restarts
+        # env steps lost by cause, across restarts; life reports are checked against the largest
+        # push and what one life can hold unsent (its send queue, a push in flight, unfinished segments)
+        segment_env_steps = (
+            max(cfg.actor.rollout_len, -(-cfg.env.max_episode_steps // max(cfg.env.chunk_size, 1)))
+            * cfg.actor.num_envs
+            * cfg.env.chunk_size
+        )
+        self.losses = LossLedger(
+            self.checkpointer.root,
+            life_slack=(cfg.actor.send_queue_size + cfg.actor.pipeline_stage_num + 2) * segment_env_steps,
+            segment_env_steps=segment_env_steps,
+        )
         if latest is not None:  # resumed from a checkpoint
             self.losses.resume(self.counters.env_steps)
         else:
@@ -209,6 +220,7 @@ class Learner:
                 extras,
             ),
             on_life_ended=self.losses.life_ended,
+            on_refused_push=self.losses.refused_push,
         )
         self.server = None  # start() serves: constructing a Learner opens no port
         self.port, self.address = 0, ""
@@ -320,6 +332,7 @@ class Learner:
                     stats["learner/version"] = float(self.counters.version)
                     stats["actors/alive"] = float(self.servicer.alive_clients("actor"))
                     stats.update({f"lost_env_steps/{k}": float(v) for k, v in self.losses.by_cause().items()})
+                    stats.update({f"env_faults/{k}": float(v) for k, v in self.servicer.env_faults().items()})
                     writer.write(stats, self.counters.env_steps)
                     writer.write_lag_histogram(stats, self.counters.env_steps)
                     self.last_stats = stats
@@ -360,10 +373,13 @@ class Learner:
             "segments_by_client": dict(self.ingest.by_client),
             "rejected_segments": self.ingest.rejected,
             "rejected_by_reason": self.ingest.rejected_by_reason(),
+            "rejected_calls": self.servicer.rejected_calls(),  # refused life reports, ids, stream budget, ...
             "ingest": acct,  # accepted == consumed + queued: nothing counted twice
         }
         # env steps taken by the actors == env_steps + sum(lost_env_steps) (rlfleet.learner.losses)
         summary["lost_env_steps"] = self.losses.by_cause(acct["accepted_env_steps"] - acct["consumed_env_steps"])
+        # what remote simulators got wrong (episodes cut by NaN or bad replies, timeouts, reopened sessions)
+        summary["env_faults"] = self.servicer.env_faults()
         return summary
 
     def _eval_due(self) -> bool:
@@ -457,6 +473,7 @@ class Learner:
         self.publisher.finish()
         if self.server is not None:
             self.server.stop(grace=1.0)
+        self.losses.close()
 
 
 def run_learner(

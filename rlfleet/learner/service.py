@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, NoReturn
@@ -27,6 +28,9 @@ MIN_WEIGHT_CHUNK_BYTES = 64 * 1024  # a PullWeights asking for smaller chunks ge
 MAX_ADOPTED_CLIENTS = 256  # heartbeat ids never registered here (a learner restart) kept at once
 FORGET_CLIENT_S = 600.0  # a client silent this long is dropped from the table
 MAX_CLIENTS = 4096
+MAX_FAULT_LIVES = 4096  # actor lives whose env fault counts are kept apart (older ones are folded)
+MAX_FAULT_KINDS = 32  # per heartbeat; a kind is at most 64 characters
+MAX_CLIENT_ID_BYTES = 128  # a longer id is refused: ids are kept in the client table and the loss ledger
 
 
 def segment_byte_limit(
@@ -79,6 +83,7 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
         check_segment: Callable[[Segment], None] | None = None,
         max_segment_bytes: int = MAX_SEGMENT_BYTES,
         on_life_ended: Callable[..., int] | None = None,
+        on_refused_push: Callable[[str, int], None] | None = None,
     ):
         self.config_yaml = config_yaml
         self.run_id = run_id
@@ -90,10 +95,14 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
         self.max_segment_bytes = min(max_segment_bytes, MAX_SEGMENT_BYTES)
         self.other_rejections = RejectionCounter()  # refused calls that are not pushes, by reason
         self.on_life_ended = on_life_ended  # (client_id, life, taken, accepted, rejected, crashed) -> lost
+        self.on_refused_push = on_refused_push  # (client_id, segment_id): bounds what a life may report rejected
         self.stop_event = threading.Event()
         self._clients: dict[str, ClientInfo] = {}
         self._adopted: set[str] = set()  # ids first seen in a heartbeat, not a Register
         self._next_index: dict[str, int] = {}
+        # remote simulator faults (RemoteEnv.faults): each actor life's latest cumulative counts
+        self._faults: OrderedDict[tuple[str, int], dict[str, int]] = OrderedDict()
+        self._faults_folded: Counter[str] = Counter()
         self._lock = threading.Lock()
 
     # ---- membership -------------------------------------------------------------------------
@@ -126,7 +135,13 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
         info.last_seen = time.monotonic()
         return info
 
+    def _check_client_id(self, client_id: str, context: Any) -> None:
+        if len(client_id.encode()) > MAX_CLIENT_ID_BYTES:
+            self.other_rejections.count("bad_client_id")
+            _abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"client_id longer than {MAX_CLIENT_ID_BYTES} bytes")
+
     def Register(self, request, context):
+        self._check_client_id(request.client_id, context)
         with self._lock:
             info = self._client(request.client_id, request.role)
             before = 0
@@ -147,6 +162,7 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
         )
 
     def Heartbeat(self, request, context):
+        self._check_client_id(request.client_id, context)
         with self._lock:
             # An unknown id registered with a learner that has since restarted: adopt it (a bounded
             # number of such ids; beyond it the heartbeat is answered but not recorded).
@@ -156,6 +172,8 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
                 info.told_to_stop = self.stop_event.is_set()
                 if request.life and request.life != info.life:
                     info.life, info.life_ended = request.life, False
+                if request.env_faults:
+                    self._note_faults(request.client_id, request.life, request.env_faults)
         if info is None:
             self.other_rejections.count("unknown_client")
         elif request.HasField("ended"):
@@ -164,6 +182,23 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
         return learner_pb2.HeartbeatReply(
             stop=self.stop_event.is_set(), policy_version=current.version if current else -1
         )
+
+    def _note_faults(self, client_id: str, life: int, faults: Any) -> None:
+        """Hold _lock. Counts are cumulative per life: the latest replaces the one before."""
+        clean = {str(k)[:64]: max(0, min(int(v), 1 << 53)) for k, v in list(faults.items())[:MAX_FAULT_KINDS]}
+        self._faults[(client_id, life)] = clean
+        self._faults.move_to_end((client_id, life))
+        while len(self._faults) > MAX_FAULT_LIVES:
+            _, old = self._faults.popitem(last=False)
+            self._faults_folded.update(old)
+
+    def env_faults(self) -> dict[str, int]:
+        """Remote simulator faults the actors reported, by kind, over the run's actor lives."""
+        with self._lock:
+            total = Counter(self._faults_folded)
+            for faults in self._faults.values():
+                total.update(faults)
+        return {k: v for k, v in sorted(total.items()) if v}
 
     def wait_clients_told(self, timeout: float, within_s: float = 10.0) -> bool:
         """After stop: give live actors a moment to hear it, so none is left waiting on a dead run."""
@@ -191,9 +226,14 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
             if info is not None and info.life == r.life:
                 info.life_ended = True
         if self.on_life_ended is not None:
-            lost = self.on_life_ended(
-                client_id, r.life, r.env_steps, r.accepted_env_steps, r.rejected_env_steps, r.crashed
-            )
+            try:
+                lost = self.on_life_ended(
+                    client_id, r.life, r.env_steps, r.accepted_env_steps, r.rejected_env_steps, r.crashed
+                )
+            except ValueError as exc:  # an account the learners' count rules out: refused, counted
+                self.other_rejections.count("bad_life_report")
+                log.warning("%s", str(exc)[:300])
+                return
             log.info(
                 "%s life %x %s: %d env steps taken, %d lost",
                 client_id,
@@ -222,6 +262,10 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
             for chunk in request_iterator:
                 if first is None:
                     first = chunk
+                    if len(chunk.client_id.encode()) > MAX_CLIENT_ID_BYTES:
+                        raise codec.WireFormatError(
+                            f"client_id longer than {MAX_CLIENT_ID_BYTES} bytes", reason="bad_client_id"
+                        )
                     if chunk.num_chunks == 0:
                         raise codec.WireFormatError("num_chunks must be at least 1", reason="protocol")
                 elif (chunk.segment_id, chunk.client_id, chunk.num_chunks) != (
@@ -284,6 +328,8 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
 
     def _reject(self, first, reason: str, error: str, version: int) -> learner_pb2.PushAck:
         self.ingest.count_rejected(reason)
+        if first is not None and self.on_refused_push is not None and reason != "bad_client_id":
+            self.on_refused_push(first.client_id, first.segment_id)
         log.warning("rejected a trajectory push (%s): %s", reason, error)
         return learner_pb2.PushAck(
             segment_id=first.segment_id if first else 0, accepted=False, error=error, learner_version=version

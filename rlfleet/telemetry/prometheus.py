@@ -126,8 +126,14 @@ class LearnerCollector(Collector):
             "cause",
             lr.losses.by_cause(),
         )
-        # lost_env_steps/* of the last update: live, labelled, just above
-        last = {k: v for k, v in lr.last_stats.items() if not k.startswith("lost_env_steps/")}
+        yield _by_label(
+            "rlfleet_learner_env_faults",
+            "remote simulator faults the actors reported (RemoteEnv.faults), by kind",
+            "kind",
+            lr.servicer.env_faults(),
+        )
+        # lost_env_steps/* and env_faults/* of the last update: live, labelled, just above
+        last = {k: v for k, v in lr.last_stats.items() if not k.startswith(("lost_env_steps/", "env_faults/"))}
         yield from scalar_gauges("learner", last, skip=LEARNER_LIVE_KEYS)
 
 

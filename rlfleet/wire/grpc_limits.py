@@ -8,6 +8,10 @@ RESOURCE_EXHAUSTED, and the pool is sized to those plus the server's own workers
 (`start_grpc_server(max_workers=32)`), so unary calls always find a thread. A request stream that
 sends nothing for `idle_s` while the server waits on it is
 cancelled; HTTP/2 keepalive pings find peers that vanished without closing their connection.
+
+Streams of the methods anyone may call without a token (health `Watch`, reflection) draw on a
+separate small budget, `max_open_streams`: with a token set, a stranger can hold at most that
+many streams, and none of the budget authenticated work (Act, PushTrajectory, WatchWeights) needs.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ from dataclasses import dataclass
 import grpc
 
 log = logging.getLogger(__name__)
+# methods served without a token (rlfleet.wire.auth lets health checks through): their own budget
+OPEN_METHOD_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
 
 
 def _env_float(name: str, default: float) -> float:
@@ -35,6 +41,8 @@ def _env_float(name: str, default: float) -> float:
 @dataclass(frozen=True)
 class StreamLimits:
     max_streams: int = 256  # streaming calls at once (RLFLEET_GRPC_MAX_STREAMS)
+    # streams of health and reflection methods, callable without a token (RLFLEET_GRPC_MAX_OPEN_STREAMS)
+    max_open_streams: int = 16
     # a request stream silent this long is cancelled (RLFLEET_GRPC_STREAM_IDLE_S); long, because an
     # actor legitimately goes quiet on its Act stream while it waits out a slow learner update
     idle_s: float = 3600.0
@@ -45,6 +53,7 @@ class StreamLimits:
     def from_env(cls) -> StreamLimits:
         return cls(
             max_streams=int(_env_float("RLFLEET_GRPC_MAX_STREAMS", cls.max_streams)),
+            max_open_streams=int(_env_float("RLFLEET_GRPC_MAX_OPEN_STREAMS", cls.max_open_streams)),
             idle_s=_env_float("RLFLEET_GRPC_STREAM_IDLE_S", cls.idle_s),
         )
 
@@ -91,6 +100,7 @@ class StreamBudget(grpc.ServerInterceptor):
     def __init__(self, limits: StreamLimits, on_refused: Callable[[str], None] | None = None):
         self.limits = limits
         self._slots = threading.BoundedSemaphore(limits.max_streams)
+        self._open_slots = threading.BoundedSemaphore(max(limits.max_open_streams, 1))
         self._on_refused = on_refused or (lambda reason: None)
         self._lock = threading.Lock()
         self._waiting: dict[int, tuple[float, grpc.ServicerContext]] = {}
@@ -128,21 +138,21 @@ class StreamBudget(grpc.ServerInterceptor):
             yield msg
 
     # ---- the budget ----------------------------------------------------------------------
-    def _admit(self, context) -> None:
-        if not self._slots.acquire(blocking=False):
+    def _admit(self, context, open_method: bool) -> None:
+        slots = self._open_slots if open_method else self._slots
+        if not slots.acquire(blocking=False):
             self.refused += 1
-            self._on_refused("too_many_streams")
-            context.abort(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"server has {self.limits.max_streams} streams open: try again later",
-            )
+            self._on_refused("too_many_open_streams" if open_method else "too_many_streams")
+            most = max(self.limits.max_open_streams, 1) if open_method else self.limits.max_streams
+            what = "health/reflection streams" if open_method else "streams"
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"server has {most} {what} open: try again later")
         with self._lock:
             self.open_streams += 1
 
-    def _leave(self) -> None:
+    def _leave(self, open_method: bool) -> None:
         with self._lock:
             self.open_streams -= 1
-        self._slots.release()
+        (self._open_slots if open_method else self._slots).release()
 
     def intercept_service(self, continuation, handler_call_details):
         handler = continuation(handler_call_details)
@@ -155,22 +165,23 @@ class StreamBudget(grpc.ServerInterceptor):
         )
         behavior = getattr(handler, kind)
         watch = handler.request_streaming
+        open_method = handler_call_details.method.startswith(OPEN_METHOD_PREFIXES)
 
         if handler.response_streaming:
 
             def call(request, context):
-                self._admit(context)
+                self._admit(context, open_method)
                 try:
                     yield from behavior(self._watched(request, context) if watch else request, context)
                 finally:
-                    self._leave()
+                    self._leave(open_method)
         else:
 
             def call(request, context):
-                self._admit(context)
+                self._admit(context, open_method)
                 try:
                     return behavior(self._watched(request, context) if watch else request, context)
                 finally:
-                    self._leave()
+                    self._leave(open_method)
 
         return handler._replace(**{kind: call})

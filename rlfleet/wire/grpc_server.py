@@ -46,7 +46,7 @@ def start_grpc_server(
     limits = limits or StreamLimits.from_env()
     budget = StreamBudget(limits, on_refused)
     server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=max_workers + limits.max_streams),
+        futures.ThreadPoolExecutor(max_workers=max_workers + limits.max_streams + limits.max_open_streams),
         interceptors=[*server_interceptors(cfg), budget],
         options=[*grpc_options(cfg), *limits.options(), ("grpc.so_reuseport", 0)],
     )

@@ -239,3 +239,124 @@ class SharedArrays:
                 self.shm.unlink()
             except FileNotFoundError:
                 pass
+
+
+def _pread_all(fd: int, view: memoryview, pos: int) -> bool:
+    """Fill `view` from `pos`; False when the file ends first."""
+    while view:
+        got = os.preadv(fd, [view], pos)
+        if got <= 0:
+            return False
+        view, pos = view[got:], pos + got
+    return True
+
+
+class PeerBlock:
+    """A peer's block, read and written with pread/pwrite on its name and never mapped.
+
+    The inference server serves blocks that other processes own. A mapped block that its
+    owner truncates (ftruncate to 0, or below the rows read) turns the next access into SIGBUS,
+    which no Python code can catch; a system call on a shorter file returns a short count
+    instead, so here a truncated or removed block is a clean error. Each access opens the
+    block by name and closes it again: no fd and no address space is held per attached block.
+    """
+
+    def __init__(self, name: str, layout: Layout, size: int):
+        self.name, self.layout, self.size = name, layout, size
+        self.offsets, _ = _offsets(layout)
+        self._row_bytes = {
+            key: int(np.prod(spec.shape[1:], dtype=np.int64)) * np.dtype(spec.dtype).itemsize
+            for key, spec in layout.items()
+        }
+
+    @classmethod
+    def attach(cls, name: str, layout: Layout, secret: str) -> PeerBlock:
+        """An rlfleet block holding `secret` and at least the layout's size (WireFormatError otherwise)."""
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise WireFormatError(f"shared block name must look like {PREFIX}_<hex>", reason="attach_denied")
+        _, size = _offsets(layout)
+        out = cls(name, layout, size)
+        fd = out._open("attach_failed")
+        try:
+            header = os.pread(fd, len(_MAGIC) + _SECRET_BYTES, 0)
+            try:
+                given = bytes.fromhex(secret) if isinstance(secret, str) else b""
+            except ValueError:
+                given = b""
+            if header[: len(_MAGIC)] != _MAGIC or not hmac.compare_digest(header[len(_MAGIC) :], given):
+                raise WireFormatError("shared block secret does not match", reason="attach_denied")
+            have = os.fstat(fd).st_size
+            if have < size:
+                raise WireFormatError(
+                    f"shared block {name} holds {have} bytes, layout needs {size}", reason="bad_shape"
+                )
+        finally:
+            os.close(fd)
+        return out
+
+    def _open(self, reason: str = "block_gone") -> int:
+        try:
+            return _posixshmem.shm_open("/" + self.name, os.O_RDWR, mode=0o600)
+        except FileNotFoundError as exc:
+            raise WireFormatError(f"no shared block named {self.name[:80]!r}", reason=reason) from exc
+        except PermissionError as exc:
+            raise WireFormatError(f"shared block {self.name[:80]!r} is not accessible", reason="attach_denied") from exc
+        except OSError as exc:  # e.g. out of fds: this request is refused, the block is left alone
+            raise WireFormatError(
+                f"could not open shared block {self.name[:80]!r}: {exc.strerror}", reason=reason
+            ) from exc
+
+    def _checked_open(self) -> int:
+        fd = self._open()
+        try:
+            have = os.fstat(fd).st_size
+        except OSError:
+            os.close(fd)
+            raise
+        if have < self.size:
+            os.close(fd)
+            raise WireFormatError(
+                f"shared block {self.name} was truncated to {have} bytes (its layout needs {self.size})",
+                reason="block_truncated",
+            )
+        return fd
+
+    def read_rows(self, keys: list[str], lo: int, hi: int) -> dict[str, np.ndarray]:
+        """Private copies of rows lo:hi of each named array."""
+        fd = self._checked_open()
+        try:
+            out = {}
+            for key in keys:
+                spec = self.layout[key]
+                arr = np.empty((hi - lo, *spec.shape[1:]), dtype=spec.dtype)
+                if not _pread_all(fd, arr.data.cast("B"), self.offsets[key] + lo * self._row_bytes[key]):
+                    # truncated after the size check: the rows are not all there
+                    raise WireFormatError(
+                        f"shared block {self.name} was truncated while its rows were read", reason="block_truncated"
+                    )
+                out[key] = arr
+            return out
+        finally:
+            os.close(fd)
+
+    def write_rows(self, values: dict[str, np.ndarray], lo: int, hi: int) -> None:
+        """Write rows lo:hi of each named array (cast to the slot's dtype, shape checked)."""
+        fd = self._checked_open()
+        try:
+            for key, value in values.items():
+                spec = self.layout[key]
+                want = (hi - lo, *spec.shape[1:])
+                if tuple(np.shape(value)) != want:
+                    raise ValueError(f"slot {key!r} takes {list(want)} for these rows, got {list(np.shape(value))}")
+                data = np.ascontiguousarray(np.asarray(value).astype(spec.dtype, casting="same_kind", copy=False))
+                # a truncation racing this write makes pwrite extend the file back (up to the layout's
+                # size, which was checked at attach), never fault
+                view, pos = data.data.cast("B"), self.offsets[key] + lo * self._row_bytes[key]
+                while view:
+                    done = os.pwrite(fd, view, pos)
+                    view, pos = view[done:], pos + done
+        finally:
+            os.close(fd)
+
+    def close(self) -> None:
+        """Nothing is held between accesses."""

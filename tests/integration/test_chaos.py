@@ -13,6 +13,7 @@ import time
 import grpc
 import pytest
 
+from rlfleet.learner.losses import read_ledger
 from rlfleet.wire.gen import learner_pb2, learner_pb2_grpc
 
 pytestmark = pytest.mark.slow  # 80-250 s on the shared 2-core development machine
@@ -157,7 +158,7 @@ def test_every_role_killed_and_restarted_loses_nothing_uncounted(roles, tmp_path
         learner.wait(10)
         before = watch.latest()
         published = int((run / "checkpoints" / "published_version").read_text())
-        env_steps_at_crash = json.loads((run / "checkpoints" / "env_step_ledger.json").read_text())["consumed"]
+        env_steps_at_crash = read_ledger(run / "checkpoints")["consumed"]
         learner, laddr2 = roles.learner(run, *common, f"runner.total_env_steps={env_steps_at_crash + 600}", resume=True)
         assert laddr2 == laddr
         assert roles.wait(learner, "learner", 400) == 0, logs()

@@ -655,3 +655,150 @@ def test_storm_on_every_service_leaves_them_serving(inference_server, learner, e
     assert _fds() - before_fds < FD_BOUND, (before_fds, _fds())
     assert _rss_mb() - before_rss < RSS_BOUND_MB, (before_rss, _rss_mb())
     print(f"storm: {sent} messages, fds {before_fds} -> {_fds()}, RSS {before_rss:.0f} -> {_rss_mb():.0f} MB")
+
+
+# ---- the last holes: truncated blocks, tokenless stream floods, poisoned and oversized ledgers ------
+
+
+def _shm_truncate(name: str, size: int) -> None:
+    import _posixshmem
+
+    fd = _posixshmem.shm_open("/" + name, os.O_RDWR, mode=0o600)
+    try:
+        os.ftruncate(fd, size)
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="measures /proc")
+def test_storm_of_truncated_blocks_poisoned_ledgers_huge_ids_and_tokenless_streams(
+    inference_server, learner, env_service
+):
+    """Each case of issue 51 under seeded random input: the services answer, count, and keep serving."""
+    import json
+
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from rlfleet.learner.losses import read_ledger
+    from rlfleet.learner.service import MAX_CLIENT_ID_BYTES
+    from rlfleet.wire.auth import AuthConfig
+    from rlfleet.wire.gen import env_pb2, env_pb2_grpc
+    from rlfleet.wire.grpc_limits import StreamLimits
+    from rlfleet.wire.grpc_server import make_channel, start_grpc_server
+    from rlfleet.wire.shm import SharedArrays
+    from rlfleet.wire.slots import slot_layout
+
+    rng = np.random.default_rng([SEED, 51])
+    before_rss = _rss_mb()
+
+    # 1. blocks truncated by their owner between two act_shm (to 0, 64 bytes, or a random size)
+    n = 512  # many pages: a mapping would fault on every page past the new end
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(inference_server.zmq.endpoint)
+    for i in range(12):
+        blk = SharedArrays.create(slot_layout(n, {"states": ((S,), "float32")}, D, K))
+        try:
+            lay = {k: [list(v.shape), v.dtype] for k, v in blk.layout.items()}
+            sock.send_multipart(
+                [
+                    b"attach",
+                    struct.pack("<Q", i),
+                    json.dumps({"shm_name": blk.name, "layout": lay, "secret": blk.secret}).encode(),
+                ]
+            )
+            assert sock.poll(30_000) and sock.recv_multipart()[0] == b"ok"
+            _shm_truncate(blk.name, int(rng.choice([0, 64, int(rng.integers(0, blk.shm.size))])))
+            for _ in range(3):
+                lo = int(rng.integers(0, n))
+                sock.send_multipart([b"act_shm", struct.pack("<Q", i), struct.pack("<qqq", lo, n, 0)])
+                assert sock.poll(30_000)
+                reply = sock.recv_multipart()
+                assert reply[0] == b"error" and b"truncated" in reply[2], reply
+        finally:
+            blk.close()
+    sock.close()
+    assert inference_server.rejected_requests().get("block_truncated", 0) >= 36
+
+    # 2. poisoned life reports, 3. ids of 1 MiB, 4. thousands of lives ended
+    with grpc.insecure_channel(learner.address) as ch:
+        stub = learner_pb2_grpc.LearnerServiceStub(ch)
+        stub.Register(learner_pb2.RegisterRequest(client_id="poison", role="actor"), timeout=30)
+        extremes = [0, 1, -1, 2**62, -(2**62), 2**63 - 1, -(2**63)]
+        lives = [0, 1, 0xBADBAD, 2**31 - 1, 2**40, 2**64 - 1]
+
+        def pick(values: list[int]) -> int:  # by index: numpy would turn 2^64 - 1 into a float
+            return values[int(rng.integers(0, len(values)))]
+
+        for i in range(300):
+            report = learner_pb2.LifeReport(
+                life=pick(lives),
+                env_steps=pick(extremes),
+                accepted_env_steps=pick(extremes),
+                rejected_env_steps=pick(extremes),
+                crashed=bool(i % 2),
+            )
+            stub.Heartbeat(learner_pb2.HeartbeatRequest(client_id="poison", ended=report), timeout=30)
+        lost = learner.losses.by_cause()
+        assert sum(lost.values()) <= 300 * learner.losses.life_slack, lost  # no 2^62 got in
+        assert learner.servicer.rejected_calls().get("bad_life_report", 0) > 0
+        huge = "x" * (1 << 20)
+        for i in range(40):
+            with pytest.raises(grpc.RpcError) as err:
+                (stub.Register if i % 2 else stub.Heartbeat)(
+                    learner_pb2.RegisterRequest(client_id=huge + str(i), role="actor")
+                    if i % 2
+                    else learner_pb2.HeartbeatRequest(client_id=huge + str(i)),
+                    timeout=30,
+                )
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert all(len(c) <= MAX_CLIENT_ID_BYTES for c in learner.servicer._clients)
+        for life in range(1, 3001):
+            stub.Heartbeat(
+                learner_pb2.HeartbeatRequest(client_id="many", ended=learner_pb2.LifeReport(life=life, env_steps=1)),
+                timeout=30,
+            )
+    state = read_ledger(learner.checkpointer.root)
+    assert len([k for k in state["lives"] if k.startswith("many/")]) <= 64 and state["folded_lives"] >= 3000 - 64
+    assert (learner.checkpointer.root / "env_step_ledger.json").stat().st_size < 1 << 20
+
+    # 5. a negative session seed
+    with grpc.insecure_channel(env_service[0]) as ch:
+        with pytest.raises(grpc.RpcError) as err:
+            env_pb2_grpc.EnvServiceStub(ch).GetSpec(
+                env_pb2.SpecRequest(session_id="neg", num_envs=2, seed=-1), timeout=30
+            )
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+    # 6. with a token set, more tokenless health streams than the whole stream budget
+    auth = AuthConfig(token="fuzz-token")
+    server, port = start_grpc_server(
+        "127.0.0.1",
+        0,
+        [lambda s: learner_pb2_grpc.add_LearnerServiceServicer_to_server(learner.servicer, s)],
+        ["rlfleet.v1.LearnerService"],
+        auth=auth,
+        limits=StreamLimits(max_streams=32, idle_s=600),
+    )
+    stranger = grpc.insecure_channel(f"127.0.0.1:{port}")
+    watches = [health_pb2_grpc.HealthStub(stranger).Watch(health_pb2.HealthCheckRequest()) for _ in range(40)]
+    try:
+        deadline = time.monotonic() + 60
+        while server.stream_budget.open_streams < StreamLimits.max_open_streams and time.monotonic() < deadline:
+            time.sleep(0.05)
+        with make_channel(f"127.0.0.1:{port}", auth) as mine:
+            pushes = [
+                learner_pb2_grpc.LearnerServiceStub(mine).PushTrajectory.future(
+                    iter([learner_pb2.TrajectoryChunk(client_id="a", segment_id=j + 1, num_chunks=1, payload=b"\xff")]),
+                    timeout=30,
+                )
+                for j in range(8)
+            ]
+            assert all(not p.result().accepted and p.result().error for p in pushes)  # answered, not exhausted
+    finally:
+        for w in watches:
+            w.cancel()
+        stranger.close()
+        server.stop(grace=0)
+
+    assert _rss_mb() - before_rss < RSS_BOUND_MB, (before_rss, _rss_mb())

@@ -239,3 +239,57 @@ def test_malformed_attaches_get_a_clean_counted_error(server, payload):
     assert reply[0] == b"error"
     counted = server.rejected_requests()
     assert sum(counted.values()) == 1 and "internal" not in counted and "malformed" not in counted, counted
+
+
+def _truncate(blk: SharedArrays, size: int) -> None:
+    import _posixshmem
+
+    fd = _posixshmem.shm_open("/" + blk.name, os.O_RDWR, mode=0o600)
+    try:
+        os.ftruncate(fd, size)
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("size", [0, 64, "half"])
+def test_a_block_its_owner_truncates_gets_an_error_not_sigbus(server, size):
+    """Was: the server mapped the block, and the next act_shm after ftruncate(64 or 0) killed it
+    with SIGBUS. Now the block is read by pread: a counted `block_truncated` error."""
+    n = 512  # spans many pages: a mapping faults only on a page wholly past the end of the file
+    blk = SharedArrays.create(layout(n))
+    blk["states"][:] = 1.0
+    raw = Raw(server)
+    try:
+        assert raw.attach(blk)[0] == b"ok"
+        rid = raw.act_shm(0, n)
+        assert raw.recv()[:2] == [b"done", rid]
+        full = blk.shm.size
+        # our own mapping is not touched again: a truncated mapping faults in this process too
+        _truncate(blk, full // 2 if size == "half" else size)
+        for lo, hi in [(0, n), (n - 2, n), (0, 1)]:
+            rid = raw.act_shm(lo, hi)
+            reply = raw.recv()
+            assert reply[0] == b"error" and reply[1] == rid and b"truncated" in reply[2], reply
+        assert server.rejected_requests() == {"block_truncated": 3}
+        _truncate(blk, full)  # restored by its owner: served again (with the rows it now holds)
+        rid = raw.act_shm(0, n)
+        assert raw.recv()[:2] == [b"done", rid]
+    finally:
+        raw.close()
+        blk.close()
+    _still_serves(server)
+
+
+def test_a_block_its_owner_removes_gets_an_error(server):
+    blk = SharedArrays.create(layout(4))
+    raw = Raw(server)
+    try:
+        assert raw.attach(blk)[0] == b"ok"
+        blk.close()  # unlinks it; the server has not swept it yet
+        rid = raw.act_shm(0, 4)
+        reply = raw.recv()
+        assert reply[0] == b"error" and reply[1] == rid, reply
+        assert server.rejected_requests() == {"block_gone": 1}
+    finally:
+        raw.close()
+    _still_serves(server)

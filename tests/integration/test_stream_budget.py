@@ -25,7 +25,7 @@ from rlfleet.wire import codec
 from rlfleet.wire.gen import inference_pb2, inference_pb2_grpc, learner_pb2, learner_pb2_grpc
 from rlfleet.wire.grpc_decoding import add_servicer
 from rlfleet.wire.grpc_limits import StreamLimits
-from rlfleet.wire.grpc_server import start_grpc_server
+from rlfleet.wire.grpc_server import make_channel, start_grpc_server
 
 S, D, K = 7, 3, 2
 IDLE_STREAMS = 60  # more than the old shared pool of 32 threads
@@ -166,4 +166,57 @@ def test_a_silent_request_stream_is_closed_after_the_idle_limit():
         assert server.stream_budget.open_streams == 0  # its slot is free again
     finally:
         stop.set()
+        server.stop(grace=0)
+
+
+def test_unauthenticated_health_streams_cannot_spend_the_budget_of_authenticated_work():
+    """Was: with a token set, 260 tokenless health Watch streams took the whole 256-stream budget
+    and an authenticated PushTrajectory got RESOURCE_EXHAUSTED. Now health and reflection streams
+    have their own small budget (max_open_streams)."""
+    from rlfleet.wire.auth import AuthConfig
+
+    auth = AuthConfig(token="s3cret")
+    ingest, publisher = IngestQueue(maxsize=4), WeightPublisher()
+    publisher.publish(0, b"weights")
+    servicer = LearnerServicer("x: 1\n", "run", ingest, publisher)
+    limits = StreamLimits(max_streams=8, max_open_streams=4, idle_s=600)
+    server, port = start_grpc_server(
+        "127.0.0.1",
+        0,
+        [lambda s: learner_pb2_grpc.add_LearnerServiceServicer_to_server(servicer, s)],
+        ["rlfleet.v1.LearnerService"],
+        auth=auth,
+        limits=limits,
+        on_refused=servicer.other_rejections.count,
+    )
+    address = f"127.0.0.1:{port}"
+    stranger = grpc.insecure_channel(address)
+    watches = [health_pb2_grpc.HealthStub(stranger).Watch(health_pb2.HealthCheckRequest()) for _ in range(20)]
+    try:
+        _wait_open(server, limits.max_open_streams)
+        refused = 0
+        for w in watches:  # admitted ones answer SERVING at once (in arrival order, not list order)
+            try:
+                next(w)
+            except grpc.RpcError as exc:
+                refused += exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert refused == 20 - limits.max_open_streams
+        assert servicer.rejected_calls() == {"too_many_open_streams": refused}
+        with make_channel(address, auth) as mine:  # the token holder's streams are all still there
+            stub = learner_pb2_grpc.LearnerServiceStub(mine)
+            ack = stub.PushTrajectory(
+                iter([learner_pb2.TrajectoryChunk(client_id="a", segment_id=1, num_chunks=1, payload=b"\xff")]),
+                timeout=30,
+            )
+            assert not ack.accepted and ack.error  # answered (refused as undecodable), not RESOURCE_EXHAUSTED
+            announced = next(iter(stub.WatchWeights(learner_pb2.WatchRequest(known_version=-1), timeout=30)))
+            assert announced.version == 0
+        with pytest.raises(grpc.RpcError) as err:  # tokenless work is refused before it takes a slot
+            learner_pb2_grpc.LearnerServiceStub(stranger).PushTrajectory(iter([]), timeout=30)
+        assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    finally:
+        for w in watches:
+            w.cancel()
+        stranger.close()
+        publisher.finish()
         server.stop(grace=0)

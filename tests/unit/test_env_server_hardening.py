@@ -118,3 +118,16 @@ def test_sessions_opened_and_closed_do_not_grow_the_server():
     grown = _rss_mb() - before
     assert not servicer.sessions
     assert grown < 40, f"RSS grew {grown:.0f} MB over 12 sessions"  # was about 30 MB per session
+
+
+@pytest.mark.parametrize("seed", [-1, -(2**63)])
+def test_a_negative_session_seed_is_refused_at_getspec(served, seed):
+    """Was: GetSpec(seed=-1) opened the session and every later Reset without seeds failed."""
+    servicer, channel = served
+    stub = env_pb2_grpc.EnvServiceStub(channel)
+    with pytest.raises(grpc.RpcError) as err:
+        stub.GetSpec(env_pb2.SpecRequest(session_id="neg", num_envs=2, seed=seed), timeout=30)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "seed" in err.value.details()
+    assert "neg" not in servicer.sessions
+    stub.GetSpec(env_pb2.SpecRequest(session_id="neg", num_envs=2, seed=2**63 - 1), timeout=30)
+    stub.Reset(env_pb2.ResetRequest(session_id="neg"), timeout=30)  # the largest seed works

@@ -439,3 +439,49 @@ def test_the_segment_limit_fits_the_runs_segments():
     assert size < limit <= 512 * 1024 * 1024
     big = segment_byte_limit({"main_images": ((224, 224, 3), "uint8")}, 64, 256, 8, 7)
     assert big == 512 * 1024 * 1024  # never above the hard cap
+
+
+def test_poisoned_life_reports_and_huge_client_ids_are_refused_and_counted(tmp_path):
+    """Was: one heartbeat put 2^62 into actor_stopped; a 1 MiB client id was kept for every Register."""
+    from rlfleet.learner.losses import LossLedger, read_ledger
+
+    ledger = LossLedger(tmp_path, life_slack=100, segment_env_steps=T * B * K)
+    ledger.start()
+    f = Fleet()
+    f.servicer.on_life_ended, f.servicer.on_refused_push = ledger.life_ended, ledger.refused_push
+    f.ingest._on_accept, f.ingest._seen_before = ledger.accepted_segment, ledger.seen_before
+    try:
+        life = 0xBADBAD
+        assert f.push(chunks_of(segment_bytes(make_segment().to_tensors()), "a0", (life << 32) + 1)).accepted
+        f.stub.Register(learner_pb2.RegisterRequest(client_id="a0", role="actor"), timeout=RPC_TIMEOUT)
+        poisoned = [
+            learner_pb2.LifeReport(life=life, env_steps=2**62),
+            learner_pb2.LifeReport(
+                life=life, env_steps=10, accepted_env_steps=-(2**62), rejected_env_steps=-7, crashed=True
+            ),
+        ]
+        for report in poisoned:  # answered (a real actor would otherwise retry forever), not added
+            f.stub.Heartbeat(learner_pb2.HeartbeatRequest(client_id="a0", life=life, ended=report), timeout=RPC_TIMEOUT)
+        assert f.servicer.rejected_calls() == {"bad_life_report": 2}
+        assert ledger.by_cause() == {}
+        honest = learner_pb2.LifeReport(life=life, env_steps=T * B * K + 50, accepted_env_steps=T * B * K)
+        f.stub.Heartbeat(learner_pb2.HeartbeatRequest(client_id="a0", life=life, ended=honest), timeout=RPC_TIMEOUT)
+        assert read_ledger(tmp_path)["lost"] == {"actor_stopped": 50, "rejected_segments": 0}
+
+        huge = "x" * (1 << 20)
+        for call in (
+            lambda: f.stub.Register(learner_pb2.RegisterRequest(client_id=huge, role="actor"), timeout=RPC_TIMEOUT),
+            lambda: f.stub.Heartbeat(learner_pb2.HeartbeatRequest(client_id=huge), timeout=RPC_TIMEOUT),
+        ):
+            with pytest.raises(grpc.RpcError) as err:
+                call()
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        ack = f.push(chunks_of(segment_bytes(make_segment().to_tensors()), huge, 5, chunk_size=1 << 21))
+        assert not ack.accepted and "client_id" in ack.error
+        assert f.servicer.rejected_calls()["bad_client_id"] == 2 and f.servicer.rejected_requests() == {
+            "bad_client_id": 1
+        }
+        assert all(len(c) <= 128 for c in f.servicer._clients)
+    finally:
+        f.close()
+        ledger.close()

@@ -45,7 +45,11 @@ def _fake_learner(last_stats: dict) -> SimpleNamespace:
         counters=SimpleNamespace(version=5, env_steps=640, update=4),
         ingest=ingest,
         cfg=SimpleNamespace(learner=SimpleNamespace(ingest_queue_size=16)),
-        servicer=SimpleNamespace(alive_clients=lambda role: 2, rejected_calls=lambda: {"unknown_client": 1}),
+        servicer=SimpleNamespace(
+            alive_clients=lambda role: 2,
+            rejected_calls=lambda: {"unknown_client": 1},
+            env_faults=lambda: {"step_timeouts": 3},
+        ),
         last_stats=last_stats,
         losses=SimpleNamespace(by_cause=lambda: {"actor_crashed": 160, "resume_rollback": 40}),
     )
@@ -83,6 +87,8 @@ def test_learner_collector_mirrors_scalars_and_exports_live_counters():
         "resume_rollback": 40,
     }
     assert "rlfleet_learner_lost_env_steps_actor_crashed" not in fams  # the last update's copy is not mirrored
+    faults = fams["rlfleet_learner_env_faults"]
+    assert {s.labels["kind"]: s.value for s in faults.samples if s.name.endswith("_total")} == {"step_timeouts": 3}
 
 
 def test_batch_sizes_fill_powers_of_two_buckets_up_to_max_batch():

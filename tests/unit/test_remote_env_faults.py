@@ -266,3 +266,51 @@ def test_settings_the_server_decides_are_not_ignored_silently(server, caplog):
     text = [r.getMessage() for r in caplog.records]
     assert sum("env.max_episode_steps=150 is ignored" in t and "episodes of 4 steps" in t for t in text) == 1
     assert sum("env.task='reach-v3' is ignored" in t and "runs faulty" in t for t in text) == 1
+
+
+def test_remote_env_faults_reach_the_learner_through_the_worker_and_the_heartbeat(server):
+    """Was: RemoteEnv.faults stayed in the env worker process; now the worker sends changes with its
+    step notification, the actor's heartbeat carries them, the learner sums them (metric and summary)."""
+    import dataclasses
+
+    from rlfleet.actors.env_worker import EnvWorkerPool
+    from rlfleet.actors.learner_client import LearnerClient
+    from rlfleet.learner.ingest import IngestQueue
+    from rlfleet.learner.service import LearnerServicer
+    from rlfleet.learner.weight_publisher import WeightPublisher
+    from rlfleet.wire.gen import learner_pb2_grpc
+    from rlfleet.wire.grpc_server import start_grpc_server
+    from rlfleet.wire.slots import slot_layout
+
+    port, _, _ = server
+    cfg = EnvConfig(
+        name=f"remote://127.0.0.1:{port}?connect_timeout=20&timeout=20",
+        chunk_size=1,
+        task="faulty",
+        max_episode_steps=4,
+    )
+    pool = EnvWorkerPool(dataclasses.asdict(cfg), 2, 1, 1, slot_layout(2, {"states": ((2,), "float32")}, 1, 1))
+    servicer = LearnerServicer("x: 1\n", "run", IngestQueue(maxsize=1), WeightPublisher())
+    grpc_server, lport = start_grpc_server(
+        "127.0.0.1", 0, [lambda s: learner_pb2_grpc.add_LearnerServiceServicer_to_server(servicer, s)], []
+    )
+    client = LearnerClient(f"127.0.0.1:{lport}", "a0", queue_size=1, heartbeat_s=0.05)
+    try:
+        pool.reset()
+        pool.step_async(0)
+        pool.step_wait(0)
+        assert pool.env_faults == {}
+        FaultyEnv.faults["nan_reward"] = 1
+        pool.step_async(0)
+        pool.step_wait(0)
+        del FaultyEnv.faults["nan_reward"]
+        assert pool.env_faults == {"non_finite_rewards": 1, "episodes_ended_bad_reply": 1}
+        client.env_faults = pool.env_faults
+        deadline = time.monotonic() + 30
+        while not servicer.env_faults() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert servicer.env_faults() == {"episodes_ended_bad_reply": 1, "non_finite_rewards": 1}
+    finally:
+        client.close(drain_s=0)
+        pool.close()
+        grpc_server.stop(0)
