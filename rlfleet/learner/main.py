@@ -207,12 +207,10 @@ class Learner:
             ),
             max_segment_bytes=segment_byte_limit(
                 obs_spec,
-                max(
-                    cfg.actor.rollout_len,
-                    episode_rollout_len(  # GRPO
-                        cfg.env.max_episode_steps, cfg.env.chunk_size
-                    ),
-                ),
+                # GRPO segments hold whole episodes; the other algorithms rollout_len chunk steps
+                episode_rollout_len(cfg.env.max_episode_steps, cfg.env.chunk_size)
+                if self.trainer.grpo_mode
+                else cfg.actor.rollout_len,
                 cfg.actor.num_envs,
                 cfg.env.chunk_size,
                 dims.action_dim,

@@ -73,3 +73,11 @@ def test_resume_without_a_checkpoint_starts_fresh_with_one_warning(tmp_path, cap
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert len(warnings) == 1 and "no checkpoint under" in warnings[0] and "starting fresh" in warnings[0]
     assert learner.counters.env_steps == 0 and learner.losses.accepted == 0
+
+
+def test_a_ppo_run_whose_episode_is_not_a_whole_number_of_chunks_starts(tmp_path):
+    """GRPO's whole-episode rule (max_episode_steps a multiple of chunk_size) is GRPO's alone: a PPO
+    learner with 150-step episodes and chunks of 4 starts."""
+    cfg = load_config("metaworld_reach_ppo", [f"runner.logger.log_path={tmp_path}", "env.chunk_size=4"])
+    assert cfg.env.max_episode_steps % cfg.env.chunk_size
+    Learner(cfg, tmp_path).close()
