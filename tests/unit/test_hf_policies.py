@@ -149,6 +149,7 @@ def test_adapter_only_versions_keep_learner_and_server_bit_identical(served, nam
     replica = policy(seed=7, name=name)
     load_tensors(replica, st_load(initial.data))
     sub = WeightSubscriber(channel, initial, "inference-0", delta=True).start()
+    base_storage = {n: t.data_ptr() for n, t in replica.prefix.vlm.state_dict().items()}
     opt = torch.optim.Adam([q for q in learner.model.parameters() if q.requires_grad], lr=1e-2)
     full_bytes = sum(t.numel() * t.element_size() for t in learner.model.parameters())
     try:
@@ -170,6 +171,8 @@ def test_adapter_only_versions_keep_learner_and_server_bit_identical(served, nam
         assert version_bytes < 0.35 * full_bytes
         for key, t in learner.model.prefix.vlm.state_dict().items():  # the frozen base and the adapters
             assert torch.equal(replica.prefix.vlm.state_dict()[key], t), key
+        # one base, loaded in place: no version allocated a second copy of it
+        assert {n: t.data_ptr() for n, t in replica.prefix.vlm.state_dict().items()} == base_storage
         learner.model.eval()
         o = obs()
         torch.manual_seed(9)
@@ -386,3 +389,59 @@ def test_lora_on_a_pretrained_expert_sends_its_adapters_only(tmp_path):
     assert torch.equal(p.act(o, deterministic=True)["actions"], other.act(o, deterministic=True)["actions"])
     with pytest.raises(ValueError, match="pi0_weights"):
         policy(name="hf_pi0", lora_expert=True)
+
+
+def test_an_exported_checkpoint_restores_from_hf_offline(tmp_path):
+    """`rlfleet export` (adapters + heads, and --merge-adapters) laid out in a huggingface_hub cache:
+    policy.model_path=hf://ORG/NAME loads it offline and acts as the original."""
+    from rlfleet.policies.checkpoint_io import model_config, save_checkpoint_folder
+    from rlfleet.policies.hub import export_checkpoint
+
+    settings = {"name": "hf_oft", "oft_head": "l1", "backbone": "builtin:tiny-paligemma", "lora_rank": 4}
+    p = policy(**settings)
+    with torch.no_grad():
+        for name, q in p.named_parameters():
+            if "lora_B" in name:
+                q.normal_(0, 0.05)
+    save_checkpoint_folder(tmp_path / "ckpt", p, model_config(settings, STATE, ACTION, CHUNK, image_size=IMAGE))
+    o = obs()
+    want = p.act(o, deterministic=True)["actions"]
+    torch.save(o, tmp_path / "obs.pt")
+    script = """
+import json, sys, torch
+from rlfleet.policies.checkpoint_io import load_checkpoint
+p, _ = load_checkpoint(sys.argv[1])
+o = torch.load(sys.argv[2])
+print(json.dumps(p.act(o, deterministic=True)["actions"].flatten().tolist()))
+"""
+    env = {
+        "HF_HOME": str(tmp_path / "hf"),
+        "HF_HUB_CACHE": str(tmp_path / "hub"),
+        "HF_HUB_OFFLINE": "1",
+        "RLFLEET_BACKBONES": __import__("os").environ["RLFLEET_BACKBONES"],
+    }
+    for i, merge in enumerate((False, True)):
+        out = export_checkpoint(tmp_path / "ckpt", tmp_path / f"export{i}", merge_adapters=merge)
+        commit = f"{i:040x}"
+        if merge:  # a nested folder in the snapshot: lay its files out flat under backbone/
+            flat = tmp_path / "flat"
+            flat.mkdir()
+            for f in out.iterdir():
+                if f.is_file():
+                    (flat / f.name).write_bytes(f.read_bytes())
+            snap = lay_hf_cache(tmp_path / "hub", f"acme/policy{i}", flat, commit, ("main",))
+            (snap / "backbone").mkdir()
+            for f in (out / "backbone").iterdir():
+                (snap / "backbone" / f.name).write_bytes(f.read_bytes())
+        else:
+            lay_hf_cache(tmp_path / "hub", f"acme/policy{i}", out, commit, ("main",))
+        res = subprocess.run(
+            [sys.executable, "-c", script, f"hf://acme/policy{i}", str(tmp_path / "obs.pt")],
+            capture_output=True,
+            text=True,
+            timeout=180,
+            env={**__import__("os").environ, **env},
+        )
+        assert res.returncode == 0, res.stderr[-2000:]
+        got = torch.tensor(json.loads(res.stdout.strip().splitlines()[-1])).reshape(want.shape)
+        assert torch.allclose(got, want, atol=1e-4), merge
