@@ -17,6 +17,7 @@ import grpc
 
 from rlfleet.telemetry.json_logs import make_formatter
 from rlfleet.wire.auth import configure, load_auth
+from rlfleet.wire.join import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED
 
 
 def _setup_logging(level: str = "INFO", fmt: str = "text", role: str = "") -> None:
@@ -531,6 +532,9 @@ def main(argv: list[str] | None = None) -> int:
         if hasattr(args, "token_file"):
             _configure_auth(args)
         return args.func(args)
+    except KeyboardInterrupt:  # Ctrl-C outside a command's own handling (which says more, e.g. the checkpoint)
+        print("interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except (
         FileNotFoundError,
         FileExistsError,
@@ -539,18 +543,19 @@ def main(argv: list[str] | None = None) -> int:
         TimeoutError,
     ) as exc:  # e.g. an env server gone
         logging.getLogger("rlfleet").error("%s", exc)
-        return 2
+        return EXIT_BAD_INPUT
     except Exception as exc:
         if type(exc).__name__ == "RemoteEnvError":  # a bad env server: its message says which and how
             logging.getLogger("rlfleet").error("%s", exc)
-            return 2
+            return EXIT_BAD_INPUT
         if type(exc).__name__ == "FleetError":  # rlfleet.runs.launcher: the role's own log has its traceback
             logging.getLogger("rlfleet").error("%s", exc)
-            return 1
+            # a role that refused its input (exit 2) makes the run's input bad too: one rule for all commands
+            return EXIT_BAD_INPUT if getattr(exc, "exit_code", 1) == EXIT_BAD_INPUT else EXIT_FAILED
         if not _unauthenticated(exc):
             raise
         logging.getLogger("rlfleet").error("a server refused this process's credentials: %s", exc.details())
-        return 2
+        return EXIT_BAD_INPUT
 
 
 def _unauthenticated(exc: Exception) -> bool:

@@ -154,7 +154,7 @@ def test_average_checkpoints_refuses_what_is_not_one_runs_policy(tmp_path):
     assert "holds another policy" in res.stderr and "Traceback" not in res.stderr
     assert not (tmp_path / "avg").exists()
     res = _cli("average", str(a), str(tmp_path / "nowhere"), "--out", str(tmp_path / "avg"))
-    assert res.returncode == 2 and "not a checkpoint folder" in res.stderr
+    assert res.returncode == 2 and f"{tmp_path / 'nowhere'} does not exist" in res.stderr
     res = _cli("average", str(tmp_path / "a"), "--last", "1")
     assert res.returncode == 2 and "two checkpoints or more" in res.stderr
     res = _cli("average", str(a), str(a), "--out", str(a))

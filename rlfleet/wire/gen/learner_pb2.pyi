@@ -35,18 +35,20 @@ class RegisterReply(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., config_yaml: _Optional[str] = ..., policy_version: _Optional[int] = ..., heartbeat_interval_ms: _Optional[int] = ..., client_index: _Optional[int] = ..., registrations: _Optional[int] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("client_id", "env_steps", "segments_sent", "life", "ended")
+    __slots__ = ("client_id", "env_steps", "segments_sent", "life", "ended", "exit_cause")
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     ENV_STEPS_FIELD_NUMBER: _ClassVar[int]
     SEGMENTS_SENT_FIELD_NUMBER: _ClassVar[int]
     LIFE_FIELD_NUMBER: _ClassVar[int]
     ENDED_FIELD_NUMBER: _ClassVar[int]
+    EXIT_CAUSE_FIELD_NUMBER: _ClassVar[int]
     client_id: str
     env_steps: int
     segments_sent: int
     life: int
     ended: LifeReport
-    def __init__(self, client_id: _Optional[str] = ..., env_steps: _Optional[int] = ..., segments_sent: _Optional[int] = ..., life: _Optional[int] = ..., ended: _Optional[_Union[LifeReport, _Mapping]] = ...) -> None: ...
+    exit_cause: str
+    def __init__(self, client_id: _Optional[str] = ..., env_steps: _Optional[int] = ..., segments_sent: _Optional[int] = ..., life: _Optional[int] = ..., ended: _Optional[_Union[LifeReport, _Mapping]] = ..., exit_cause: _Optional[str] = ...) -> None: ...
 
 class LifeReport(_message.Message):
     __slots__ = ("life", "env_steps", "accepted_env_steps", "rejected_env_steps", "crashed")
