@@ -438,12 +438,24 @@ def build_parser() -> argparse.ArgumentParser:
     co.add_argument("--seed", type=int, default=0, help="seed block (demo seeds never overlap eval seeds)")
     co.add_argument("--keep-failed", action="store_true", help="also write failed expert episodes, flagged")
     co.add_argument("--overwrite", action="store_true", help="replace an existing --out folder")
+    co.add_argument(
+        "--format",
+        choices=["rlfleet", "lerobot"],
+        default="rlfleet",
+        help="rlfleet (npz episodes) or lerobot (LeRobot v3: parquet + mp4, the [lerobot] extra); docs/datasets.md",
+    )
+    co.add_argument("--fps", type=float, default=10.0, help="frames per second a LeRobot dataset records")
     co.set_defaults(func=cmd_collect)
 
     sf = sub.add_parser("sft", help="behaviour cloning of the recipe's policy on demos (see `rlfleet collect`)")
     sf.add_argument("recipe", help="recipe whose policy/env/sft settings to use")
     sf.add_argument("overrides", nargs="*", help="key=value overrides, e.g. sft.steps=500")
-    sf.add_argument("--demos", required=True, help="demo dataset folder")
+    sf.add_argument(
+        "--demos",
+        required=True,
+        help="demo dataset: an rlfleet folder, a LeRobot v3 folder (meta/info.json) or hf://datasets/ORG/NAME "
+        "(feature names mapped by demos.features, docs/datasets.md)",
+    )
     sf.add_argument("--out", required=True, help="checkpoint folder to write")
     sf.add_argument("--eval-episodes", type=int, default=0, help="evaluate the result (episodes per task)")
     sf.add_argument("--overwrite", action="store_true", help="replace an existing checkpoint at --out")

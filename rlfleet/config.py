@@ -159,6 +159,10 @@ class DemosConfig:
     # can then train on every layout (RoboTwin split `any`) while the demos come from the
     # expert-solvable train split.
     task: str = ""
+    # LeRobot datasets (`demos.path` or `rlfleet sft --demos`: a folder with meta/info.json or
+    # hf://datasets/ORG/NAME): rlfleet key (states, actions, main_images, wrist_images, rewards,
+    # success) -> the dataset's feature name, or a list of names concatenated (docs/datasets.md)
+    features: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -407,7 +411,8 @@ def config_keys(node: Any, prefix: str = "") -> list[str]:
 
 
 def _is_free_form(key: str) -> bool:
-    return key in ("policy", "cluster.component_placement", "model_dims.extra_outputs", "env.gym_kwargs")
+    free = ("policy", "cluster.component_placement", "model_dims.extra_outputs", "env.gym_kwargs", "demos.features")
+    return key in free
 
 
 def _unknown_key_message(key: str, known: list[str], source: str) -> str:

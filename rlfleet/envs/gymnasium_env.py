@@ -160,6 +160,12 @@ class GymEnv(EpisodeEnv):
         self._last: list[Any] = [None] * num_envs
         self._seeded = [False] * num_envs
 
+    def policy_actions(self, actions: np.ndarray) -> np.ndarray:
+        """Actions in the env's own units (a LeRobot dataset's) as the policy's [-1, 1]: the
+        inverse of the rescaling `step_one` applies."""
+        a = np.asarray(actions, np.float64).reshape(len(actions), -1)
+        return ((a - self._shift) / self._scale).astype(np.float32)
+
     # --- EpisodeEnv hooks ------------------------------------------------------------------------
 
     def reset_one(self, i: int, seed: int | None) -> None:

@@ -169,3 +169,9 @@ def test_nested_dict_observations_are_flattened() -> None:
         obs = env.reset()
         assert env.spec.state_dim == 2 and obs["main_images"].shape == (1, 8, 8, 3)
         env.chunk_step(np.ones((1, 1, 1), np.float32))
+
+
+def test_policy_actions_invert_the_rescaling() -> None:
+    # a LeRobot dataset's actions (the env's units, here [-2, 2]) in the policy's [-1, 1]
+    with _env() as env:
+        np.testing.assert_allclose(env.policy_actions(np.array([[2.0], [-1.0], [0.0]])), [[1.0], [-0.5], [0.0]])
