@@ -11,7 +11,8 @@ Mapping:
 * Observations: a Box becomes `states` (flattened, float32). A Dict (nested Dicts flattened) puts its
   first image-like entry (uint8 [H, W, 3]) into `main_images` and the other entries, flattened in
   key order, into `states`. With `image_size` > 0 and no image entry, frames come from `render()` (rgb_array).
-  Frames of another size are resized by nearest-neighbour sampling.
+  Frames of another size are resized by nearest-neighbour sampling. MuJoCo envs render without
+  shadows and multisampling unless `EnvConfig.gym_render_quality` is "env" (see `fast_rendering`).
 * Actions: the policy's [-1, 1] are rescaled to the Box bounds (dims with infinite bounds pass through).
 * Episode ends: gymnasium's `terminated` is termination, its `truncated` (the TimeLimit wrapper)
   is truncation; `EnvConfig.max_episode_steps` truncates as well, whichever comes first.
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from typing import Any
 
 import numpy as np
@@ -70,6 +72,21 @@ def _make(env_id: str, image_size: int, kwargs: dict[str, Any]) -> Any:
         raise ValueError(f"gymnasium cannot make {env_id!r}: {exc}") from None
     except ModuleNotFoundError as exc:
         raise ValueError(f"gymnasium cannot make {env_id!r}: {exc}") from None
+
+
+def fast_rendering(env: Any) -> int:
+    """Shadows and multisampling off in a MuJoCo env's models (every MjModel attribute of the
+    unwrapped env: gymnasium's `model`, other packages' `_model`); returns how many were changed.
+    Must run before the env's first render: MuJoCo reads the sample count when it makes the GL
+    context. Envs of other simulators are left alone (mujoco not imported: none to change)."""
+    mujoco = sys.modules.get("mujoco")  # imported by the env itself when it is a MuJoCo env
+    if mujoco is None:
+        return 0
+    models = [v for v in vars(env.unwrapped).values() if isinstance(v, mujoco.MjModel)]
+    for model in models:
+        model.vis.quality.offsamples = 0
+        model.light_castshadow[:] = 0
+    return len(models)
 
 
 def task_name(env_id: str) -> str:
@@ -124,7 +141,7 @@ class GymEnv(EpisodeEnv):
 
         env_id = gym_id(cfg.name)
         kwargs = dict(cfg.gym_kwargs)
-        first = _make(env_id, cfg.image_size, kwargs)
+        first = self._make(env_id, cfg, kwargs)
         act = first.action_space
         if not isinstance(act, spaces.Box):
             first.close()
@@ -156,9 +173,16 @@ class GymEnv(EpisodeEnv):
         # warned about once (by the batch holding global env 0, so once per fleet), naming the others.
         self._info_keys: set[str] | None = set() if env_offset == 0 else None
         self._episodes_ended = 0
-        self._envs = [first] + [_make(env_id, cfg.image_size, kwargs) for _ in range(num_envs - 1)]
+        self._envs = [first] + [self._make(env_id, cfg, kwargs) for _ in range(num_envs - 1)]
         self._last: list[Any] = [None] * num_envs
         self._seeded = [False] * num_envs
+
+    @staticmethod
+    def _make(env_id: str, cfg: EnvConfig, kwargs: dict[str, Any]) -> Any:
+        env = _make(env_id, cfg.image_size, kwargs)
+        if cfg.image_size and cfg.gym_render_quality == "fast":
+            fast_rendering(env)
+        return env
 
     def policy_actions(self, actions: np.ndarray) -> np.ndarray:
         """Actions in the env's own units (a LeRobot dataset's) as the policy's [-1, 1]: the

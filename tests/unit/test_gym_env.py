@@ -175,3 +175,18 @@ def test_policy_actions_invert_the_rescaling() -> None:
     # a LeRobot dataset's actions (the env's units, here [-2, 2]) in the policy's [-1, 1]
     with _env() as env:
         np.testing.assert_allclose(env.policy_actions(np.array([[2.0], [-1.0], [0.0]])), [[1.0], [-0.5], [0.0]])
+
+
+def test_mujoco_frames_render_without_shadows_and_multisampling_unless_asked() -> None:
+    pytest.importorskip("mujoco")
+    with _env("gym:Reacher-v5", image_size=16) as env:
+        model = env._envs[0].unwrapped.model
+        assert model.vis.quality.offsamples == 0 and not model.light_castshadow.any()
+        assert env.reset()["main_images"].any()
+    with _env("gym:Reacher-v5", image_size=16, gym_render_quality="env") as env:
+        model = env._envs[0].unwrapped.model
+        assert model.vis.quality.offsamples > 0  # as the env ships it
+    with _env("gym:Reacher-v5") as env:  # no frames: the scene is left alone
+        assert env._envs[0].unwrapped.model.vis.quality.offsamples > 0
+    with pytest.raises(ValueError, match="gym_render_quality must be 'fast' or 'env'"):
+        _env(gym_render_quality="best")
