@@ -125,15 +125,19 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
                 self._adopted.add(client_id)
         elif not adopt:
             self._adopted.discard(client_id)  # registered now: no longer on the adopted budget
-        if info.exited and not adopt:  # back after its reported death: its old index when still free
-            free = self._free_index.get(role, [])
-            if info.index in free:
-                free.remove(info.index)
-            else:
-                info.index = self._take_index(role)
-            info.exited = False
         info.last_seen = time.monotonic()
         return info
+
+    def _revive(self, info: ClientInfo) -> None:
+        """A client registering again after its reported death: its old index when still free. Hold _lock."""
+        if not info.exited:
+            return
+        free = self._free_index.get(info.role, [])
+        if info.index in free:
+            free.remove(info.index)
+        else:
+            info.index = self._take_index(info.role)
+        info.exited = False
 
     def _take_index(self, role: str) -> int:
         """The lowest index a dead client freed, else the next new one. Hold _lock."""
@@ -159,6 +163,7 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
             info = self._client(request.client_id, request.role)
             before = 0
             if info is not None:
+                self._revive(info)
                 before, info.registrations = info.registrations, info.registrations + 1
         if info is None:
             self.other_rejections.count("too_many_clients")
