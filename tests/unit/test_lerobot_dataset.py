@@ -154,6 +154,23 @@ def test_collect_writes_a_lerobot_dataset_and_sft_trains_from_it_through_hf_data
     assert res.returncode == 2 and "not in the local Hugging Face cache" in res.stderr
 
 
+def test_a_pixel_policy_trains_from_a_lerobot_datasets_video(tmp_path) -> None:
+    pytest.importorskip("metaworld")
+    demos = tmp_path / "reach"
+    res = _cli(
+        "collect", "--env", "metaworld", "--tasks", "reach-v3", "--episodes-per-task", "1", "--image-size", "64",
+        "--out", str(demos), "--format", "lerobot",
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert (demos / "videos" / "observation.images.main" / "chunk-000" / "file-000.mp4").is_file()
+    res = _cli(
+        "sft", "metaworld_quickstart_tinyoft", "--demos", str(demos), "--out", str(tmp_path / "ckpt"),
+        "sft.steps=3", "env.task=reach-v3",
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert (tmp_path / "ckpt" / "model.safetensors").is_file()
+
+
 def test_lerobots_own_reader_reads_ours(tmp_path) -> None:
     """Where LeRobot installs (Python >= 3.12, torch < 2.12 for its current releases), its
     LeRobotDataset reads what rlfleet writes."""
