@@ -17,6 +17,7 @@ import grpc
 
 from rlfleet.telemetry.json_logs import make_formatter
 from rlfleet.wire.auth import configure, load_auth
+from rlfleet.wire.join import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED
 
 
 def _setup_logging(level: str = "INFO", fmt: str = "text", role: str = "") -> None:
@@ -450,12 +451,24 @@ def build_parser() -> argparse.ArgumentParser:
     co.add_argument("--seed", type=int, default=0, help="seed block (demo seeds never overlap eval seeds)")
     co.add_argument("--keep-failed", action="store_true", help="also write failed expert episodes, flagged")
     co.add_argument("--overwrite", action="store_true", help="replace an existing --out folder")
+    co.add_argument(
+        "--format",
+        choices=["rlfleet", "lerobot"],
+        default="rlfleet",
+        help="rlfleet (npz episodes) or lerobot (LeRobot v3: parquet + mp4, the [lerobot] extra); docs/datasets.md",
+    )
+    co.add_argument("--fps", type=float, default=10.0, help="frames per second a LeRobot dataset records")
     co.set_defaults(func=cmd_collect)
 
     sf = sub.add_parser("sft", help="behaviour cloning of the recipe's policy on demos (see `rlfleet collect`)")
     sf.add_argument("recipe", help="recipe whose policy/env/sft settings to use")
     sf.add_argument("overrides", nargs="*", help="key=value overrides, e.g. sft.steps=500")
-    sf.add_argument("--demos", required=True, help="demo dataset folder")
+    sf.add_argument(
+        "--demos",
+        required=True,
+        help="demo dataset: an rlfleet folder, a LeRobot v3 folder (meta/info.json) or hf://datasets/ORG/NAME "
+        "(feature names mapped by demos.features, docs/datasets.md)",
+    )
     sf.add_argument("--out", required=True, help="checkpoint folder to write")
     sf.add_argument("--eval-episodes", type=int, default=0, help="evaluate the result (episodes per task)")
     sf.add_argument("--overwrite", action="store_true", help="replace an existing checkpoint at --out")
@@ -546,6 +559,9 @@ def main(argv: list[str] | None = None) -> int:
         if hasattr(args, "token_file"):
             _configure_auth(args)
         return args.func(args)
+    except KeyboardInterrupt:  # Ctrl-C outside a command's own handling (which says more, e.g. the checkpoint)
+        print("interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except (
         FileNotFoundError,
         FileExistsError,
@@ -554,18 +570,19 @@ def main(argv: list[str] | None = None) -> int:
         TimeoutError,
     ) as exc:  # e.g. an env server gone
         logging.getLogger("rlfleet").error("%s", exc)
-        return 2
+        return EXIT_BAD_INPUT
     except Exception as exc:
         if type(exc).__name__ == "RemoteEnvError":  # a bad env server: its message says which and how
             logging.getLogger("rlfleet").error("%s", exc)
-            return 2
+            return EXIT_BAD_INPUT
         if type(exc).__name__ == "FleetError":  # rlfleet.runs.launcher: the role's own log has its traceback
             logging.getLogger("rlfleet").error("%s", exc)
-            return 1
+            # a role that refused its input (exit 2) makes the run's input bad too: one rule for all commands
+            return EXIT_BAD_INPUT if getattr(exc, "exit_code", 1) == EXIT_BAD_INPUT else EXIT_FAILED
         if not _unauthenticated(exc):
             raise
         logging.getLogger("rlfleet").error("a server refused this process's credentials: %s", exc.details())
-        return 2
+        return EXIT_BAD_INPUT
 
 
 def _unauthenticated(exc: Exception) -> bool:

@@ -159,6 +159,10 @@ class DemosConfig:
     # can then train on every layout (RoboTwin split `any`) while the demos come from the
     # expert-solvable train split.
     task: str = ""
+    # LeRobot datasets (`demos.path` or `rlfleet sft --demos`: a folder with meta/info.json or
+    # hf://datasets/ORG/NAME): rlfleet key (states, actions, main_images, wrist_images, rewards,
+    # success) -> the dataset's feature name, or a list of names concatenated (docs/datasets.md)
+    features: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -324,9 +328,10 @@ def recipe_scale(recipe: str) -> str:
 def _recipe_layers(recipe: str) -> list[tuple[str, DictConfig]]:
     layers = []
     packaged = not Path(recipe).suffix and (RECIPE_DIR / f"{recipe}.yaml").is_file()
-    if packaged:
-        # A packaged recipe's runs are named after it unless it says otherwise.
-        layers.append(("recipe name", OmegaConf.create({"runner": {"experiment_name": recipe}})))
+    # A recipe's runs are named after it (a packaged recipe's name, a YAML file's stem) unless it
+    # says otherwise, so two recipes never share a run folder.
+    name = recipe if packaged else Path(recipe).stem
+    layers.append(("recipe name", OmegaConf.create({"runner": {"experiment_name": name}})))
     for path in recipe_files(recipe):
         body = {k: v for k, v in _read_yaml(path).items() if k not in _RECIPE_META}
         layers.append((f"in {path}", OmegaConf.create(body)))
@@ -366,6 +371,8 @@ def load_config(recipe: str | None, overrides: list[str] | None = None) -> DictC
         check_backends(logger_backends(cfg.runner.logger))  # a tracker that is not installed: fail before the run
         require_env_extra(cfg.env.name)  # a simulator whose extra is not installed: the same
         check_env_name(cfg.env.name)  # a name no process could resolve: one line, before anything starts
+        if cfg.env.gym_kwargs and not str(cfg.env.name).startswith("gym:"):
+            raise ValueError(f"env.gym_kwargs are gym.make arguments: only for env.name=gym:<id>, not {cfg.env.name!r}")
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     _check_policy(cfg)
@@ -404,7 +411,8 @@ def config_keys(node: Any, prefix: str = "") -> list[str]:
 
 
 def _is_free_form(key: str) -> bool:
-    return key in ("policy", "cluster.component_placement", "model_dims.extra_outputs")
+    free = ("policy", "cluster.component_placement", "model_dims.extra_outputs", "env.gym_kwargs", "demos.features")
+    return key in free
 
 
 def _unknown_key_message(key: str, known: list[str], source: str) -> str:

@@ -9,6 +9,7 @@ while stage s waits for inference the worker is already stepping stage s+1.
 from __future__ import annotations
 
 import json
+import logging
 import multiprocessing as mp
 import os
 import traceback
@@ -24,6 +25,8 @@ from rlfleet.wire.auth import configure
 from rlfleet.wire.auth import current as current_auth
 from rlfleet.wire.shm import Layout, SharedArrays, layout_from_json, layout_to_json
 from rlfleet.wire.slots import obs_keys
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -135,7 +138,11 @@ def _serve(env_cfg: dict, slices: list[EnvSlice], shm_name: str, layout_json: st
     envs = {}
     try:
         cfg = EnvConfig(**env_cfg)
-        envs = {sl.stage: make_env(cfg, sl.hi - sl.lo, env_offset=sl.global_offset) for sl in slices}
+        try:
+            envs = {sl.stage: make_env(cfg, sl.hi - sl.lo, env_offset=sl.global_offset) for sl in slices}
+        except Exception as exc:  # the cause in one line for the actor's error, the traceback for DEBUG
+            _send(conn, "make_error", json.dumps({"cause": _one_line(exc), "traceback": traceback.format_exc()}))
+            return
         by_stage = {sl.stage: sl for sl in slices}
         keys = obs_keys(slots.layout)
         told: dict[str, int] = {}
@@ -182,8 +189,19 @@ def _serve(env_cfg: dict, slices: list[EnvSlice], shm_name: str, layout_json: st
         slots.close()
 
 
+def _one_line(exc: BaseException) -> str:
+    """An exception as one line: rlfleet's own errors are already one (ValueError), others get their type."""
+    text = " ".join(str(exc).split())
+    return text if isinstance(exc, ValueError) and text else f"{type(exc).__name__}: {text}"
+
+
 class WorkerCrashed(RuntimeError):
     pass
+
+
+class EnvMakeError(ValueError):
+    """An env worker could not make its envs (a missing package, a bad env config): one line,
+    the worker's traceback logged at DEBUG."""
 
 
 class EnvWorkerPool:
@@ -193,6 +211,7 @@ class EnvWorkerPool:
         self, env_cfg: dict, num_envs: int, num_workers: int, num_stages: int, layout: Layout, env_offset: int = 0
     ):
         self.num_envs, self.num_stages = num_envs, num_stages
+        self.env_name = str(env_cfg.get("name", ""))
         self.stage_rows = [(s * num_envs // num_stages, (s + 1) * num_envs // num_stages) for s in range(num_stages)]
         self.layout = layout
         self.slots = SharedArrays.create(self.layout)
@@ -223,6 +242,10 @@ class EnvWorkerPool:
                 kind, payload = _recv(conn)
             except EOFError as exc:
                 raise WorkerCrashed(f"env worker {i} died (exit code {self.procs[i].exitcode})") from exc
+            if kind == "make_error":
+                err = json.loads(payload)
+                log.debug("env worker %d traceback:\n%s", i, err["traceback"])
+                raise EnvMakeError(f"cannot make env {self.env_name!r}: {err['cause']}")
             if kind == "error":
                 raise WorkerCrashed(f"env worker {i} failed:\n{payload}")
             if kind != expect:

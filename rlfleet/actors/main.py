@@ -16,7 +16,7 @@ from argparse import Namespace
 from rlfleet.actors.actor import ActorCounters, run_actor
 from rlfleet.config import config_from_yaml
 from rlfleet.telemetry.prometheus import ActorCollector, start_role_metrics
-from rlfleet.wire.join import register, stop_on_signals
+from rlfleet.wire.join import EXIT_INTERRUPTED, register, report_exit, stop_on_signals
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +36,10 @@ def main(args: Namespace) -> int:
     )
     try:
         stats = run_actor(cfg, index, client_id, args.learner, args.inference, stop, counters, reply.registrations)
+    except Exception as exc:  # the learner logs this actor's death with its cause, and frees its index
+        cause = " ".join(str(exc).split()) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"
+        report_exit(args.learner, client_id, cause.splitlines()[0] if cause else type(exc).__name__)
+        raise
     finally:
         if metrics is not None:
             metrics.close()
@@ -47,4 +51,7 @@ def main(args: Namespace) -> int:
         stats.seconds,
         stats.env_steps / max(stats.seconds, 1e-6),
     )
+    if stop.is_set():  # a signal, not the learner's stop: the one rule's "interrupted"
+        log.warning("actor %s interrupted", client_id)
+        return EXIT_INTERRUPTED
     return 0

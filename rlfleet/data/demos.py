@@ -114,8 +114,22 @@ def read_index(path: str | Path) -> dict[str, Any]:
     return index
 
 
-def load_demos(path: str | Path, only_success: bool = True) -> list[DemoEpisode]:
-    """All episodes of a dataset (by default only the expert's successful ones), in id order."""
+def load_demos(
+    path: str | Path,
+    only_success: bool = True,
+    features: dict[str, Any] | None = None,
+    image_size: int = 0,
+    cameras: tuple[str, ...] = ("main_images",),
+) -> list[DemoEpisode]:
+    """All episodes of a dataset (by default only the expert's successful ones), in id order: an
+    rlfleet demo folder, or a LeRobot v3 dataset (a folder with meta/info.json or
+    hf://datasets/ORG/NAME, read with `features` as its feature-name mapping, `cameras` decoded
+    at `image_size`; see rlfleet.data.lerobot)."""
+    from rlfleet.data import lerobot  # it builds DemoEpisodes from this module: imported when used
+
+    if lerobot.is_lerobot_path(path):
+        episodes = lerobot.read_lerobot(path, features, image_size, cameras)
+        return [ep for ep in episodes if ep.success or not only_success]
     path = Path(path)
     index = read_index(path)
     episodes = []

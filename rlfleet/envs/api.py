@@ -15,7 +15,8 @@ Semantics shared by all adapters:
 """
 
 import abc
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -64,6 +65,13 @@ class EnvConfig:
     progress_reward: float = 0.0
     # gymnasium envs (`gym:<id>`): the info key that says the task is solved ("": "is_success" or "success")
     success_key: str = ""
+    # gymnasium envs (`gym:<id>`): keyword arguments for `gym.make` (e.g. {reward_type: dense}), in
+    # every process that makes the env; other envs refuse a non-empty mapping (they would ignore it).
+    gym_kwargs: dict[str, Any] = field(default_factory=dict)
+    # gymnasium MuJoCo envs rendering `main_images`: "fast" turns the scene's shadow maps and
+    # multisampling off (a CPU renderer spends most of a frame on them: SO-101's 2 shadowed lights
+    # at 4096 px and 8x MSAA took 0.7 s a frame on Mesa llvmpipe); "env": as the env ships it.
+    gym_render_quality: str = "fast"
 
 
 INSTRUCTION_BYTES = 128  # fixed width of the `instructions` observation (UTF-8, zero padded)
@@ -100,6 +108,10 @@ def check_env_args(cfg: EnvConfig, num_envs: int, env_offset: int) -> None:
         raise ValueError(f"goal_marker_size must be >= 0 (0: as the task ships it), got {cfg.goal_marker_size}")
     if cfg.wrist_camera and cfg.image_size <= 0:
         raise ValueError("wrist_camera renders at image_size: set env.image_size > 0 too")
+    if cfg.gym_kwargs and not cfg.name.startswith("gym:"):
+        raise ValueError(f"env.gym_kwargs are gym.make arguments: only for env.name=gym:<id>, not {cfg.name!r}")
+    if cfg.gym_render_quality not in ("fast", "env"):
+        raise ValueError(f"gym_render_quality must be 'fast' or 'env', got {cfg.gym_render_quality!r}")
     if cfg.reward_type not in ("dense", "success", "success_once"):
         raise ValueError(f"reward_type must be 'dense', 'success' or 'success_once', got {cfg.reward_type!r}")
 

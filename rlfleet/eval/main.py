@@ -145,7 +145,12 @@ def _report_mode(path: Path) -> str | None:
 
 
 def _default_eval_dir(checkpoint: str) -> Path:
-    """CHECKPOINT/eval, or for a Hub checkpoint (read-only cache) eval/ORG--NAME[@REV] here."""
+    """CHECKPOINT/eval; for an exported folder (its model card, README.md, marks an upload) the
+    folder beside it, EXPORT-eval, so the upload stays clean; for a Hub checkpoint (read-only
+    cache) eval/ORG--NAME[@REV] here."""
     if is_hub_path(checkpoint):
         return Path("eval") / checkpoint[len("hf://") :].replace("/", "--")
-    return Path(checkpoint) / "eval"
+    folder = Path(checkpoint)
+    if (folder / "README.md").is_file():
+        return folder.resolve().parent / f"{folder.resolve().name}-eval"
+    return folder / "eval"

@@ -53,7 +53,7 @@ from rlfleet.telemetry.trackers import log_eval
 from rlfleet.wire.gen import learner_pb2_grpc
 from rlfleet.wire.grpc_decoding import add_servicer
 from rlfleet.wire.grpc_server import start_grpc_server
-from rlfleet.wire.join import write_address
+from rlfleet.wire.join import EXIT_INTERRUPTED, write_address
 from rlfleet.wire.segment import Segment
 
 log = logging.getLogger(__name__)
@@ -502,7 +502,10 @@ def run_learner(
     write_address(address_file, learner=learner.address, **({"metrics": metrics.address} if metrics else {}))
     log.info("learner listening on %s, run folder %s", learner.address, run_dir)
 
+    interrupted = threading.Event()
+
     def on_signal(signum, frame):  # Ctrl-C / SIGTERM: stop cleanly, checkpoint on the way out
+        interrupted.set()
         learner.stop_event.set()
 
     signal.signal(signal.SIGINT, on_signal)
@@ -518,6 +521,8 @@ def run_learner(
             if learner.eval_mean_return:
                 summary["eval_mean_return"] = learner.eval_mean_return
             summary["eval_success_mean"] = sum(eval_success.values()) / len(eval_success)
+        if interrupted.is_set():
+            summary["interrupted"] = True  # the learner main exits 130 and says where the checkpoint is
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         return summary
     finally:
@@ -538,4 +543,9 @@ def main(args: Namespace, evaluation_for: Callable[[DictConfig], Evaluation] | N
     summary = run_learner(cfg, args.address_file, args.metrics_port, args.metrics_host, evaluation)
     if summary and not args.address_file:  # started by hand: show the result here (torchrun: rank 0 only)
         print_summary(summary)
+    if summary.get("interrupted"):
+        latest = Path(cfg.runner.logger.log_path) / "checkpoints" / "latest"
+        where = latest.parent / latest.read_text().strip() if latest.is_file() else "none written"
+        log.warning("interrupted; last checkpoint: %s", where)
+        return EXIT_INTERRUPTED
     return 0

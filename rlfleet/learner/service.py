@@ -63,6 +63,7 @@ class ClientInfo:
     life: int = 0  # the process life it last heartbeated from, and whether that life has ended
     life_ended: bool = False
     registrations: int = 0  # Register calls under this id: a restarted process registers again
+    exited: bool = False  # reported its own death (HeartbeatRequest.exit_cause): its index is free
 
 
 def _abort(context: Any, code: grpc.StatusCode, details: str) -> NoReturn:
@@ -103,6 +104,9 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
         # remote simulator faults (RemoteEnv.faults): each actor life's latest cumulative counts
         self._faults: OrderedDict[tuple[str, int], dict[str, int]] = OrderedDict()
         self._faults_folded: Counter[str] = Counter()
+        # Indexes of clients that reported their death, given to the next new client of the role,
+        # so an actor that could not start leaves no hole in the fleet's env seeds and tasks.
+        self._free_index: dict[str, list[int]] = {}
         self._lock = threading.Lock()
 
     # ---- membership -------------------------------------------------------------------------
@@ -125,9 +129,7 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
                 self._forget_silent()
                 if len(self._clients) >= MAX_CLIENTS or (adopt and len(self._adopted) >= MAX_ADOPTED_CLIENTS):
                     return None
-            idx = self._next_index.get(role, 0)
-            self._next_index[role] = idx + 1
-            info = self._clients[client_id] = ClientInfo(client_id, role, idx, time.monotonic())
+            info = self._clients[client_id] = ClientInfo(client_id, role, self._take_index(role), time.monotonic())
             if adopt:
                 self._adopted.add(client_id)
         elif not adopt:
@@ -140,12 +142,43 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
             self.other_rejections.count("bad_client_id")
             _abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"client_id longer than {MAX_CLIENT_ID_BYTES} bytes")
 
+    def _revive(self, info: ClientInfo) -> None:
+        """A client registering again after its reported death: its old index when still free. Hold _lock."""
+        if not info.exited:
+            return
+        free = self._free_index.get(info.role, [])
+        if info.index in free:
+            free.remove(info.index)
+        else:
+            info.index = self._take_index(info.role)
+        info.exited = False
+
+    def _take_index(self, role: str) -> int:
+        """The lowest index a dead client freed, else the next new one. Hold _lock."""
+        free = self._free_index.get(role)
+        if free:
+            free.sort()
+            return free.pop(0)
+        idx = self._next_index.get(role, 0)
+        self._next_index[role] = idx + 1
+        return idx
+
+    def _exited(self, client_id: str, cause: str) -> None:
+        with self._lock:
+            info = self._clients.get(client_id)
+            if info is None or info.exited:
+                return
+            info.exited = True
+            self._free_index.setdefault(info.role, []).append(info.index)
+        log.warning("%s %s (index %d) died: %s", info.role, client_id, info.index, cause)
+
     def Register(self, request, context):
         self._check_client_id(request.client_id, context)
         with self._lock:
             info = self._client(request.client_id, request.role)
             before = 0
             if info is not None:
+                self._revive(info)
                 before, info.registrations = info.registrations, info.registrations + 1
         if info is None:
             self.other_rejections.count("too_many_clients")
@@ -178,6 +211,8 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
             self.other_rejections.count("unknown_client")
         elif request.HasField("ended"):
             self._life_ended(request.client_id, request.ended)
+        if info is not None and request.exit_cause:
+            self._exited(request.client_id, request.exit_cause[:500])  # a bounded line in the log
         current = self.weights.current()
         return learner_pb2.HeartbeatReply(
             stop=self.stop_event.is_set(), policy_version=current.version if current else -1

@@ -93,6 +93,9 @@ def main(args: Namespace) -> int:
     paths = [Path(p) for p in args.paths]
     if args.last < 0:
         raise ValueError(f"--last {args.last}: give a number of checkpoints (0: all the run kept)")
+    missing = [str(p) for p in paths if not p.exists()]
+    if missing:
+        raise FileNotFoundError(f"{', '.join(missing)} does not exist")
     if len(paths) == 1:
         if not (paths[0] / "checkpoints").is_dir():
             raise ValueError(

@@ -229,6 +229,8 @@ def run_folder(checkpoint: str | os.PathLike) -> Path | None:
 def read_model_config(folder: str | Path) -> dict[str, Any]:
     folder = resolve_model_path(folder)
     cfg_path, weights = folder / "config.json", folder / "model.safetensors"
+    if not folder.exists():  # a mistyped path: say so, not what a checkpoint folder holds
+        raise FileNotFoundError(f"{folder} does not exist")
     if not cfg_path.exists() or not weights.exists():
         raise FileNotFoundError(f"{folder} is not a checkpoint folder (needs config.json and model.safetensors)")
     cfg = json.loads(cfg_path.read_text())

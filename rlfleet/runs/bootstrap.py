@@ -16,6 +16,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from rlfleet.config import SFTConfig, as_dict, evaluation_record, policy_settings
+from rlfleet.data.lerobot import is_lerobot_path
 from rlfleet.envs.api import EnvConfig
 from rlfleet.envs.registry import demos_revision
 from rlfleet.runs.collect import collect_env_demos
@@ -32,7 +33,7 @@ def demos_folder(cfg: DictConfig) -> Path:
     """The run's demo dataset: `demos.path` if given, else a cached collection for its tasks."""
     d = cfg.demos
     if d.path:
-        return Path(d.path)
+        return Path(d.path)  # hf://datasets/... as a Path: is_lerobot_path and the cache key still read it
     env, task = cfg.env, d.task or cfg.env.task
     parts = ["demos", task, env.image_size, env.camera, env.max_episode_steps, d.episodes_per_task, d.seed]
     # Other frames: in the key only with frames and a marker, so older caches stay valid.
@@ -68,7 +69,11 @@ def sft_folder(cfg: DictConfig) -> Path:
     # Where SFT ran changes its result only by rounding: a CPU and a GPU host share the cache key.
     # drop_noop_frames is absent from the key when off, so caches from before it stay valid.
     sft = {k: v for k, v in as_dict(cfg.sft).items() if k != "device" and not (k == "drop_noop_frames" and not v)}
-    key = _key("sft", str(demos_folder(cfg)), policy, cfg.env.chunk_size, sft)
+    parts: list[Any] = ["sft", str(demos_folder(cfg)), policy, cfg.env.chunk_size, sft]
+    features = as_dict(cfg.demos.get("features", {}))
+    if features:  # a LeRobot dataset read another way; absent when empty, so older caches stay valid
+        parts.append(["features", features])
+    key = _key(*parts)
     return Path(cfg.demos.cache_dir) / f"sft-{key}"
 
 
@@ -78,7 +83,7 @@ def ensure_sft_checkpoint(cfg: DictConfig, progress: bool = True) -> Path:
     if (ckpt / "model.safetensors").exists():
         log.info("using the cached SFT checkpoint %s", ckpt)
         return ckpt
-    if not (demos / "index.json").exists():
+    if not (demos / "index.json").exists() and not is_lerobot_path(cfg.demos.path or demos):
         if cfg.demos.path:
             raise FileNotFoundError(f"demos.path {demos} holds no demo dataset (index.json)")
         log.info("collecting %d expert demos per task into %s", cfg.demos.episodes_per_task, demos)
@@ -87,13 +92,14 @@ def ensure_sft_checkpoint(cfg: DictConfig, progress: bool = True) -> Path:
     log.info("behaviour cloning %s on %s -> %s", cfg.policy.get("name"), demos, ckpt)
     sft_cfg = SFTConfig(**as_dict(cfg.sft))
     run_sft(
-        demos,
+        cfg.demos.path or demos,  # as written: hf://datasets/... is no local Path
         ckpt,
         policy_settings(cfg),
         EnvConfig(**as_dict(cfg.env)),
         sft_cfg,
         progress=progress,
         evaluation=evaluation_record(cfg),
+        features=as_dict(cfg.demos.features),
     )
     return ckpt
 

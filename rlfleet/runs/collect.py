@@ -30,7 +30,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from rlfleet.data.demos import ATTEMPTS_PER_EPISODE, DEMO_SEED_BASE, FORMAT, IMAGE_KEYS
+from rlfleet.data.demos import ATTEMPTS_PER_EPISODE, DEMO_SEED_BASE, FORMAT, IMAGE_KEYS, load_demos
+from rlfleet.data.lerobot import write_lerobot
 from rlfleet.envs.api import EnvConfig, decode_instructions
 from rlfleet.envs.registry import make_env
 
@@ -233,15 +234,25 @@ def main(args: Namespace) -> int:
         camera=args.camera,
         wrist_camera=getattr(args, "wrist_camera", False),
     )
+    out = Path(args.out)
+    lerobot = getattr(args, "format", "rlfleet") == "lerobot"
+    if lerobot:  # collected in rlfleet's format beside it, then written as a LeRobot v3 dataset
+        refuse_existing(out, args.overwrite)
+    staging = out.with_name(f".{out.name}.rlfleet-demos") if lerobot else out
     summary = collect_env_demos(
-        Path(args.out),
+        staging,
         cfg,
         args.episodes_per_task,
         envs_per_task=getattr(args, "envs_per_task", 1),
         seed=args.seed,
         keep_failed=args.keep_failed,
-        overwrite=args.overwrite,
+        overwrite=args.overwrite or lerobot,
     )
+    if lerobot:
+        try:
+            write_lerobot(out, load_demos(staging, only_success=False), fps=args.fps)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
     table = Table(title=f"scripted-expert demos in {args.out}")
     table.add_column("task")
     table.add_column("episodes", justify="right")

@@ -46,6 +46,7 @@ from rlfleet.runs.dagger import run_dagger
 from rlfleet.runs.placement import PlacementPlan, resolve_placement
 from rlfleet.runs.supervisor import ActorSupervisor, RestartPolicy, last_error_line
 from rlfleet.wire.auth import current as current_auth
+from rlfleet.wire.join import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED
 
 
 def _die_with_parent() -> None:
@@ -109,7 +110,12 @@ def _inference_addresses(addresses: list[str], actor_index: int) -> str:
 
 class FleetError(RuntimeError):
     """A role of the local fleet stopped the run (it exited before it was ready, or every actor
-    crashed): the message says which and where its log is, so `rlfleet train` prints it as one line."""
+    crashed): the message says which and where its log is, so `rlfleet train` prints it as one line.
+    `exit_code` is the command's: 2 when the role refused its input (exited 2), else 1."""
+
+    def __init__(self, message: str, exit_code: int = EXIT_FAILED) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 # A role's start-up (imports, policy and reference build, a probe env for the model's dimensions)
@@ -127,7 +133,8 @@ def _wait_address(
         if proc.poll() is not None:
             cause = last_error_line(log_file)
             raise FleetError(
-                f"{key} exited with code {proc.returncode} before it was ready" + (f": {cause}" if cause else "")
+                f"{key} exited with code {proc.returncode} before it was ready" + (f": {cause}" if cause else ""),
+                EXIT_BAD_INPUT if proc.returncode == EXIT_BAD_INPUT else EXIT_FAILED,
             )
         time.sleep(0.1)
     raise TimeoutError(f"{key} did not report its address within {timeout:.0f}s")
@@ -226,10 +233,22 @@ def main(args: Namespace) -> int:
     cfg = load_config(args.recipe, args.overrides + (["runner.resume=true"] if args.resume else []))
     os.environ["RLFLEET_LOG_FORMAT"] = args.log_format  # the roles it spawns log the same way
     os.environ["RLFLEET_COMMAND"] = args.command_line  # the learner records it in each checkpoint
-    summary = train_local(cfg, metrics_port=args.metrics_port, metrics_host=args.metrics_host)
+    try:
+        summary = train_local(cfg, metrics_port=args.metrics_port, metrics_host=args.metrics_host)
+    except KeyboardInterrupt:  # the roles are stopped (the learner checkpointed): say where things are
+        print(interrupted_line(Path(cfg.runner.logger.log_path)), file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED
     print_summary(summary)
     print(f"run folder: {cfg.runner.logger.log_path}")
     return 0
+
+
+def interrupted_line(run_dir: Path) -> str:
+    """What an interrupted run leaves: its last checkpoint (what `--resume` continues from)."""
+    latest = run_dir / "checkpoints" / "latest"
+    if latest.is_file():
+        return f"interrupted; last checkpoint: {run_dir / 'checkpoints' / latest.read_text().strip()}"
+    return f"interrupted; no checkpoint was written (run folder: {run_dir})"
 
 
 def train_local(cfg: DictConfig, metrics_port: int = 0, metrics_host: str = "127.0.0.1") -> dict:
@@ -412,6 +431,7 @@ def _run_fleet(
             learner.wait(timeout=60)
         except subprocess.TimeoutExpired:
             learner.kill()
+        raise  # after the roles are stopped (finally): `rlfleet train` says where the checkpoint is
     finally:
         _stop_all(children + (supervisor.current() if supervisor else []), grace=15.0)
     summary_file = run_dir / "summary.json"

@@ -13,7 +13,7 @@ import json
 import logging
 import time
 from argparse import Namespace
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +24,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from rlfleet.config import SFTConfig, as_dict, eval_env_config, evaluation_record, load_config, policy_settings
 from rlfleet.data.demos import IMAGE_KEYS, DemoEpisode, drop_noop_frames, load_demos
+from rlfleet.data.lerobot import is_lerobot_path
 from rlfleet.envs.api import EnvConfig
-from rlfleet.envs.registry import gripper_action_dims
+from rlfleet.envs.registry import gripper_action_dims, make_env
 from rlfleet.eval.episodes import evaluate_policy, report_evaluation
 from rlfleet.eval.report import evaluation_mode
 from rlfleet.learner.metrics import print_summary
@@ -181,6 +182,29 @@ def without_noop_frames(episodes: list[DemoEpisode], env_name: str) -> list[Demo
     return out
 
 
+def in_policy_units(episodes: list[DemoEpisode], env_cfg: EnvConfig) -> list[DemoEpisode]:
+    """Episodes whose actions are in the env's own units (LeRobot datasets) with the policy's
+    [-1, 1] actions instead, through the env's `policy_actions` (the gym door's inverse rescale);
+    envs without one act in [-1, 1] already. Actions outside the env's bounds are refused."""
+    probe = make_env(replace(env_cfg, image_size=0, wrist_camera=False), 1)
+    try:
+        convert = getattr(probe, "policy_actions", None)
+        out = [ep if convert is None else replace(ep, actions=convert(ep.actions)) for ep in episodes]
+        dim = probe.spec.action_dim
+    finally:
+        probe.close()
+    for ep in out:
+        if ep.actions.shape[1] != dim:
+            raise ValueError(f"the dataset's actions have {ep.actions.shape[1]} dims, env {env_cfg.name} takes {dim}")
+    worst = max(float(np.abs(ep.actions).max(initial=0.0)) for ep in out)
+    if worst > 1.0 + 1e-3:
+        raise ValueError(
+            f"the dataset's actions reach {worst:.2f} in the policy's units: outside env {env_cfg.name}'s action "
+            "bounds (is demos.features.actions the right feature?)"
+        )
+    return out
+
+
 def run_sft(
     demos: str | Path,
     out: str | Path,
@@ -189,12 +213,17 @@ def run_sft(
     cfg: SFTConfig,
     progress: bool = True,
     evaluation: dict[str, Any] | None = None,
+    features: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Demos folder -> trained checkpoint folder (config.json, model.safetensors, norm_stats.json);
-    `evaluation` (`rlfleet.config.evaluation_record`) is how the recipe evaluates it."""
+    `evaluation` (`rlfleet.config.evaluation_record`) is how the recipe evaluates it; `features`
+    maps a LeRobot dataset's feature names onto rlfleet's keys (`demos.features`)."""
     torch.set_num_threads(cfg.threads)
     t0 = time.monotonic()
-    episodes = load_demos(demos, only_success=True)
+    cameras = ("main_images",) + (("wrist_images",) if env_cfg.wrist_camera else ()) if env_cfg.image_size else ()
+    episodes = load_demos(demos, True, features, env_cfg.image_size, cameras)
+    if is_lerobot_path(demos):  # its actions are in the env's units: the policy's [-1, 1] from the env's bounds
+        episodes = in_policy_units(episodes, env_cfg)
     if cfg.drop_noop_frames:
         episodes = without_noop_frames(episodes, env_cfg.name)
     data = build_sft_data(episodes, env_cfg.chunk_size)
@@ -270,6 +299,7 @@ def main(args: Namespace) -> int:
             **evaluation_record(cfg),
             **({"episodes_per_task": args.eval_episodes} if args.eval_episodes else {}),
         },
+        features=as_dict(cfg.demos.features),
     )
     if args.eval_episodes:  # on the recipe's held-out evaluation env, reported as `rlfleet eval` reports
         policy, meta = load_checkpoint(args.out)

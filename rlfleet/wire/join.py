@@ -9,8 +9,15 @@ import socket
 import threading
 from pathlib import Path
 
+import grpc
+
 from rlfleet.wire.gen import learner_pb2, learner_pb2_grpc
 from rlfleet.wire.grpc_server import make_channel
+
+# Exit codes, one rule for every command and role (docs/usage.md): 0 done; 1 the run failed (a
+# role crashed, an uncaught error); 2 bad input (config, paths, arguments, credentials, an env that
+# cannot be made, a server that cannot be reached), said in one line; 130 interrupted (SIGINT/SIGTERM).
+EXIT_DONE, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
 def register(
@@ -24,6 +31,18 @@ def register(
             timeout=timeout_s,
             wait_for_ready=True,
         )
+
+
+def report_exit(address: str, client_id: str, cause: str, timeout_s: float = 5.0) -> None:
+    """Tell the learner this client dies of `cause` (one line), so its log says so and its index
+    goes to the next client; best effort: a learner that cannot be reached is not waited for."""
+    try:
+        with make_channel(address) as ch:
+            learner_pb2_grpc.LearnerServiceStub(ch).Heartbeat(
+                learner_pb2.HeartbeatRequest(client_id=client_id, exit_cause=cause[:1000]), timeout=timeout_s
+            )
+    except grpc.RpcError:
+        pass
 
 
 def write_address(path: str | None, **addresses: str) -> None:

@@ -103,9 +103,10 @@ def test_ctrl_c_stops_every_role_and_checkpoints(tmp_path):
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 0, out[-3000:]
+    assert proc.returncode == 130, out[-3000:]  # interrupted (docs/usage.md "Exit codes")
     latest = (run / "checkpoints" / "latest").read_text().strip()
     assert int(latest.split("_")[1]) >= 2
+    assert f"interrupted; last checkpoint: {run / 'checkpoints' / latest}" in out.decode()
     assert (run / "summary.json").exists()
     leftovers = subprocess.run(["pgrep", "-f", f"runner.logger.log_path={run}"], capture_output=True, text=True)
     assert leftovers.stdout.strip() == ""

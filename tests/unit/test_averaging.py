@@ -105,6 +105,8 @@ def test_average_never_replaces_a_run_or_a_checkpoint_and_skips_checkpointer_lef
     assert res.returncode == 2 and "named like a training checkpoint" in res.stderr
     res = _cli("average", str(folders[0]))
     assert res.returncode == 2 and "is not a run folder" in res.stderr
+    res = _cli("average", str(tmp_path / "no-run"))
+    assert res.returncode == 2 and f"{tmp_path / 'no-run'} does not exist" in res.stderr
 
 
 def test_integer_tensors_come_from_the_newest_and_layouts_must_agree(tmp_path):
@@ -154,7 +156,7 @@ def test_average_checkpoints_refuses_what_is_not_one_runs_policy(tmp_path):
     assert "holds another policy" in res.stderr and "Traceback" not in res.stderr
     assert not (tmp_path / "avg").exists()
     res = _cli("average", str(a), str(tmp_path / "nowhere"), "--out", str(tmp_path / "avg"))
-    assert res.returncode == 2 and "not a checkpoint folder" in res.stderr
+    assert res.returncode == 2 and f"{tmp_path / 'nowhere'} does not exist" in res.stderr
     res = _cli("average", str(tmp_path / "a"), "--last", "1")
     assert res.returncode == 2 and "two checkpoints or more" in res.stderr
     res = _cli("average", str(a), str(a), "--out", str(a))

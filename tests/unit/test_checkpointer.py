@@ -273,7 +273,7 @@ def test_missing_files_give_a_clear_file_not_found(tmp_path, present):
         (folder / name).write_bytes((src / name).read_bytes())
     with pytest.raises(FileNotFoundError, match="not a checkpoint folder .*config.json and model.safetensors"):
         load_checkpoint(folder)
-    with pytest.raises(FileNotFoundError, match="not a checkpoint folder"):
+    with pytest.raises(FileNotFoundError, match="does-not-exist does not exist"):
         load_checkpoint(tmp_path / "does-not-exist")
 
 

@@ -132,6 +132,10 @@ def test_recipe_from_a_yaml_file(tmp_path):
     good.write_text("actor:\n  num_envs: 6\nalgorithm:\n  gamma: 0.9\n")
     cfg = load_config(str(good))
     assert cfg.actor.num_envs == 6 and cfg.algorithm.gamma == 0.9
+    assert cfg.runner.experiment_name == "mine" and cfg.runner.logger.log_path.endswith("mine")
+    named = tmp_path / "named.yaml"
+    named.write_text("runner:\n  experiment_name: other\n")
+    assert load_config(str(named)).runner.experiment_name == "other"  # the file's own name wins
     bad = tmp_path / "bad.yaml"
     bad.write_text("actor:\n  num_envz: 6\n")
     with pytest.raises(
@@ -174,7 +178,7 @@ def test_defaults_merge_in_order_then_the_file_itself(tmp_path):
     assert cfg.algorithm.gamma == 0.5  # the recipe over its blocks
     assert cfg.algorithm.kl_beta == 0.1  # from algo/ppo_vla
     assert cfg.policy.name == "tiny_oft"
-    assert cfg.runner.experiment_name == "rlfleet"  # a YAML file is not named after itself
+    assert cfg.runner.experiment_name == "r"  # a YAML file's runs are named after the file
     assert load_config(str(recipe), ["algorithm.gamma=0.25"]).algorithm.gamma == 0.25  # overrides last
 
 
@@ -222,7 +226,7 @@ def test_every_block_is_valid_config():
         # VLA settings (dim, proprio_dims, ...) are checked against a VLA policy when the block names none
         unnamed = "policy" in raw and "name" not in raw["policy"]
         cfg = load_config(str(block), ["policy.name=tiny_pi0"] if unnamed else [])  # bad keys/types fail here
-        assert cfg.runner.experiment_name == "rlfleet"
+        assert cfg.runner.experiment_name == block.stem  # a block never names the run: its file does
 
 
 def test_eval_env_keeps_the_benchmark_budget_and_the_held_out_pool():
@@ -232,3 +236,11 @@ def test_eval_env_keeps_the_benchmark_budget_and_the_held_out_pool():
     assert cfg.env.subtask_steps == 120 and cfg.env.pool == "train"
     env = eval_env_config(cfg)
     assert (env.subtask_steps, env.pool, env.task, env.image_size) == (0, "eval", "ABC", 64)
+
+
+def test_gym_kwargs_are_a_mapping_for_gym_envs_only():
+    cfg = load_config("gym_inverted_pendulum_ppo", ["env.gym_kwargs.reset_noise_scale=0.2", "env.gym_kwargs.x=[1,2]"])
+    assert OmegaConf.to_container(cfg.env.gym_kwargs) == {"reset_noise_scale": 0.2, "x": [1, 2]}
+    assert "gym_kwargs:\n    reset_noise_scale: 0.2" in to_yaml(cfg)
+    with pytest.raises(ConfigError, match="env.gym_kwargs are gym.make arguments: only for env.name=gym:<id>"):
+        load_config("metaworld_reach_ppo", ["env.gym_kwargs.reward_type=dense"])

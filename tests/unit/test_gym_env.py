@@ -19,17 +19,22 @@ class Line(gym.Env):
 
     metadata = {"render_modes": ["rgb_array"]}
 
-    def __init__(self, render_mode=None, dict_obs: bool = False):
+    def __init__(self, render_mode=None, dict_obs: bool = False, reward: float = 1.0):
         self.dict_obs = dict_obs
+        self.reward = reward
         box = spaces.Box(-5, 5, (1,))
-        self.observation_space = (
-            spaces.Dict({"pos": box, "camera": spaces.Box(0, 255, (8, 8, 3), np.uint8)}) if dict_obs else box
-        )
+        camera = spaces.Box(0, 255, (8, 8, 3), np.uint8)
+        if dict_obs == "nested":  # as LeRobot's gym envs: {"pixels": {"front": ...}, "agent_pos": ...}
+            self.observation_space = spaces.Dict({"pixels": spaces.Dict({"front": camera}), "agent_pos": box, "v": box})
+        else:
+            self.observation_space = spaces.Dict({"pos": box, "camera": camera}) if dict_obs else box
         self.action_space = spaces.Box(-2.0, 2.0, (1,), np.float32)
         self.seen: list[float] = []
 
     def _obs(self):
         pos = np.array([self.pos], np.float32)
+        if self.dict_obs == "nested":
+            return {"pixels": {"front": np.zeros((8, 8, 3), np.uint8)}, "agent_pos": pos, "v": pos}
         if self.dict_obs:
             return {"pos": pos, "camera": np.full((8, 8, 3), int(100 + 100 * self.pos) % 256, np.uint8)}
         return pos
@@ -42,12 +47,13 @@ class Line(gym.Env):
     def step(self, action):
         self.seen.append(float(action[0]))
         self.pos += 0.1 * float(action[0])
-        return self._obs(), 1.0, abs(self.pos) > 1.0, False, {"solved": self.pos > 0.5}
+        return self._obs(), self.reward, abs(self.pos) > 1.0, False, {"solved": self.pos > 0.5, "dist": 1 - self.pos}
 
 
 if "rlfleet-test/Line-v0" not in gym.registry:
     gym.register(id="rlfleet-test/Line-v0", entry_point=Line, max_episode_steps=6)
     gym.register(id="rlfleet-test/LineDict-v0", entry_point=Line, kwargs={"dict_obs": True}, max_episode_steps=6)
+    gym.register(id="rlfleet-test/LineNested-v0", entry_point=Line, kwargs={"dict_obs": "nested"}, max_episode_steps=6)
     gym.register(id="rlfleet-test/Discrete-v0", entry_point="gymnasium.envs.classic_control:CartPoleEnv")
 
 
@@ -111,3 +117,76 @@ def test_clear_errors() -> None:
         _env("gym:NoSuchEnv-v0")
     with pytest.raises(ValueError, match="No module named 'no_such_package'"):
         _env("gym:no_such_package.envs:Thing-v0")
+
+
+def test_gym_kwargs_reach_gym_make() -> None:
+    with _env(gym_kwargs={"reward": 0.25}) as env:
+        env.reset()
+        assert env.chunk_step(np.zeros((1, 1, 1), np.float32)).rewards[0, 0] == 0.25
+    with pytest.raises(ValueError, match=r"gym_kwargs=\{'colour': 1\}.*colour"):
+        _env(gym_kwargs={"colour": 1})
+    with pytest.raises(ValueError, match="only for env.name=gym:<id>"):
+        make_env(EnvConfig(name="bench", gym_kwargs={"reward": 1.0}), 1)
+
+
+def test_task_name_is_the_id_without_its_module() -> None:
+    # gymnasium's `module:id` form imports the module first; the task is named by the id alone
+    with _env("gym:gymnasium.envs.classic_control:rlfleet-test/Line-v0") as env:
+        assert env.task_list == ["rlfleet-test/Line-v0"]
+        assert env.reset()["task_descriptions"] == ["rlfleet-test/Line-v0"]
+
+
+def _run_episodes(env, n: int) -> None:
+    env.reset()
+    for _ in range(6 * n):
+        env.chunk_step(np.zeros((1, 1, 1), np.float32))
+
+
+def test_a_success_key_never_in_info_is_one_warning_naming_the_keys_seen(caplog) -> None:
+    with caplog.at_level("WARNING", logger="rlfleet.envs.gymnasium_env"), _env(success_key="succeed") as env:
+        _run_episodes(env, 5)
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 1
+    assert "env.success_key='succeed' never appeared in info" in warnings[0] and "dist, solved" in warnings[0]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="rlfleet.envs.gymnasium_env"), _env() as env:  # the default keys
+        _run_episodes(env, 5)
+    assert [r.getMessage() for r in caplog.records] == [
+        "no 'is_success' or 'success' in info in the first 3 episodes, so success reads 0%; "
+        "set env.success_key to one of the info keys seen: dist, solved"
+    ]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="rlfleet.envs.gymnasium_env"), _env(success_key="solved") as env:
+        _run_episodes(env, 5)
+    with caplog.at_level("WARNING", logger="rlfleet.envs.gymnasium_env"):  # a batch not holding env 0: silent
+        with make_env(EnvConfig(name="gym:rlfleet-test/Line-v0", success_key="x"), 1, env_offset=1) as env:
+            _run_episodes(env, 5)
+    assert caplog.records == []
+
+
+def test_nested_dict_observations_are_flattened() -> None:
+    with _env("gym:rlfleet-test/LineNested-v0", image_size=8) as env:
+        obs = env.reset()
+        assert env.spec.state_dim == 2 and obs["main_images"].shape == (1, 8, 8, 3)
+        env.chunk_step(np.ones((1, 1, 1), np.float32))
+
+
+def test_policy_actions_invert_the_rescaling() -> None:
+    # a LeRobot dataset's actions (the env's units, here [-2, 2]) in the policy's [-1, 1]
+    with _env() as env:
+        np.testing.assert_allclose(env.policy_actions(np.array([[2.0], [-1.0], [0.0]])), [[1.0], [-0.5], [0.0]])
+
+
+def test_mujoco_frames_render_without_shadows_and_multisampling_unless_asked() -> None:
+    pytest.importorskip("mujoco")
+    with _env("gym:Reacher-v5", image_size=16) as env:
+        model = env._envs[0].unwrapped.model
+        assert model.vis.quality.offsamples == 0 and not model.light_castshadow.any()
+        assert env.reset()["main_images"].any()
+    with _env("gym:Reacher-v5", image_size=16, gym_render_quality="env") as env:
+        model = env._envs[0].unwrapped.model
+        assert model.vis.quality.offsamples > 0  # as the env ships it
+    with _env("gym:Reacher-v5") as env:  # no frames: the scene is left alone
+        assert env._envs[0].unwrapped.model.vis.quality.offsamples > 0
+    with pytest.raises(ValueError, match="gym_render_quality must be 'fast' or 'env'"):
+        _env(gym_render_quality="best")

@@ -150,6 +150,24 @@ def test_register_returns_config_and_stable_index(fleet):
     assert fleet.servicer.alive_clients("inference") == 1
 
 
+def test_an_actor_that_reports_its_death_is_logged_and_frees_its_index(fleet, caplog):
+    stub = fleet.stub
+
+    def register(cid: str) -> int:
+        req = learner_pb2.RegisterRequest(client_id=cid, role="actor")
+        return stub.Register(req, timeout=RPC_TIMEOUT).client_index
+
+    assert (register("a"), register("b")) == (0, 1)
+    with caplog.at_level("WARNING", logger="rlfleet.learner.service"):
+        stub.Heartbeat(
+            learner_pb2.HeartbeatRequest(client_id="a", exit_cause="cannot make env 'x'"), timeout=RPC_TIMEOUT
+        )
+    assert [r.getMessage() for r in caplog.records] == ["actor a (index 0) died: cannot make env 'x'"]
+    assert register("c") == 0  # the next actor takes the dead one's index
+    assert register("d") == 2
+    assert register("a") == 3  # the dead one back: its index was taken meanwhile
+
+
 def test_heartbeat_says_stop_after_stop_event(fleet):
     stub = fleet.stub
     stub.Register(learner_pb2.RegisterRequest(client_id="a", role="actor"), timeout=RPC_TIMEOUT)

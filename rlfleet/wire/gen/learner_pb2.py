@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18rlfleet/v1/learner.proto\x12\nrlfleet.v1\"R\n\x0fRegisterRequest\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x0c\n\x04host\x18\x03 \x01(\t\x12\x10\n\x08num_envs\x18\x04 \x01(\x05\"\x98\x01\n\rRegisterReply\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x13\n\x0b\x63onfig_yaml\x18\x02 \x01(\t\x12\x16\n\x0epolicy_version\x18\x03 \x01(\x03\x12\x1d\n\x15heartbeat_interval_ms\x18\x04 \x01(\x05\x12\x14\n\x0c\x63lient_index\x18\x05 \x01(\x05\x12\x15\n\rregistrations\x18\x06 \x01(\x05\"\xf7\x01\n\x10HeartbeatRequest\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\x11\n\tenv_steps\x18\x02 \x01(\x03\x12\x15\n\rsegments_sent\x18\x03 \x01(\x03\x12\x0c\n\x04life\x18\x04 \x01(\x04\x12%\n\x05\x65nded\x18\x05 \x01(\x0b\x32\x16.rlfleet.v1.LifeReport\x12?\n\nenv_faults\x18\x06 \x03(\x0b\x32+.rlfleet.v1.HeartbeatRequest.EnvFaultsEntry\x1a\x30\n\x0e\x45nvFaultsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"v\n\nLifeReport\x12\x0c\n\x04life\x18\x01 \x01(\x04\x12\x11\n\tenv_steps\x18\x02 \x01(\x03\x12\x1a\n\x12\x61\x63\x63\x65pted_env_steps\x18\x03 \x01(\x03\x12\x1a\n\x12rejected_env_steps\x18\x04 \x01(\x03\x12\x0f\n\x07\x63rashed\x18\x05 \x01(\x08\"6\n\x0eHeartbeatReply\x12\x0c\n\x04stop\x18\x01 \x01(\x08\x12\x16\n\x0epolicy_version\x18\x02 \x01(\x03\"r\n\x0fTrajectoryChunk\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\x12\n\nsegment_id\x18\x02 \x01(\x04\x12\x13\n\x0b\x63hunk_index\x18\x03 \x01(\r\x12\x12\n\nnum_chunks\x18\x04 \x01(\r\x12\x0f\n\x07payload\x18\x05 \x01(\x0c\"x\n\x07PushAck\x12\x12\n\nsegment_id\x18\x01 \x01(\x04\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x02 \x01(\x08\x12\x11\n\tduplicate\x18\x03 \x01(\x08\x12\r\n\x05\x65rror\x18\x04 \x01(\t\x12\x17\n\x0flearner_version\x18\x05 \x01(\x03\x12\x0c\n\x04stop\x18\x06 \x01(\x08\"<\n\x0cWatchRequest\x12\x15\n\rsubscriber_id\x18\x01 \x01(\t\x12\x15\n\rknown_version\x18\x02 \x01(\x03\"Z\n\x12WeightAnnouncement\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x10\n\x08\x63hecksum\x18\x02 \x01(\t\x12\x12\n\nsize_bytes\x18\x03 \x01(\x04\x12\r\n\x05\x66inal\x18\x04 \x01(\x08\"\\\n\x0bPullRequest\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x17\n\x0fmax_chunk_bytes\x18\x02 \x01(\r\x12\r\n\x05\x64\x65lta\x18\x03 \x01(\x08\x12\x14\n\x0c\x62\x61se_version\x18\x04 \x01(\x03\"\x8b\x01\n\x0bWeightChunk\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x10\n\x08\x63hecksum\x18\x02 \x01(\t\x12\x12\n\ntotal_size\x18\x03 \x01(\x04\x12\r\n\x05index\x18\x04 \x01(\r\x12\x12\n\nnum_chunks\x18\x05 \x01(\r\x12\x0c\n\x04\x64\x61ta\x18\x06 \x01(\x0c\x12\x14\n\x0c\x62\x61se_version\x18\x07 \x01(\x03\x32\xf0\x02\n\x0eLearnerService\x12\x42\n\x08Register\x12\x1b.rlfleet.v1.RegisterRequest\x1a\x19.rlfleet.v1.RegisterReply\x12\x45\n\tHeartbeat\x12\x1c.rlfleet.v1.HeartbeatRequest\x1a\x1a.rlfleet.v1.HeartbeatReply\x12\x44\n\x0ePushTrajectory\x12\x1b.rlfleet.v1.TrajectoryChunk\x1a\x13.rlfleet.v1.PushAck(\x01\x12J\n\x0cWatchWeights\x12\x18.rlfleet.v1.WatchRequest\x1a\x1e.rlfleet.v1.WeightAnnouncement0\x01\x12\x41\n\x0bPullWeights\x12\x17.rlfleet.v1.PullRequest\x1a\x17.rlfleet.v1.WeightChunk0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18rlfleet/v1/learner.proto\x12\nrlfleet.v1\"R\n\x0fRegisterRequest\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x0c\n\x04host\x18\x03 \x01(\t\x12\x10\n\x08num_envs\x18\x04 \x01(\x05\"\x98\x01\n\rRegisterReply\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x13\n\x0b\x63onfig_yaml\x18\x02 \x01(\t\x12\x16\n\x0epolicy_version\x18\x03 \x01(\x03\x12\x1d\n\x15heartbeat_interval_ms\x18\x04 \x01(\x05\x12\x14\n\x0c\x63lient_index\x18\x05 \x01(\x05\x12\x15\n\rregistrations\x18\x06 \x01(\x05\"\x8b\x02\n\x10HeartbeatRequest\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\x11\n\tenv_steps\x18\x02 \x01(\x03\x12\x15\n\rsegments_sent\x18\x03 \x01(\x03\x12\x0c\n\x04life\x18\x04 \x01(\x04\x12%\n\x05\x65nded\x18\x05 \x01(\x0b\x32\x16.rlfleet.v1.LifeReport\x12?\n\nenv_faults\x18\x06 \x03(\x0b\x32+.rlfleet.v1.HeartbeatRequest.EnvFaultsEntry\x12\x12\n\nexit_cause\x18\x07 \x01(\t\x1a\x30\n\x0e\x45nvFaultsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"v\n\nLifeReport\x12\x0c\n\x04life\x18\x01 \x01(\x04\x12\x11\n\tenv_steps\x18\x02 \x01(\x03\x12\x1a\n\x12\x61\x63\x63\x65pted_env_steps\x18\x03 \x01(\x03\x12\x1a\n\x12rejected_env_steps\x18\x04 \x01(\x03\x12\x0f\n\x07\x63rashed\x18\x05 \x01(\x08\"6\n\x0eHeartbeatReply\x12\x0c\n\x04stop\x18\x01 \x01(\x08\x12\x16\n\x0epolicy_version\x18\x02 \x01(\x03\"r\n\x0fTrajectoryChunk\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\x12\n\nsegment_id\x18\x02 \x01(\x04\x12\x13\n\x0b\x63hunk_index\x18\x03 \x01(\r\x12\x12\n\nnum_chunks\x18\x04 \x01(\r\x12\x0f\n\x07payload\x18\x05 \x01(\x0c\"x\n\x07PushAck\x12\x12\n\nsegment_id\x18\x01 \x01(\x04\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x02 \x01(\x08\x12\x11\n\tduplicate\x18\x03 \x01(\x08\x12\r\n\x05\x65rror\x18\x04 \x01(\t\x12\x17\n\x0flearner_version\x18\x05 \x01(\x03\x12\x0c\n\x04stop\x18\x06 \x01(\x08\"<\n\x0cWatchRequest\x12\x15\n\rsubscriber_id\x18\x01 \x01(\t\x12\x15\n\rknown_version\x18\x02 \x01(\x03\"Z\n\x12WeightAnnouncement\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x10\n\x08\x63hecksum\x18\x02 \x01(\t\x12\x12\n\nsize_bytes\x18\x03 \x01(\x04\x12\r\n\x05\x66inal\x18\x04 \x01(\x08\"\\\n\x0bPullRequest\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x17\n\x0fmax_chunk_bytes\x18\x02 \x01(\r\x12\r\n\x05\x64\x65lta\x18\x03 \x01(\x08\x12\x14\n\x0c\x62\x61se_version\x18\x04 \x01(\x03\"\x8b\x01\n\x0bWeightChunk\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x10\n\x08\x63hecksum\x18\x02 \x01(\t\x12\x12\n\ntotal_size\x18\x03 \x01(\x04\x12\r\n\x05index\x18\x04 \x01(\r\x12\x12\n\nnum_chunks\x18\x05 \x01(\r\x12\x0c\n\x04\x64\x61ta\x18\x06 \x01(\x0c\x12\x14\n\x0c\x62\x61se_version\x18\x07 \x01(\x03\x32\xf0\x02\n\x0eLearnerService\x12\x42\n\x08Register\x12\x1b.rlfleet.v1.RegisterRequest\x1a\x19.rlfleet.v1.RegisterReply\x12\x45\n\tHeartbeat\x12\x1c.rlfleet.v1.HeartbeatRequest\x1a\x1a.rlfleet.v1.HeartbeatReply\x12\x44\n\x0ePushTrajectory\x12\x1b.rlfleet.v1.TrajectoryChunk\x1a\x13.rlfleet.v1.PushAck(\x01\x12J\n\x0cWatchWeights\x12\x18.rlfleet.v1.WatchRequest\x1a\x1e.rlfleet.v1.WeightAnnouncement0\x01\x12\x41\n\x0bPullWeights\x12\x17.rlfleet.v1.PullRequest\x1a\x17.rlfleet.v1.WeightChunk0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -39,25 +39,25 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_REGISTERREPLY']._serialized_start=125
   _globals['_REGISTERREPLY']._serialized_end=277
   _globals['_HEARTBEATREQUEST']._serialized_start=280
-  _globals['_HEARTBEATREQUEST']._serialized_end=527
-  _globals['_HEARTBEATREQUEST_ENVFAULTSENTRY']._serialized_start=479
-  _globals['_HEARTBEATREQUEST_ENVFAULTSENTRY']._serialized_end=527
-  _globals['_LIFEREPORT']._serialized_start=529
-  _globals['_LIFEREPORT']._serialized_end=647
-  _globals['_HEARTBEATREPLY']._serialized_start=649
-  _globals['_HEARTBEATREPLY']._serialized_end=703
-  _globals['_TRAJECTORYCHUNK']._serialized_start=705
-  _globals['_TRAJECTORYCHUNK']._serialized_end=819
-  _globals['_PUSHACK']._serialized_start=821
-  _globals['_PUSHACK']._serialized_end=941
-  _globals['_WATCHREQUEST']._serialized_start=943
-  _globals['_WATCHREQUEST']._serialized_end=1003
-  _globals['_WEIGHTANNOUNCEMENT']._serialized_start=1005
-  _globals['_WEIGHTANNOUNCEMENT']._serialized_end=1095
-  _globals['_PULLREQUEST']._serialized_start=1097
-  _globals['_PULLREQUEST']._serialized_end=1189
-  _globals['_WEIGHTCHUNK']._serialized_start=1192
-  _globals['_WEIGHTCHUNK']._serialized_end=1331
-  _globals['_LEARNERSERVICE']._serialized_start=1334
-  _globals['_LEARNERSERVICE']._serialized_end=1702
+  _globals['_HEARTBEATREQUEST']._serialized_end=547
+  _globals['_HEARTBEATREQUEST_ENVFAULTSENTRY']._serialized_start=499
+  _globals['_HEARTBEATREQUEST_ENVFAULTSENTRY']._serialized_end=547
+  _globals['_LIFEREPORT']._serialized_start=549
+  _globals['_LIFEREPORT']._serialized_end=667
+  _globals['_HEARTBEATREPLY']._serialized_start=669
+  _globals['_HEARTBEATREPLY']._serialized_end=723
+  _globals['_TRAJECTORYCHUNK']._serialized_start=725
+  _globals['_TRAJECTORYCHUNK']._serialized_end=839
+  _globals['_PUSHACK']._serialized_start=841
+  _globals['_PUSHACK']._serialized_end=961
+  _globals['_WATCHREQUEST']._serialized_start=963
+  _globals['_WATCHREQUEST']._serialized_end=1023
+  _globals['_WEIGHTANNOUNCEMENT']._serialized_start=1025
+  _globals['_WEIGHTANNOUNCEMENT']._serialized_end=1115
+  _globals['_PULLREQUEST']._serialized_start=1117
+  _globals['_PULLREQUEST']._serialized_end=1209
+  _globals['_WEIGHTCHUNK']._serialized_start=1212
+  _globals['_WEIGHTCHUNK']._serialized_end=1351
+  _globals['_LEARNERSERVICE']._serialized_start=1354
+  _globals['_LEARNERSERVICE']._serialized_end=1722
 # @@protoc_insertion_point(module_scope)

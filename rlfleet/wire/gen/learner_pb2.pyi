@@ -36,7 +36,7 @@ class RegisterReply(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., config_yaml: _Optional[str] = ..., policy_version: _Optional[int] = ..., heartbeat_interval_ms: _Optional[int] = ..., client_index: _Optional[int] = ..., registrations: _Optional[int] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("client_id", "env_steps", "segments_sent", "life", "ended", "env_faults")
+    __slots__ = ("client_id", "env_steps", "segments_sent", "life", "ended", "env_faults", "exit_cause")
     class EnvFaultsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -50,13 +50,15 @@ class HeartbeatRequest(_message.Message):
     LIFE_FIELD_NUMBER: _ClassVar[int]
     ENDED_FIELD_NUMBER: _ClassVar[int]
     ENV_FAULTS_FIELD_NUMBER: _ClassVar[int]
+    EXIT_CAUSE_FIELD_NUMBER: _ClassVar[int]
     client_id: str
     env_steps: int
     segments_sent: int
     life: int
     ended: LifeReport
     env_faults: _containers.ScalarMap[str, int]
-    def __init__(self, client_id: _Optional[str] = ..., env_steps: _Optional[int] = ..., segments_sent: _Optional[int] = ..., life: _Optional[int] = ..., ended: _Optional[_Union[LifeReport, _Mapping]] = ..., env_faults: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    exit_cause: str
+    def __init__(self, client_id: _Optional[str] = ..., env_steps: _Optional[int] = ..., segments_sent: _Optional[int] = ..., life: _Optional[int] = ..., ended: _Optional[_Union[LifeReport, _Mapping]] = ..., env_faults: _Optional[_Mapping[str, int]] = ..., exit_cause: _Optional[str] = ...) -> None: ...
 
 class LifeReport(_message.Message):
     __slots__ = ("life", "env_steps", "accepted_env_steps", "rejected_env_steps", "crashed")
@@ -70,7 +72,7 @@ class LifeReport(_message.Message):
     accepted_env_steps: int
     rejected_env_steps: int
     crashed: bool
-    def __init__(self, life: _Optional[int] = ..., env_steps: _Optional[int] = ..., accepted_env_steps: _Optional[int] = ..., rejected_env_steps: _Optional[int] = ..., crashed: _Optional[bool] = ...) -> None: ...
+    def __init__(self, life: _Optional[int] = ..., env_steps: _Optional[int] = ..., accepted_env_steps: _Optional[int] = ..., rejected_env_steps: _Optional[int] = ..., crashed: bool = ...) -> None: ...
 
 class HeartbeatReply(_message.Message):
     __slots__ = ("stop", "policy_version")
@@ -78,7 +80,7 @@ class HeartbeatReply(_message.Message):
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     stop: bool
     policy_version: int
-    def __init__(self, stop: _Optional[bool] = ..., policy_version: _Optional[int] = ...) -> None: ...
+    def __init__(self, stop: bool = ..., policy_version: _Optional[int] = ...) -> None: ...
 
 class TrajectoryChunk(_message.Message):
     __slots__ = ("client_id", "segment_id", "chunk_index", "num_chunks", "payload")
@@ -108,7 +110,7 @@ class PushAck(_message.Message):
     error: str
     learner_version: int
     stop: bool
-    def __init__(self, segment_id: _Optional[int] = ..., accepted: _Optional[bool] = ..., duplicate: _Optional[bool] = ..., error: _Optional[str] = ..., learner_version: _Optional[int] = ..., stop: _Optional[bool] = ...) -> None: ...
+    def __init__(self, segment_id: _Optional[int] = ..., accepted: bool = ..., duplicate: bool = ..., error: _Optional[str] = ..., learner_version: _Optional[int] = ..., stop: bool = ...) -> None: ...
 
 class WatchRequest(_message.Message):
     __slots__ = ("subscriber_id", "known_version")
@@ -128,7 +130,7 @@ class WeightAnnouncement(_message.Message):
     checksum: str
     size_bytes: int
     final: bool
-    def __init__(self, version: _Optional[int] = ..., checksum: _Optional[str] = ..., size_bytes: _Optional[int] = ..., final: _Optional[bool] = ...) -> None: ...
+    def __init__(self, version: _Optional[int] = ..., checksum: _Optional[str] = ..., size_bytes: _Optional[int] = ..., final: bool = ...) -> None: ...
 
 class PullRequest(_message.Message):
     __slots__ = ("version", "max_chunk_bytes", "delta", "base_version")
@@ -140,7 +142,7 @@ class PullRequest(_message.Message):
     max_chunk_bytes: int
     delta: bool
     base_version: int
-    def __init__(self, version: _Optional[int] = ..., max_chunk_bytes: _Optional[int] = ..., delta: _Optional[bool] = ..., base_version: _Optional[int] = ...) -> None: ...
+    def __init__(self, version: _Optional[int] = ..., max_chunk_bytes: _Optional[int] = ..., delta: bool = ..., base_version: _Optional[int] = ...) -> None: ...
 
 class WeightChunk(_message.Message):
     __slots__ = ("version", "checksum", "total_size", "index", "num_chunks", "data", "base_version")
