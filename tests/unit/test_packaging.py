@@ -57,11 +57,11 @@ def test_extras_and_package_data():
     meta = tomllib.loads((REPO / "pyproject.toml").read_text())
     project = meta["project"]
     core = " ".join(project["dependencies"])
-    for sim in ("metaworld", "mujoco", "gymnasium", "pybullet", "sapien", "wandb", "pyarrow"):
+    for sim in ("metaworld", "mujoco", "gymnasium", "pybullet", "sapien", "wandb", "pyarrow", "transformers", "peft"):
         assert sim not in core, sim
     extras = project["optional-dependencies"]
-    assert {"metaworld", "robotwin", "calvin", "gym", "trackers", "lerobot", "all", "dev"} <= set(extras)
-    assert extras["all"] == ["rlfleet[metaworld,robotwin,calvin,gym,trackers,lerobot]"]
+    assert {"metaworld", "robotwin", "calvin", "gym", "trackers", "hf", "lerobot", "all", "dev"} <= set(extras)
+    assert extras["all"] == ["rlfleet[metaworld,robotwin,calvin,gym,trackers,hf,lerobot]"]
     data = meta["tool"]["setuptools"]["package-data"]["rlfleet"]
     for pattern in data:  # every pattern names files that exist (a stale one ships nothing)
         assert list((REPO / "rlfleet").glob(pattern)), pattern
