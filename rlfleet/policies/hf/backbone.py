@@ -186,8 +186,8 @@ class HFPrefix(nn.Module):
     ) -> tuple[Any, list[torch.Tensor], list[torch.Tensor]]:
         """The language model under gradient checkpointing, each layer's keys and values taken from its
         k_proj / v_proj outputs (forward hooks) with RoPE applied as the model applies it at positions
-        0..T-1: the cache transformers would have kept. A layer's recomputation in the backward pass
-        calls the hooks again; only the first forward's outputs are kept."""
+        0..T-1: the cache transformers would have kept. The hooks live for this forward only; the
+        captured tensors stay in the graph, so gradients reach k_proj / v_proj through them."""
         taken: dict[tuple[int, str], torch.Tensor] = {}
         handles = []
         for i, layer in enumerate(self.lm.layers):
