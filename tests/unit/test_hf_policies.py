@@ -445,3 +445,29 @@ print(json.dumps(p.act(o, deterministic=True)["actions"].flatten().tolist()))
         assert res.returncode == 0, res.stderr[-2000:]
         got = torch.tensor(json.loads(res.stdout.strip().splitlines()[-1])).reshape(want.shape)
         assert torch.allclose(got, want, atol=1e-4), merge
+
+
+@pytest.mark.parametrize("name", ["hf_oft", "hf_pi0"])
+def test_gradient_checkpointing_gives_the_same_loss_and_gradients(name):
+    """Checkpointed layers recompute in the backward pass; pi0's prefix cache then comes from the
+    layers' key/value projections (transformers keeps no cache under checkpointing): the same."""
+    plain = policy(name=name, num_denoise_steps=3)
+    ckpt = policy(name=name, num_denoise_steps=3, gradient_checkpointing=True)
+    ckpt.load_state_dict(plain.state_dict())
+    o = obs()
+    actions = torch.rand(3, CHUNK, ACTION) * 2 - 1
+    grads = []
+    for p in (plain, ckpt):
+        p.train()
+        torch.manual_seed(4)
+        loss = p.sft_loss(o, actions)
+        p.zero_grad()
+        loss.backward()
+        grads.append((loss.detach(), {n: q.grad.clone() for n, q in p.named_parameters() if q.grad is not None}))
+    assert ckpt.prefix.checkpointing() and not plain.prefix.checkpointing()
+    with torch.no_grad():  # acting: no backward pass to recompute for, the cache as usual
+        assert not ckpt.prefix.checkpointing()
+    torch.testing.assert_close(grads[0][0], grads[1][0])
+    assert grads[0][1].keys() == grads[1][1].keys() and any("lora_" in n for n in grads[0][1])
+    for n, g in grads[0][1].items():
+        torch.testing.assert_close(grads[1][1][n], g, rtol=1e-4, atol=1e-6, msg=n)

@@ -80,6 +80,21 @@ def add_lora(module: nn.Module, cfg: HFVLAConfig) -> None:
     inject_adapter_in_model(lora, module)
 
 
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    a, b = x.chunk(2, dim=-1)
+    return torch.cat([-b, a], -1)
+
+
+def rope_tables(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [B, 1, S, head_dim] at integer positions [B, S]: the default RoPE of Gemma and Llama
+    (inverse frequencies theta^(-2i/d), computed in float32, the angles repeated over both halves)."""
+    dims = torch.arange(0, head_dim, 2, device=positions.device).float()
+    inv = 1.0 / (theta ** (dims / head_dim))
+    angles = positions.float()[..., None] * inv
+    emb = torch.cat([angles, angles], -1)[:, None]
+    return emb.cos(), emb.sin()
+
+
 @dataclass
 class PrefixOutput:
     hidden: torch.Tensor  # [B, T, C] last hidden states (prefix, then queries if any)
@@ -161,6 +176,43 @@ class HFPrefix(nn.Module):
         if cfg.gradient_checkpointing:
             self.vlm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
+    def checkpointing(self) -> bool:
+        """Gradient checkpointing active now (training with gradients): transformers then keeps no cache."""
+        enabled = bool(getattr(self.lm.layers[0], "gradient_checkpointing", False))
+        return enabled and self.training and torch.is_grad_enabled()
+
+    def _forward_capturing_kv(
+        self, inputs: torch.Tensor, allowed: torch.Tensor, n_prefix: int
+    ) -> tuple[Any, list[torch.Tensor], list[torch.Tensor]]:
+        """The language model under gradient checkpointing, each layer's keys and values taken from its
+        k_proj / v_proj outputs (forward hooks) with RoPE applied as the model applies it at positions
+        0..T-1: the cache transformers would have kept. The hooks live for this forward only; the
+        captured tensors stay in the graph, so gradients reach k_proj / v_proj through them."""
+        taken: dict[tuple[int, str], torch.Tensor] = {}
+        handles = []
+        for i, layer in enumerate(self.lm.layers):
+            for name in ("k_proj", "v_proj"):
+
+                def keep(_m: nn.Module, _in: Any, out: torch.Tensor, key: tuple[int, str] = (i, name)) -> None:
+                    taken.setdefault(key, out)
+
+                handles.append(getattr(layer.self_attn, name).register_forward_hook(keep))
+        try:
+            out = self.lm(inputs_embeds=inputs, attention_mask=allowed, use_cache=False)
+        finally:
+            for handle in handles:
+                handle.remove()
+        b, t = inputs.shape[:2]
+        cos, sin = rope_tables(torch.arange(t, device=inputs.device)[None], self.head_dim, self.rope_theta)
+        keys, values = [], []
+        for i in range(self.num_layers):
+            k = taken[(i, "k_proj")].view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+            v = taken[(i, "v_proj")].view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+            k = k * cos.to(k.dtype) + rotate_half(k) * sin.to(k.dtype)
+            keys.append(k[:, :, :n_prefix])
+            values.append(v[:, :, :n_prefix])
+        return out, keys, values
+
     def autocast(self) -> contextlib.AbstractContextManager:
         """bf16 autocast on CUDA (`bf16`), nothing on CPU."""
         device = self.pixel_mean.device
@@ -233,16 +285,15 @@ class HFPrefix(nn.Module):
             allowed[:, :, :n_prefix, n_prefix:] = False  # the prefix never sees the queries
             eye = torch.eye(total, dtype=torch.bool, device=txt.device)
             allowed |= eye  # a pad row attends to itself (no empty softmax); nothing reads it
-            out = self.lm(
-                inputs_embeds=torch.cat(parts, 1),
-                attention_mask=allowed,
-                use_cache=want_cache,
-            )
-        keys = values = None
-        if want_cache:
-            cache = out.cache
-            keys = [layer.keys[:, :, :n_prefix] for layer in cache.layers]
-            values = [layer.values[:, :, :n_prefix] for layer in cache.layers]
+            inputs = torch.cat(parts, 1)
+            if want_cache and self.checkpointing():
+                out, keys, values = self._forward_capturing_kv(inputs, allowed, n_prefix)
+            else:
+                out = self.lm(inputs_embeds=inputs, attention_mask=allowed, use_cache=want_cache)
+                keys = values = None
+                if want_cache:
+                    keys = [layer.keys[:, :, :n_prefix] for layer in out.cache.layers]
+                    values = [layer.values[:, :, :n_prefix] for layer in out.cache.layers]
         return PrefixOutput(out.last_hidden_state.float(), valid, keys, values)
 
 

@@ -67,7 +67,7 @@ class HFVLAConfig:
     lora_expert: bool = False
     freeze_vision: bool = True  # the vision tower and its projector never train
     freeze_backbone: bool = False  # the whole prefix model frozen: heads (and adapters) only
-    gradient_checkpointing: bool = False  # hf_oft only (pi0's expert reads the prefix cache)
+    gradient_checkpointing: bool = False  # the VLM's layers (transformers' own); pi0's cache then from hooks
     bf16: bool = True  # bf16 autocast on CUDA; float32 on CPU whatever this says
 
     def __post_init__(self) -> None:
@@ -103,11 +103,6 @@ class HFVLAConfig:
         if self.lora_expert and (self.name == "hf_oft" or not self.lora_rank or not self.pi0_weights):
             # a frozen expert must be the same in every process: a pretrained one, not a fresh init
             raise ValueError("lora_expert needs hf_pi0 / hf_pi05, lora_rank > 0 and pi0_weights (a pretrained expert)")
-        if self.gradient_checkpointing and self.name != "hf_oft":
-            raise ValueError(
-                f"gradient_checkpointing is for hf_oft only: {self.name}'s expert reads the prefix's key/value "
-                "cache, which transformers does not keep under checkpointing"
-            )
         if self.pi0_weights and self.name == "hf_oft":
             raise ValueError("pi0_weights is a pi0 checkpoint: it fits hf_pi0 / hf_pi05, not hf_oft")
         if self.name == "hf_pi05":

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from rlfleet.policies.hf.backbone import HFPolicyBase, HFPrefix, add_lora
+from rlfleet.policies.hf.backbone import HFPolicyBase, HFPrefix, add_lora, rope_tables, rotate_half
 from rlfleet.policies.hf.config import HFVLAConfig
 from rlfleet.policies.vla.backbone import masked_mean
 from rlfleet.policies.vla.pi0 import FlowPolicyMixin
@@ -40,11 +40,6 @@ def pi0_time_embedding(t: torch.Tensor, dim: int) -> torch.Tensor:
     period = MIN_PERIOD * (MAX_PERIOD / MIN_PERIOD) ** fraction
     angles = (2 * math.pi / period)[None, :] * t.to(torch.float64)[:, None]
     return torch.cat([angles.sin(), angles.cos()], 1).to(t.dtype)
-
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    a, b = x.chunk(2, dim=-1)
-    return torch.cat([-b, a], -1)
 
 
 class GemmaRMSNorm(nn.Module):
@@ -193,15 +188,11 @@ class Pi0Expert(nn.Module):
         self.rope_theta, self.head_dim = prefix.rope_theta, prefix.head_dim
         self.hidden_size = chunk_size * width  # what `hidden` returns per row
         self._autocast = prefix.autocast
+        self._checkpointing = prefix.checkpointing
 
     def _rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin [B, 1, S, hd] at integer positions [B, S] (the default RoPE of Gemma and Llama)."""
-        inv = 1.0 / (
-            self.rope_theta ** (torch.arange(0, self.head_dim, 2, device=positions.device).float() / self.head_dim)
-        )
-        angles = positions.float()[..., None] * inv
-        emb = torch.cat([angles, angles], -1)[:, None]
-        return emb.cos().to(dtype), emb.sin().to(dtype)
+        cos, sin = rope_tables(positions, self.head_dim, self.rope_theta)
+        return cos.to(dtype), sin.to(dtype)
 
     def hidden(self, x_s: torch.Tensor, s: torch.Tensor, cond: PrefixKV) -> torch.Tensor:
         """The action tokens' last hidden states, flattened [B, K * width]."""
@@ -228,8 +219,12 @@ class Pi0Expert(nn.Module):
             positions = cond.valid.sum(1, keepdim=True) + torch.arange(n, device=x_s.device)[None]
             rope = self._rope(positions, tokens.dtype)
             h = tokens
+            checkpoint = self._checkpointing()
             for layer, k, v in zip(self.model.layers, cond.keys, cond.values):
-                h = layer(h, rope, k, v, allowed)
+                if checkpoint:  # as the prefix's layers: recomputed in the backward pass
+                    h = torch.utils.checkpoint.checkpoint(layer, h, rope, k, v, allowed, use_reentrant=False)
+                else:
+                    h = layer(h, rope, k, v, allowed)
             h = self.model.norm(h)[:, n_state:]
         return h.float().reshape(b, -1)
 
