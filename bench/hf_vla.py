@@ -24,6 +24,7 @@ import torch
 from safetensors.torch import save as st_save
 
 from rlfleet.envs.api import encode_instructions
+from rlfleet.policies.hf.backbone import add_lora
 from rlfleet.policies.registry import make_policy
 
 STATE, ACTION, CHUNK, IMAGE = 39, 4, 5, 64
@@ -44,29 +45,48 @@ def _obs(n: int) -> dict[str, torch.Tensor]:
 
 
 def prefix_cache(reps: int, batch: int, steps: int) -> dict:
-    out = {}
+    """Cached and uncached act, interleaved rep by rep (the machine's load drifts over both alike)."""
+    policies = {}
     for cached in (True, False):
         torch.manual_seed(0)
         settings = {"name": "hf_pi0", "backbone": "builtin:tiny-paligemma", "expert_width": 32}
         settings.update({"lora_rank": 8, "num_denoise_steps": steps, "prefix_cache": cached})
-        p = make_policy(settings, STATE, ACTION, CHUNK, image_size=IMAGE).eval()
-        obs = _obs(batch)
-        p.act(obs)
-        times = []
-        for _ in range(reps):
+        policies[cached] = make_policy(settings, STATE, ACTION, CHUNK, image_size=IMAGE).eval()
+    obs = _obs(batch)
+    times: dict[bool, list[float]] = {True: [], False: []}
+    for p in policies.values():
+        p.act(obs)  # warm-up
+    for _ in range(reps):
+        for cached, p in policies.items():
             t = time.perf_counter()
             p.act(obs)
-            times.append(time.perf_counter() - t)
-        out["cached_ms" if cached else "uncached_ms"] = 1000 * statistics.median(times)
-    out["speedup"] = out["uncached_ms"] / out["cached_ms"]
-    return {"batch": batch, "denoise_steps": steps, **out}
+            times[cached].append(1000 * (time.perf_counter() - t))
+    ratios = [u / c for c, u in zip(times[True], times[False])]
+    return {
+        "batch": batch,
+        "denoise_steps": steps,
+        "cached_ms": statistics.median(times[True]),
+        "uncached_ms": statistics.median(times[False]),
+        "speedup": statistics.median(ratios),
+        "speedup_range": [min(ratios), max(ratios)],
+    }
 
 
 def version_bytes(settings: dict, action_dim: int, chunk: int, image: int, meta: bool) -> dict:
-    """Bytes of one full weight version (the policy's state_dict) against all of its weights."""
+    """Bytes of one full weight version (the policy's state_dict) against all of its weights.
+    `lora_expert` is sized without its pi0_weights (which the meta device cannot read): the same
+    adapters are put on the expert by hand."""
     if meta:
+        lora_expert = settings.get("lora_expert", False)
+        built = {k: v for k, v in settings.items() if k != "lora_expert"}
         with torch.device("meta"):
-            p = make_policy(settings, STATE, action_dim, chunk, image_size=image)
+            p = make_policy(built, STATE, action_dim, chunk, image_size=image)
+            if lora_expert:
+                add_lora(p.expert.model, p.cfg)
+                for name, q in p.expert.model.named_parameters():
+                    q.requires_grad_("lora_" in name)
+                p.cfg.lora_expert = True  # base_modules() then counts the expert's base as frozen
+                p.record_frozen_base()
         sent = sum(t.numel() * t.element_size() for t in p.state_dict().values())
         how = "computed (meta device)"
     else:
@@ -97,9 +117,11 @@ def main() -> None:
         smol = {"backbone": "builtin:smolvlm-256m-random", **LORA16}
         result["versions"].append(version_bytes({"name": "hf_oft", **smol}, 7, 8, 512, meta=True))
     for row in result["prefix_cache"]:
+        lo, hi = row["speedup_range"]
         print(
             f"prefix cache, batch {row['batch']}, {row['denoise_steps']} steps: "
-            f"{row['cached_ms']:.1f} ms cached, {row['uncached_ms']:.1f} ms uncached, {row['speedup']:.2f}x"
+            f"{row['cached_ms']:.1f} ms cached, {row['uncached_ms']:.1f} ms uncached, "
+            f"{row['speedup']:.2f}x (range {lo:.2f}-{hi:.2f} over {args.reps} interleaved reps)"
         )
     for row in result["versions"]:
         p = row["policy"]

@@ -23,7 +23,7 @@ from rlfleet.algorithms.ppo import PPOConfig
 from rlfleet.data.demos import DEMO_SEED_BASE
 from rlfleet.envs.api import EnvConfig, observation_spec
 from rlfleet.envs.registry import check_env_name, make_env, require_env_extra
-from rlfleet.policies.checkpoint_io import is_hub_path, parse_hub_path, pin_model_path, run_folder
+from rlfleet.policies.checkpoint_io import is_hub_path, parse_hub_path, pin_hub_settings, pin_model_path, run_folder
 from rlfleet.policies.registry import check_policy_config, policy_classes
 from rlfleet.telemetry.trackers import check_backends, logger_backends
 from rlfleet.wire.slots import slot_layout
@@ -521,11 +521,15 @@ def starting_checkpoint(cfg: DictConfig, run_dir: Path) -> str:
 
 def pin_policy_hub_paths(cfg: DictConfig) -> None:
     """Every other hf:// setting of the policy (a transformers backbone, a base checkpoint) pinned
-    to its commit, as `starting_checkpoint` pins `model_path`: every process of the run, and the
-    checkpoints' config.json, name the revision the run read."""
-    for key, value in as_dict(cfg.policy).items():
-        if key != "model_path" and isinstance(value, str) and is_hub_path(value):
-            cfg.policy[key] = pin_model_path(value)
+    to its commit, as `starting_checkpoint` pins `model_path`, and a local path written relative
+    ("./models/x") made absolute: every process of the run, and the checkpoints' config.json, name
+    what the run read."""
+    settings = {k: v for k, v in as_dict(cfg.policy).items() if k != "model_path"}
+    for key, value in pin_hub_settings(settings).items():
+        if isinstance(value, str) and value.startswith(("./", "../")) and Path(value).exists():
+            value = str(Path(value).resolve())
+        if value != settings[key]:
+            cfg.policy[key] = value
 
 
 def policy_settings(cfg: DictConfig) -> dict[str, Any]:

@@ -171,11 +171,7 @@ class Learner:
                 cfg.runner.resumed_from_env_steps = self.counters.env_steps
         # env steps lost by cause, across restarts; life reports are checked against the largest
         # push and what one life can hold unsent (its send queue, a push in flight, unfinished segments)
-        segment_env_steps = (
-            max(cfg.actor.rollout_len, -(-cfg.env.max_episode_steps // max(cfg.env.chunk_size, 1)))
-            * cfg.actor.num_envs
-            * cfg.env.chunk_size
-        )
+        segment_env_steps = self._segment_len(cfg) * cfg.actor.num_envs * cfg.env.chunk_size
         self.losses = LossLedger(
             self.checkpointer.root,
             life_slack=(cfg.actor.send_queue_size + cfg.actor.pipeline_stage_num + 2) * segment_env_steps,
@@ -207,10 +203,7 @@ class Learner:
             ),
             max_segment_bytes=segment_byte_limit(
                 obs_spec,
-                # GRPO segments hold whole episodes; the other algorithms rollout_len chunk steps
-                episode_rollout_len(cfg.env.max_episode_steps, cfg.env.chunk_size)
-                if self.trainer.grpo_mode
-                else cfg.actor.rollout_len,
+                self._segment_len(cfg),
                 cfg.actor.num_envs,
                 cfg.env.chunk_size,
                 dims.action_dim,
@@ -282,6 +275,12 @@ class Learner:
         if c.env_steps >= r.total_env_steps:
             return True
         return bool(r.max_wall_seconds) and (time.monotonic() - self._t_start) >= r.max_wall_seconds
+
+    def _segment_len(self, cfg: DictConfig) -> int:
+        """Chunk steps per segment: GRPO's hold whole episodes, the other algorithms' rollout_len."""
+        if self.trainer.grpo_mode:
+            return episode_rollout_len(cfg.env.max_episode_steps, cfg.env.chunk_size)
+        return int(cfg.actor.rollout_len)
 
     def _publish(self) -> None:
         """Per-tensor digests go with the bytes so inference servers can pull deltas."""

@@ -123,7 +123,7 @@ def model_config(
     if model_path:
         policy_cfg = {**read_model_config(model_path)["policy"], **policy_cfg}
     return {
-        "policy": complete_settings(policy_cfg),
+        "policy": complete_settings(pin_hub_settings(policy_cfg)),
         "state_dim": state_dim,
         "action_dim": action_dim,
         "chunk_size": chunk_size,
@@ -185,6 +185,22 @@ def pin_model_path(path: str) -> str:
         return str(path)
     repo, _ = parse_hub_path(path)
     return f"{HF_PREFIX}{repo}@{resolve_model_path(path).name}"
+
+
+_COMMIT = re.compile(r"[0-9a-f]{40}")
+
+
+def pin_hub_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """Policy settings with every hf:// value (a backbone, a base checkpoint) pinned to its commit
+    (`pin_model_path`), so a checkpoint names the revision it was built on; a value already pinned
+    to a commit is kept as it is (no Hub call)."""
+    out = dict(settings)
+    for key, value in settings.items():
+        if isinstance(value, str) and is_hub_path(value):
+            revision = parse_hub_path(value)[1]
+            if not (revision and _COMMIT.fullmatch(revision)):
+                out[key] = pin_model_path(value)
+    return out
 
 
 def checkpoint_folder(path: str | Path) -> Path:

@@ -18,17 +18,13 @@ pytest.importorskip("peft")
 
 from rlfleet.envs.api import encode_instructions  # noqa: E402
 from rlfleet.inference_server.weight_subscriber import WeightSubscriber, pull_weights  # noqa: E402
-from rlfleet.learner.ingest import IngestQueue  # noqa: E402
-from rlfleet.learner.service import LearnerServicer  # noqa: E402
-from rlfleet.learner.weight_publisher import WeightPublisher  # noqa: E402
 from rlfleet.policies.checkpoint_io import load_tensors  # noqa: E402
 from rlfleet.policies.hf.keymap import load_pi0_weights, map_pi0_key  # noqa: E402
 from rlfleet.policies.hf.tiny import write_tiny_backbone  # noqa: E402
 from rlfleet.policies.registry import make_policy  # noqa: E402
 from rlfleet.wire.gen import learner_pb2_grpc  # noqa: E402
-from rlfleet.wire.grpc_server import make_channel, start_grpc_server  # noqa: E402
 from tests.unit.test_hub import lay_hf_cache  # noqa: E402
-from tests.unit.test_weight_delta import Learner, wait_for  # noqa: E402
+from tests.unit.test_weight_delta import Learner, served, wait_for  # noqa: E402, F401
 
 STATE, ACTION, CHUNK, IMAGE = 39, 4, 5, 64
 
@@ -120,25 +116,8 @@ def test_prefix_cache_act_equals_the_uncached_act(name):
         assert torch.equal(a["actions"], b["actions"]) and torch.equal(a["logprobs"], b["logprobs"])
 
 
-@pytest.fixture
-def served():
-    pub = WeightPublisher()
-    servicer = LearnerServicer("runner: {}\n", "run", IngestQueue(4), pub, chunk_bytes=4096)
-    server, port = start_grpc_server(
-        "127.0.0.1",
-        0,
-        [lambda s: learner_pb2_grpc.add_LearnerServiceServicer_to_server(servicer, s)],
-        ["rlfleet.v1.LearnerService"],
-        max_workers=8,
-    )
-    channel = make_channel(f"127.0.0.1:{port}")
-    yield pub, channel
-    channel.close()
-    server.stop(grace=0)
-
-
 @pytest.mark.parametrize("name", ["hf_oft", "hf_pi0"])
-def test_adapter_only_versions_keep_learner_and_server_bit_identical(served, name):
+def test_adapter_only_versions_keep_learner_and_server_bit_identical(served, name):  # noqa: F811 (a fixture)
     """The learner publishes what its state_dict holds (adapters, heads, normalisation) over the real
     LearnerService; the server's replica, built on its own copy of the base, follows it exactly."""
     pub, channel = served
@@ -249,11 +228,11 @@ def lerobot_pi0_layout(p: nn.Module, old_paligemma: bool = False) -> dict[str, t
                 "lm_head.", "language_model.lm_head."
             )
         out[f"model.paligemma_with_expert.paligemma.{k}"] = torch.randn_like(v)
-    # PaliGemma ties its output head to the token embedding: a real file holds the same tensor twice
+    # PaliGemma ties its output head to the token embedding; the published files store the pair once
     pg = "model.paligemma_with_expert.paligemma."
     head = pg + ("language_model.lm_head.weight" if old_paligemma else "lm_head.weight")
     embed = pg + ("language_model.model." if old_paligemma else "model.language_model.") + "embed_tokens.weight"
-    out[head] = out[embed].clone()
+    out[head] = out.pop(embed)
     for k, v in expert.state_dict().items():
         out[f"model.paligemma_with_expert.gemma_expert.{k}"] = torch.randn_like(v) * 0.1
     w, a, s = e.width, p.cfg.max_action_dim, p.cfg.max_state_dim
@@ -270,10 +249,13 @@ def lerobot_pi0_layout(p: nn.Module, old_paligemma: bool = False) -> dict[str, t
     return out
 
 
-@pytest.mark.parametrize("old", [False, True])
-def test_pi0_key_map_loads_every_tensor_of_the_published_layout(old):
+@pytest.mark.parametrize("old,tied", [(False, "lm_head"), (True, "lm_head"), (False, "embed_tokens")])
+def test_pi0_key_map_loads_every_tensor_of_the_published_layout(old, tied):
     p = policy(name="hf_pi0")
     tensors = lerobot_pi0_layout(p, old_paligemma=old)
+    if tied == "embed_tokens":  # the tied pair stored under its other name
+        head = next(k for k in tensors if k.endswith("lm_head.weight") and "paligemma." in k)
+        tensors[head.replace("lm_head.weight", "model.language_model.embed_tokens.weight")] = tensors.pop(head)
     report = load_pi0_weights(p, tensors)
     assert report == {"loaded": len(tensors) - 1, "unused": 1}  # the expert's lm_head
     own = {**{f"prefix.vlm.{k}": v for k, v in p.prefix.vlm.state_dict().items()}}
@@ -344,17 +326,25 @@ def test_the_expert_is_a_gemma_attending_to_the_prefix_cache():
     assert torch.allclose(ours, theirs[:, n_state:], atol=1e-5)
 
 
-def test_export_keeps_the_backbone_id_and_merging_gives_the_same_actions(tmp_path):
-    from rlfleet.policies.checkpoint_io import load_checkpoint, model_config, save_checkpoint_folder
-    from rlfleet.policies.hub import export_checkpoint
+def lora_checkpoint(folder) -> nn.Module:
+    """An hf_oft (continuous head) with adapters that do something (lora_B starts at zero), saved."""
+    from rlfleet.policies.checkpoint_io import model_config, save_checkpoint_folder
 
     settings = {"name": "hf_oft", "oft_head": "l1", "backbone": "builtin:tiny-paligemma", "lora_rank": 4}
     p = policy(**settings)
-    with torch.no_grad():  # adapters that do something (lora_B starts at zero)
+    with torch.no_grad():
         for name, q in p.named_parameters():
             if "lora_B" in name:
                 q.normal_(0, 0.05)
-    save_checkpoint_folder(tmp_path / "ckpt", p, model_config(settings, STATE, ACTION, CHUNK, image_size=IMAGE))
+    save_checkpoint_folder(folder, p, model_config(settings, STATE, ACTION, CHUNK, image_size=IMAGE))
+    return p
+
+
+def test_export_keeps_the_backbone_id_and_merging_gives_the_same_actions(tmp_path):
+    from rlfleet.policies.checkpoint_io import load_checkpoint
+    from rlfleet.policies.hub import export_checkpoint
+
+    p = lora_checkpoint(tmp_path / "ckpt")
     plain = export_checkpoint(tmp_path / "ckpt", tmp_path / "plain")
     assert json.loads((plain / "config.json").read_text())["policy"]["backbone"] == "builtin:tiny-paligemma"
     assert not (plain / "backbone").exists()
@@ -394,16 +384,9 @@ def test_lora_on_a_pretrained_expert_sends_its_adapters_only(tmp_path):
 def test_an_exported_checkpoint_restores_from_hf_offline(tmp_path):
     """`rlfleet export` (adapters + heads, and --merge-adapters) laid out in a huggingface_hub cache:
     policy.model_path=hf://ORG/NAME loads it offline and acts as the original."""
-    from rlfleet.policies.checkpoint_io import model_config, save_checkpoint_folder
     from rlfleet.policies.hub import export_checkpoint
 
-    settings = {"name": "hf_oft", "oft_head": "l1", "backbone": "builtin:tiny-paligemma", "lora_rank": 4}
-    p = policy(**settings)
-    with torch.no_grad():
-        for name, q in p.named_parameters():
-            if "lora_B" in name:
-                q.normal_(0, 0.05)
-    save_checkpoint_folder(tmp_path / "ckpt", p, model_config(settings, STATE, ACTION, CHUNK, image_size=IMAGE))
+    p = lora_checkpoint(tmp_path / "ckpt")
     o = obs()
     want = p.act(o, deterministic=True)["actions"]
     torch.save(o, tmp_path / "obs.pt")
@@ -471,3 +454,58 @@ def test_gradient_checkpointing_gives_the_same_loss_and_gradients(name):
     assert grads[0][1].keys() == grads[1][1].keys() and any("lora_" in n for n in grads[0][1])
     for n, g in grads[0][1].items():
         torch.testing.assert_close(grads[1][1][n], g, rtol=1e-4, atol=1e-6, msg=n)
+
+
+@pytest.mark.parametrize("lora_expert", [False, True])
+def test_a_merged_pi0_export_holds_the_merge_and_the_expert(tmp_path, lora_expert):
+    """--merge-adapters of an hf_pi0 built on a pi0 base: the export no longer reads pi0_weights
+    (it would overwrite the merge), folds the expert's adapters too, and acts as the original."""
+    from safetensors.torch import save_file
+
+    from rlfleet.policies.checkpoint_io import load_checkpoint, model_config, save_checkpoint_folder
+    from rlfleet.policies.hub import export_checkpoint
+
+    save_file(lerobot_pi0_layout(policy(name="hf_pi0")), tmp_path / "model.safetensors")
+    settings = {"name": "hf_pi0", "backbone": "builtin:tiny-paligemma", "lora_rank": 4, "expert_width": 32}
+    settings.update({"pi0_weights": str(tmp_path), "lora_expert": lora_expert, "num_denoise_steps": 3})
+    p = policy(**settings)
+    with torch.no_grad():
+        for name, q in p.named_parameters():
+            if "lora_B" in name:
+                q.normal_(0, 0.05)
+    save_checkpoint_folder(tmp_path / "ckpt", p, model_config(settings, STATE, ACTION, CHUNK, image_size=IMAGE))
+    merged = export_checkpoint(tmp_path / "ckpt", tmp_path / "merged", merge_adapters=True)
+    cfg = json.loads((merged / "config.json").read_text())["policy"]
+    assert cfg["pi0_weights"] == "" and cfg["lora_expert"] is False and cfg["lora_rank"] == 0
+    loaded, _ = load_checkpoint(merged)
+    assert not any("lora_" in k for k in loaded.state_dict())
+    o = obs()
+    a = p.act(o, deterministic=True)["actions"]
+    b = loaded.act(o, deterministic=True)["actions"]
+    assert torch.allclose(a, b, atol=1e-4)
+
+
+def test_pi05_keeps_the_state_when_the_prompt_is_cut():
+    p = policy(name="hf_pi05", max_text_len=28)
+    o = obs()
+    texts, suffixes = p.texts(o), p.prompt_suffixes(o)
+    ids, valid = p.prefix.prompt_ids([t + " and then some more words to cut" * 3 for t in texts], suffixes)
+    tail = p.prefix.tokenizer(suffixes[0], add_special_tokens=False)["input_ids"]
+    n = int(valid[0].sum())
+    assert n == 28 and ids[0, n - len(tail) : n].tolist() == tail  # the state tokens survive whole
+    with pytest.raises(ValueError, match="max_text_len"):
+        policy(name="hf_pi05", max_text_len=8).act(o)
+
+
+def test_checkpoints_name_the_backbone_revision_they_were_built_on(tmp_path, monkeypatch):
+    """A branch (hf://ORG/NAME or @main) in the policy settings is pinned to its commit in config.json."""
+    from rlfleet.policies.checkpoint_io import model_config
+
+    folder = write_tiny_backbone("tiny-paligemma", tmp_path / "tiny", seed=0)
+    commit = "ab" * 20
+    lay_hf_cache(tmp_path / "hub", "acme/tiny", folder, commit, ("main",))
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
+    for spec in ("hf://acme/tiny", "hf://acme/tiny@main", f"hf://acme/tiny@{commit}"):
+        cfg = model_config({"name": "hf_oft", "backbone": spec}, STATE, ACTION, CHUNK, image_size=IMAGE)
+        assert cfg["policy"]["backbone"] == f"hf://acme/tiny@{commit}", spec

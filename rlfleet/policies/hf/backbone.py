@@ -28,7 +28,7 @@ from torch.nn import functional as F
 
 from rlfleet.policies.hf.config import HFVLAConfig
 from rlfleet.policies.hf.tiny import BUILTIN_PREFIX, builtin_backbone
-from rlfleet.policies.vla.normalization import ActionStateNormalizer
+from rlfleet.policies.vla.backbone import ChunkPolicyBase
 
 log = logging.getLogger(__name__)
 SUPPORTED = ("paligemma", "smolvlm", "idefics3")
@@ -60,11 +60,6 @@ def _quiet(transformers: Any) -> None:
     transformers.utils.logging.disable_progress_bar()
 
 
-def _rope_theta(text_config: Any) -> float:
-    params = getattr(text_config, "rope_parameters", None) or {}
-    return float(params.get("rope_theta", getattr(text_config, "rope_theta", 10000.0)))
-
-
 def add_lora(module: nn.Module, cfg: HFVLAConfig) -> None:
     """peft LoRA adapters (rank, alpha, dropout, target modules of `cfg`) injected into `module`."""
     try:
@@ -80,19 +75,28 @@ def add_lora(module: nn.Module, cfg: HFVLAConfig) -> None:
     inject_adapter_in_model(lora, module)
 
 
+def merged_lora_state(module: nn.Module) -> dict[str, torch.Tensor]:
+    """`module`'s state with every peft LoRA layer folded into its base weight (W + scale B A), under
+    the names the module has without adapters."""
+    from peft.tuners.lora import LoraLayer
+
+    deltas = {name: m.get_delta_weight("default") for name, m in module.named_modules() if isinstance(m, LoraLayer)}
+    merged: dict[str, torch.Tensor] = {}
+    for key, tensor in module.state_dict().items():
+        if "lora_" in key:
+            continue
+        if ".base_layer." in key:
+            owner, _, leaf = key.partition(".base_layer.")
+            key = f"{owner}.{leaf}"
+            if leaf == "weight":
+                tensor = tensor + deltas[owner].to(tensor.dtype)
+        merged[key] = tensor.detach()
+    return merged
+
+
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
     a, b = x.chunk(2, dim=-1)
     return torch.cat([-b, a], -1)
-
-
-def rope_tables(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin [B, 1, S, head_dim] at integer positions [B, S]: the default RoPE of Gemma and Llama
-    (inverse frequencies theta^(-2i/d), computed in float32, the angles repeated over both halves)."""
-    dims = torch.arange(0, head_dim, 2, device=positions.device).float()
-    inv = 1.0 / (theta ** (dims / head_dim))
-    angles = positions.float()[..., None] * inv
-    emb = torch.cat([angles, angles], -1)[:, None]
-    return emb.cos(), emb.sin()
 
 
 @dataclass
@@ -136,15 +140,12 @@ class HFPrefix(nn.Module):
         self.num_heads = text.num_attention_heads
         self.kv_heads = getattr(text, "num_key_value_heads", None) or self.num_heads
         self.head_dim = getattr(text, "head_dim", None) or self.width // self.num_heads
-        self.rope_theta = _rope_theta(text)
         self.rms_eps = float(getattr(text, "rms_norm_eps", 1e-6))
         vision = self.vlm.config.vision_config
         self.image_side = int(vision.image_size)
         mean, std = self._image_stats()
         self.register_buffer("pixel_mean", torch.tensor(mean).view(1, 3, 1, 1), persistent=False)
         self.register_buffer("pixel_std", torch.tensor(std).view(1, 3, 1, 1), persistent=False)
-        patches = (self.image_side // int(vision.patch_size)) ** 2
-        self.num_image_tokens = patches // int(getattr(self.vlm.config, "scale_factor", 1)) ** 2  # SmolVLM's shuffle
         self.max_text_len = cfg.max_text_len
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self._prompt_cache: dict[bytes, list[int]] = {}
@@ -174,7 +175,7 @@ class HFPrefix(nn.Module):
             for name, p in self.vlm.named_parameters():
                 p.requires_grad_("lora_" in name)
         if cfg.gradient_checkpointing:
-            self.vlm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            self.vlm.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
 
     def checkpointing(self) -> bool:
         """Gradient checkpointing active now (training with gradients): transformers then keeps no cache."""
@@ -203,12 +204,14 @@ class HFPrefix(nn.Module):
             for handle in handles:
                 handle.remove()
         b, t = inputs.shape[:2]
-        cos, sin = rope_tables(torch.arange(t, device=inputs.device)[None], self.head_dim, self.rope_theta)
+        # the model's own rotary tables and dtype rules (apply_rotary_pos_emb): the cache's keys exactly
+        cos, sin = self.lm.rotary_emb(inputs, torch.arange(t, device=inputs.device)[None])
+        cos, sin = cos[:, None], sin[:, None]
         keys, values = [], []
         for i in range(self.num_layers):
             k = taken[(i, "k_proj")].view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
             v = taken[(i, "v_proj")].view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
-            k = k * cos.to(k.dtype) + rotate_half(k) * sin.to(k.dtype)
+            k = k * cos + rotate_half(k) * sin
             keys.append(k[:, :, :n_prefix])
             values.append(v[:, :, :n_prefix])
         return out, keys, values
@@ -235,17 +238,26 @@ class HFPrefix(nn.Module):
         out = self.vlm.model.get_image_features(pixel_values=x.unsqueeze(1)).pooler_output
         return torch.stack(list(out))  # one image per row: [B, N, C]
 
-    def prompt_ids(self, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Prompts -> ids [B, max_text_len] (bos first, truncated, right padded) and their valid mask."""
+    def prompt_ids(self, texts: list[str], suffixes: list[str] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Prompts -> ids [B, max_text_len] (bos, the instruction cut to fit, then the row's suffix
+        whole: pi0.5's state tokens) right padded, and their valid mask. A suffix that does not fit
+        is a ValueError: a state cut off would change the policy's input silently."""
         rows, lengths = [], []
-        bos = self.tokenizer.bos_token_id
-        for text in texts:
+        bos = [self.tokenizer.bos_token_id] if self.tokenizer.bos_token_id is not None else []
+        for i, text in enumerate(texts):
             ids = self._prompt_cache.get(text.encode())
             if ids is None:
-                ids = ([bos] if bos is not None else []) + self.tokenizer(text, add_special_tokens=False)["input_ids"]
-                ids = ids[: self.max_text_len]
+                ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
                 if len(self._prompt_cache) < 65536:
                     self._prompt_cache[text.encode()] = ids
+            tail = self.tokenizer(suffixes[i], add_special_tokens=False)["input_ids"] if suffixes else []
+            room = self.max_text_len - len(bos) - len(tail)
+            if room < 0:
+                raise ValueError(
+                    f"max_text_len {self.max_text_len} cannot hold the prompt's suffix ({len(tail)} tokens): "
+                    "raise policy.max_text_len"
+                )
+            ids = bos + ids[:room] + tail
             rows.append(ids + [self.pad_id] * (self.max_text_len - len(ids)))
             lengths.append(len(ids))
         device = self.pixel_mean.device
@@ -259,6 +271,7 @@ class HFPrefix(nn.Module):
         images: torch.Tensor,
         texts: list[str],
         queries: torch.Tensor | None = None,
+        suffixes: list[str] | None = None,
         proprio: torch.Tensor | None = None,
         want_cache: bool = False,
     ) -> PrefixOutput:
@@ -267,7 +280,7 @@ class HFPrefix(nn.Module):
         each layer's keys/values of the prefix."""
         with self.autocast():
             img = self.image_tokens(images)
-            ids, txt_valid = self.prompt_ids(texts)
+            ids, txt_valid = self.prompt_ids(texts, suffixes)
             txt = self.vlm.get_input_embeddings()(ids)
             b, n_img = img.shape[:2]
             parts = [img.to(txt.dtype), txt]
@@ -297,39 +310,29 @@ class HFPrefix(nn.Module):
         return PrefixOutput(out.last_hidden_state.float(), valid, keys, values)
 
 
-class HFPolicyBase(nn.Module):
-    """The contract's attributes, normalisation, the prefix, and a state_dict without the frozen base."""
-
-    obs_keys: tuple[str, ...] = ("main_images", "states", "instructions")
-    discrete_proprio = False
+class HFPolicyBase(ChunkPolicyBase):
+    """The shared contract parts, the transformers prefix, and a state_dict without the frozen base."""
 
     def __init__(self, state_dim: int, action_dim: int, chunk_size: int, cfg: HFVLAConfig, image_size: int):
-        super().__init__()
-        if image_size <= 0:
-            raise ValueError(
-                f"{type(self).__name__} reads camera images: it needs env.image_size > 0 (got image_size={image_size})"
-            )
-        if cfg.proprio_dims > state_dim:
-            raise ValueError(f"proprio_dims ({cfg.proprio_dims}) exceeds the state dim ({state_dim})")
-        self.state_dim, self.action_dim, self.chunk_size = state_dim, action_dim, chunk_size
-        self.cfg, self.image_size = cfg, image_size
-        self.num_tokens = chunk_size * action_dim
-        self.logprob_shape: tuple[int, ...] = {"token": (self.num_tokens,), "action": (chunk_size,), "chunk": ()}[
-            cfg.logprob_type
-        ]
-        self.extra_outputs: dict[str, tuple[tuple[int, ...], str]] = {}
-        self.norm = ActionStateNormalizer(action_dim, cfg.proprio_dims)
+        super().__init__(state_dim, action_dim, chunk_size, cfg, image_size)
         self.prefix = HFPrefix(cfg)
         self.register_state_dict_post_hook(_drop_frozen_base)
         self.register_load_state_dict_post_hook(_ignore_missing_base)
 
-    def frozen_base_names(self) -> set[str]:
-        """State-dict names of the VLM's tensors that never train: loaded from `backbone`, never sent."""
-        names = set()
+    def record_frozen_base(self) -> None:
+        """Called once a policy's modules and adapters are built: which tensors are the frozen base.
+        Recorded, not read from `requires_grad` each time: freezing a copy later (a KL reference)
+        must not drop its adapters and heads from what it saves and loads."""
+        names: set[str] = set()
         for prefix, module in self.base_modules().items():
             tensors = module.state_dict(keep_vars=True)  # tied weights under each of their names
             names |= {f"{prefix}{n}" for n, t in tensors.items() if not t.requires_grad}
-        return names
+        self._frozen_base = frozenset(names)
+
+    def frozen_base_names(self) -> frozenset[str]:
+        """State-dict names of the pretrained tensors that never train: loaded from `backbone` (and
+        `pi0_weights`) in every process, never saved or sent."""
+        return getattr(self, "_frozen_base", frozenset())
 
     def base_modules(self) -> dict[str, nn.Module]:
         """The pretrained modules (state-dict prefix -> module) whose frozen tensors never travel."""
@@ -346,20 +349,8 @@ class HFPolicyBase(nn.Module):
         and normalisation."""
         if not self.cfg.lora_rank:
             raise ValueError(f"{self.cfg.name} has no LoRA adapters to merge (lora_rank is 0)")
-        from peft.tuners.lora import LoraLayer
-
         vlm = self.prefix.vlm
-        deltas = {name: m.get_delta_weight("default") for name, m in vlm.named_modules() if isinstance(m, LoraLayer)}
-        merged: dict[str, torch.Tensor] = {}
-        for key, tensor in vlm.state_dict().items():
-            if "lora_" in key:
-                continue
-            if ".base_layer." in key:
-                owner, _, leaf = key.partition(".base_layer.")
-                key = f"{owner}.{leaf}"
-                if leaf == "weight":
-                    tensor = tensor + deltas[owner].to(tensor.dtype)
-            merged[key] = tensor
+        merged = merged_lora_state(vlm)
         clean = _import_transformers().AutoModelForImageTextToText.from_config(vlm.config)
         clean.load_state_dict(merged, strict=True)
         folder = Path(out) / "backbone"
@@ -369,25 +360,12 @@ class HFPolicyBase(nn.Module):
         if processor.is_file():
             (folder / processor.name).write_bytes(processor.read_bytes())
         heads = {k: v for k, v in self.state_dict().items() if not k.startswith("prefix.")}
-        return {"backbone": "./backbone", "lora_rank": 0, "freeze_backbone": True}, heads
+        return {"backbone": "./backbone", "lora_rank": 0, "freeze_backbone": True, "pi0_weights": ""}, heads
 
     def texts(self, obs: dict[str, torch.Tensor]) -> list[str]:
         """The prompt of each row: its instruction (bytes, zero padded)."""
         rows = obs["instructions"].detach().to("cpu", torch.uint8).numpy()
         return [r.tobytes().rstrip(b"\0").decode("utf-8", errors="replace") for r in rows]
-
-    def _reduce(self, per_token: torch.Tensor) -> torch.Tensor:
-        """[B, K*D] -> [B, *logprob_shape]: log-probs and entropies add over independent tokens."""
-        lp = self.cfg.logprob_type
-        if lp == "token":
-            return per_token
-        if lp == "action":
-            return per_token.reshape(-1, self.chunk_size, self.action_dim).sum(-1)
-        return per_token.sum(-1)
-
-    def update_normalization(self, obs: dict[str, torch.Tensor]) -> None:
-        """No-op: the statistics are dataset quantiles (`set_norm_stats`)."""
-        return None
 
 
 def _drop_frozen_base(module: HFPolicyBase, state: dict[str, Any], prefix: str, _meta: Any) -> None:

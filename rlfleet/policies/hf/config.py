@@ -56,11 +56,11 @@ class HFVLAConfig:
     value_after_vlm: bool = False  # on the prefix (pi05 forces True); else on the expert's features
     critic_width: int = 256
     critic_detach: bool = True
-    unnorm_key: str = "metaworld"
+    unnorm_key: str = "default"  # which entry of norm_stats.json this policy uses
     # Fine-tuning
     lora_rank: int = 0  # 0: no adapters (the prefix model trains whole unless frozen)
     lora_alpha: float = 16.0
-    lora_dropout: float = 0.0
+    lora_dropout: float = 0.0  # > 0 makes the learner's (train-mode) log-probs differ from the actor's
     lora_target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
     # hf_pi0 / hf_pi05: the same adapters on the expert's layers, its base frozen (for a pretrained
     # expert from pi0_weights); else the expert trains whole, as a head.
@@ -98,6 +98,10 @@ class HFVLAConfig:
             raise ValueError(f"need 0 < noise_min_std <= noise_max_std, got {self.noise_min_std}, {self.noise_max_std}")
         if not self.sde_a > 0:
             raise ValueError(f"sde_a must be > 0, got {self.sde_a}")
+        if not self.unnorm_key:
+            raise ValueError("unnorm_key must be a non-empty string")
+        if not 0.0 <= self.lora_dropout < 1.0:
+            raise ValueError(f"lora_dropout must be in [0, 1), got {self.lora_dropout}")
         if self.lora_rank and not self.lora_target_modules:
             raise ValueError("lora_rank > 0 needs lora_target_modules (e.g. [q_proj, v_proj])")
         if self.lora_expert and (self.name == "hf_oft" or not self.lora_rank or not self.pi0_weights):

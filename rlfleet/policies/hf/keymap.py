@@ -10,7 +10,11 @@ Their `model.safetensors` (LeRobot: `PI0Policy.model = PI0Pytorch`, whose module
     paligemma_with_expert.gemma_expert.lm_head.weight                         -> (unused: the expert decodes
                                                                                   actions, not tokens)
     state_proj, action_in_proj, action_out_proj,                              -> expert.<same>
-    action_time_mlp_in, action_time_mlp_out (pi0.5 files: time_mlp_in/out)
+    action_time_mlp_in, action_time_mlp_out
+
+PaliGemma ties its output head to the token embedding, and these files store the pair once (under
+`lm_head` or `embed_tokens`): either name fills both. pi0.5 files (`time_mlp_*`, adaRMS norms) are
+another layout: their keys are refused.
 
 Older files keep PaliGemma's pre-4.52 transformers layout (`paligemma.language_model.model.*`,
 `paligemma.vision_tower.*`, ...): those names are moved to the current one first. With LoRA on,
@@ -50,7 +54,6 @@ def map_pi0_key(key: str) -> str | None:
             return "prefix.vlm." + inner.removeprefix("paligemma.")
         if inner.startswith("gemma_expert.model."):
             return "expert.model." + inner.removeprefix("gemma_expert.model.")
-    k = re.sub(r"^time_mlp_(in|out)\.", r"action_time_mlp_\1.", k)
     if k.split(".", 1)[0] in _HEAD_LAYERS:
         return "expert." + k
     raise ValueError(f"{key}: not a key of the pi0 layout (openpi PyTorch / LeRobot)")
@@ -63,6 +66,15 @@ def base_tensor_names(policy: torch.nn.Module) -> set[str]:
     vlm = {f"prefix.vlm.{k}" for k in policy.prefix.vlm.state_dict() if "lora_" not in k}
     expert = {f"expert.{k}" for k in policy.expert.state_dict()}
     return vlm | expert
+
+
+def _tied_names(own: Mapping[str, torch.Tensor]) -> list[set[str]]:
+    """Groups of names that are one tensor (tied weights: the same storage under several names)."""
+    by_storage: dict[tuple[int, int], set[str]] = {}
+    for name, tensor in own.items():
+        if tensor.device.type != "meta" and tensor.numel():
+            by_storage.setdefault((tensor.data_ptr(), tensor.numel()), set()).add(name)
+    return [names for names in by_storage.values() if len(names) > 1]
 
 
 def load_pi0_weights(policy: torch.nn.Module, tensors: Mapping[str, torch.Tensor] | str | Path) -> dict[str, int]:
@@ -98,6 +110,9 @@ def load_pi0_weights(policy: torch.nn.Module, tensors: Mapping[str, torch.Tensor
             mapped[dst] = value
     want = {re.sub(r"\.base_layer\.", ".", n) for n in base_tensor_names(policy)}
     got = {re.sub(r"\.base_layer\.", ".", n) for n in mapped}
+    for group in _tied_names(own):  # one stored tensor fills every name it is tied to
+        if group & got:
+            got |= group
     missing = sorted(want - got)
     if unexpected or missing:
         parts = [f"unexpected {unexpected[:8]}{' ...' if len(unexpected) > 8 else ''}"] if unexpected else []

@@ -20,18 +20,13 @@ from rlfleet.algorithms.flow import gaussian_log_prob
 from rlfleet.policies.hf.backbone import HFPolicyBase
 from rlfleet.policies.hf.config import HFVLAConfig
 from rlfleet.policies.vla.backbone import masked_mean, mlp
-from rlfleet.policies.vla.oft import TinyOFTPolicy, _sample_categorical
+from rlfleet.policies.vla.oft import BinnedHead
 
 _HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
 
 
-class HFOFTPolicy(HFPolicyBase):
+class HFOFTPolicy(BinnedHead, HFPolicyBase):
     """pi(a | o) from the action queries' hidden states (see the module docstring)."""
-
-    # The binned head maps actions to bins exactly as tiny_oft does.
-    actions_to_bins = TinyOFTPolicy.actions_to_bins
-    bins_to_actions = TinyOFTPolicy.bins_to_actions
-    decode = TinyOFTPolicy.decode
 
     def __init__(self, state_dim: int, action_dim: int, chunk_size: int, cfg: HFVLAConfig, image_size: int):
         super().__init__(state_dim, action_dim, chunk_size, cfg, image_size)
@@ -48,6 +43,7 @@ class HFOFTPolicy(HFPolicyBase):
             self.action_head = mlp([width, width, 1], out_gain=0.01)
             self.log_std = nn.Parameter(torch.full((self.num_tokens,), float(cfg.init_log_std)))
         self.critic = mlp([width, cfg.critic_width, 1])
+        self.record_frozen_base()
 
     def _forward(self, obs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """Head output per query [B, K*D, num_bins or 1] and the prefix feature [B, C]."""
@@ -73,13 +69,7 @@ class HFOFTPolicy(HFPolicyBase):
     def act(self, obs: dict[str, torch.Tensor], deterministic: bool = False) -> dict[str, torch.Tensor]:
         head, feature = self._forward(obs)
         if self.cfg.oft_head == "bins":
-            logp_all = F.log_softmax(head / self.cfg.temperature, dim=-1)
-            if deterministic:
-                actions, bins = self.decode(logp_all)
-            else:
-                bins = _sample_categorical(logp_all.exp())
-                actions = self.bins_to_actions(bins)
-            logp = logp_all.gather(-1, bins.unsqueeze(-1)).squeeze(-1)
+            actions, logp = self.sample_bins(head, deterministic)
         else:
             mean = head.squeeze(-1)
             a_norm = mean.clamp(-1.0, 1.0) if deterministic else mean + self._log_std().exp() * torch.randn_like(mean)
@@ -92,9 +82,7 @@ class HFOFTPolicy(HFPolicyBase):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         head, feature = self._forward(obs)
         if self.cfg.oft_head == "bins":
-            logp_all = F.log_softmax(head / self.cfg.temperature, dim=-1)
-            logp = logp_all.gather(-1, self.actions_to_bins(actions).unsqueeze(-1)).squeeze(-1)
-            entropy = -(logp_all.exp() * logp_all).sum(-1)
+            logp, entropy = self.bins_logp_entropy(head, actions)
         else:
             mean = head.squeeze(-1)
             a_norm = self.norm.normalize_action(

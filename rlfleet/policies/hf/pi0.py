@@ -21,12 +21,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from rlfleet.policies.hf.backbone import HFPolicyBase, HFPrefix, add_lora, rope_tables, rotate_half
+from rlfleet.policies.hf.backbone import HFPolicyBase, HFPrefix, add_lora, merged_lora_state, rotate_half
 from rlfleet.policies.hf.config import HFVLAConfig
 from rlfleet.policies.vla.backbone import masked_mean
 from rlfleet.policies.vla.pi0 import FlowPolicyMixin
@@ -185,14 +187,16 @@ class Pi0Expert(nn.Module):
         self.action_time_mlp_in = nn.Linear(2 * width, width)
         self.action_time_mlp_out = nn.Linear(width, width)
         self.action_out_proj = nn.Linear(width, cfg.max_action_dim)
-        self.rope_theta, self.head_dim = prefix.rope_theta, prefix.head_dim
+        self._rotary = [prefix.lm.rotary_emb]  # the prefix model's RoPE (a list: not a submodule of ours)
         self.hidden_size = chunk_size * width  # what `hidden` returns per row
         self._autocast = prefix.autocast
         self._checkpointing = prefix.checkpointing
 
-    def _rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        cos, sin = rope_tables(positions, self.head_dim, self.rope_theta)
-        return cos.to(dtype), sin.to(dtype)
+    def _rope(self, positions: torch.Tensor, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [B, 1, S, head_dim] at `positions` [B, S], from the prefix model's own rotary
+        embedding (its scaling rules included), so the expert's positions continue the prefix's."""
+        cos, sin = self._rotary[0](like, positions)
+        return cos[:, None], sin[:, None]
 
     def hidden(self, x_s: torch.Tensor, s: torch.Tensor, cond: PrefixKV) -> torch.Tensor:
         """The action tokens' last hidden states, flattened [B, K * width]."""
@@ -217,7 +221,7 @@ class Pi0Expert(nn.Module):
                 own[0, 1:] = False
             allowed = torch.cat([cond.valid[:, None, :].expand(b, n, -1), own.expand(b, n, n)], 2)[:, None]
             positions = cond.valid.sum(1, keepdim=True) + torch.arange(n, device=x_s.device)[None]
-            rope = self._rope(positions, tokens.dtype)
+            rope = self._rope(positions, tokens)
             h = tokens
             checkpoint = self._checkpointing()
             for layer, k, v in zip(self.model.layers, cond.keys, cond.values):
@@ -256,6 +260,16 @@ class HFPi0Policy(FlowPolicyMixin, HFPolicyBase):
             add_lora(self.expert.model, cfg)
             for name, p in self.expert.model.named_parameters():
                 p.requires_grad_("lora_" in name)
+        self.record_frozen_base()
+
+    def export_merged(self, out: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+        """As the base class, and the expert's adapters folded into its layers too: the export holds
+        the whole expert (it no longer comes from `pi0_weights`, which would overwrite the merge)."""
+        settings, tensors = super().export_merged(out)
+        if self.cfg.lora_expert:
+            tensors = {k: v for k, v in tensors.items() if not k.startswith("expert.model.")}
+            tensors.update({f"expert.model.{k}": v for k, v in merged_lora_state(self.expert.model).items()})
+        return {**settings, "lora_expert": False}, tensors
 
     def base_modules(self) -> dict[str, nn.Module]:
         modules = super().base_modules()
@@ -266,12 +280,13 @@ class HFPi0Policy(FlowPolicyMixin, HFPolicyBase):
     def _normalized_state(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
         return self.norm.normalize_state(obs["states"][:, : self.cfg.proprio_dims].to(self.norm.state_q01.dtype))
 
-    def prompts(self, obs: dict[str, torch.Tensor]) -> list[str]:
-        return self.texts(obs)
+    def prompt_suffixes(self, obs: dict[str, torch.Tensor]) -> list[str] | None:
+        """What follows each row's instruction in the prompt (pi0: nothing; its state is a token)."""
+        return None
 
     def prefix_feature(self, obs: dict[str, torch.Tensor]) -> PrefixKV:
         """Run the prefix once: its keys/values for the expert, its pooled feature for the critic."""
-        out = self.prefix(obs["main_images"], self.prompts(obs), want_cache=True)
+        out = self.prefix(obs["main_images"], self.texts(obs), suffixes=self.prompt_suffixes(obs), want_cache=True)
         state = F.pad(self._normalized_state(obs), (0, self.cfg.max_state_dim - self.cfg.proprio_dims))
         assert out.keys is not None and out.values is not None
         cond = PrefixKV(out.keys, out.values, out.valid, masked_mean(out.hidden, out.valid), state)
@@ -285,7 +300,7 @@ class HFPi0Policy(FlowPolicyMixin, HFPolicyBase):
 
 def _kv(policy: HFPi0Policy, obs: dict[str, torch.Tensor]) -> tuple:
     """A fresh prefix pass (the uncached path: what every denoise step would cost without the cache)."""
-    out = policy.prefix(obs["main_images"], policy.prompts(obs), want_cache=True)
+    out = policy.prefix(obs["main_images"], policy.texts(obs), suffixes=policy.prompt_suffixes(obs), want_cache=True)
     state = F.pad(policy._normalized_state(obs), (0, policy.cfg.max_state_dim - policy.cfg.proprio_dims))
     return out.keys, out.values, out.valid, masked_mean(out.hidden, out.valid), state
 
@@ -295,10 +310,9 @@ class HFPi05Policy(HFPi0Policy):
 
     discrete_proprio = True
 
-    def prompts(self, obs: dict[str, torch.Tensor]) -> list[str]:
-        """'instruction\\nState: b1 b2 ...;\\nAction: ' with each normalised state dim in one of num_bins bins."""
+    def prompt_suffixes(self, obs: dict[str, torch.Tensor]) -> list[str] | None:
+        """'\\nState: b1 b2 ...;\\nAction: ' after the instruction, each normalised state dim in one
+        of num_bins bins; kept whole when the prompt is cut to max_text_len (the instruction is cut)."""
         nb = self.cfg.num_bins
         bins = ((self._normalized_state(obs).clamp(-1, 1) + 1) * (0.5 * nb)).floor().long().clamp(0, nb - 1)
-        return [
-            f"{text}\nState: {' '.join(map(str, row))};\nAction: " for text, row in zip(self.texts(obs), bins.tolist())
-        ]
+        return [f"\nState: {' '.join(map(str, row))};\nAction: " for row in bins.tolist()]

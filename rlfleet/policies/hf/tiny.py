@@ -48,9 +48,9 @@ def _tokenizer():
 
 
 def _real_config(kind: str, vocab: int, image_token: int):
-    """PaliGemma-3B-pt-224 (SigLIP So400m/14 at 224 + Gemma-2B) or SmolVLM-256M (a SigLIP-B/16 at
-    512 + a 30-layer SmolLM2-135M-shaped text model), as their published config.json describe them;
-    the vocabulary is the tiny tokenizer's (the embedding table is the only size that differs)."""
+    """PaliGemma-3B-pt-224 (SigLIP So400m/14 at 224 + Gemma-2B, vocabulary 257,216) or SmolVLM-256M
+    (a SigLIP-B/16 at 512 + a 30-layer SmolLM2-shaped text model, vocabulary 49,280), as their
+    published config.json describe them. The tiny tokenizer's ids all fall inside those vocabularies."""
     if kind == "paligemma-3b-random":
         from transformers import PaliGemmaConfig
 
@@ -71,7 +71,7 @@ def _real_config(kind: str, vocab: int, image_token: int):
                 "num_attention_heads": 8,
                 "num_key_value_heads": 1,
                 "head_dim": 256,
-                "vocab_size": vocab,
+                "vocab_size": max(vocab, 257216),
             },
             image_token_id=image_token,
             projection_dim=2048,
@@ -94,11 +94,20 @@ def _real_config(kind: str, vocab: int, image_token: int):
             "num_attention_heads": 9,
             "num_key_value_heads": 3,
             "head_dim": 64,
-            "vocab_size": vocab,
+            "vocab_size": max(vocab, 49280),
         },
         image_token_id=image_token,
         scale_factor=4,
     )
+
+
+_TINY_TEXT = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "head_dim": 16,
+}
 
 
 def _model(kind: str, vocab: int, image_token: int):
@@ -113,15 +122,7 @@ def _model(kind: str, vocab: int, image_token: int):
     if kind == "tiny-paligemma":
         from transformers import PaliGemmaConfig, PaliGemmaForConditionalGeneration
 
-        text = {
-            "hidden_size": 64,
-            "intermediate_size": 128,
-            "num_hidden_layers": 2,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 1,  # Gemma-2B's multi-query attention
-            "head_dim": 16,
-            "vocab_size": vocab,
-        }
+        text = {**_TINY_TEXT, "num_key_value_heads": 1, "vocab_size": vocab}  # Gemma-2B's multi-query attention
         cfg = PaliGemmaConfig(
             vision_config={**vision, "projection_dim": 64},
             text_config=text,
@@ -131,15 +132,7 @@ def _model(kind: str, vocab: int, image_token: int):
         return PaliGemmaForConditionalGeneration(cfg)
     from transformers import SmolVLMConfig, SmolVLMForConditionalGeneration
 
-    text = {
-        "hidden_size": 64,
-        "intermediate_size": 128,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 16,
-        "vocab_size": vocab,
-    }
+    text = {**_TINY_TEXT, "num_key_value_heads": 2, "vocab_size": vocab}
     cfg = SmolVLMConfig(vision_config=vision, text_config=text, image_token_id=image_token, scale_factor=2)
     return SmolVLMForConditionalGeneration(cfg)
 

@@ -402,13 +402,15 @@ def mlp(sizes: list[int], out_gain: float = 1.0) -> nn.Sequential:
     return nn.Sequential(*layers)
 
 
-class VLAPolicyBase(nn.Module):
-    """What the three heads share: the contract's attributes, normalisation, backbone, reductions."""
+class ChunkPolicyBase(nn.Module):
+    """What every pixel VLA shares, whatever its backbone (the tiny one here, a transformers VLM in
+    `rlfleet.policies.hf`): the contract's attributes, the action/state normaliser, and the
+    reduction of per-token log-probs to `logprob_type`."""
 
     obs_keys: tuple[str, ...] = ("main_images", "states", "instructions")
     discrete_proprio = False
 
-    def __init__(self, state_dim: int, action_dim: int, chunk_size: int, cfg: VLAConfig, image_size: int):
+    def __init__(self, state_dim: int, action_dim: int, chunk_size: int, cfg, image_size: int):  # type: ignore[no-untyped-def]
         super().__init__()
         if image_size <= 0:
             raise ValueError(
@@ -419,8 +421,6 @@ class VLAPolicyBase(nn.Module):
         if action_dim < 1 or chunk_size < 1:
             raise ValueError(f"action_dim and chunk_size must be >= 1, got {action_dim} and {chunk_size}")
         self.state_dim, self.action_dim, self.chunk_size = state_dim, action_dim, chunk_size
-        if cfg.wrist_camera:
-            self.obs_keys = ("main_images", "wrist_images", "states", "instructions")
         self.cfg, self.image_size = cfg, image_size
         self.num_tokens = chunk_size * action_dim
         self.logprob_shape: tuple[int, ...] = {"token": (self.num_tokens,), "action": (chunk_size,), "chunk": ()}[
@@ -428,18 +428,6 @@ class VLAPolicyBase(nn.Module):
         ]
         self.extra_outputs: dict[str, tuple[tuple[int, ...], str]] = {}
         self.norm = ActionStateNormalizer(action_dim, cfg.proprio_dims)
-        self.backbone = VLABackbone(cfg, image_size, self.discrete_proprio)
-
-    def _fuse(
-        self, obs: dict[str, torch.Tensor], queries: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        proprio = self.norm.normalize_state(obs["states"].to(self.norm.state_q01.dtype))
-        return self.backbone(obs["main_images"], obs["instructions"], proprio, queries, obs.get("wrist_images"))
-
-    def prefix_feature(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
-        """Mean fused prefix token [B, dim]: the observation summary heads and critics read."""
-        out, valid = self._fuse(obs)
-        return masked_mean(out, valid)
 
     def _reduce(self, per_token: torch.Tensor) -> torch.Tensor:
         """[B, K*D] -> [B, *logprob_shape]: log-probs and entropies add over independent tokens."""
@@ -453,3 +441,24 @@ class VLAPolicyBase(nn.Module):
     def update_normalization(self, obs: dict[str, torch.Tensor]) -> None:
         """No-op: VLA statistics are fixed dataset quantiles (`set_norm_stats`), not running ones."""
         return None
+
+
+class VLAPolicyBase(ChunkPolicyBase):
+    """The tiny family: the shared contract parts and the tiny backbone."""
+
+    def __init__(self, state_dim: int, action_dim: int, chunk_size: int, cfg: VLAConfig, image_size: int):
+        super().__init__(state_dim, action_dim, chunk_size, cfg, image_size)
+        if cfg.wrist_camera:
+            self.obs_keys = ("main_images", "wrist_images", "states", "instructions")
+        self.backbone = VLABackbone(cfg, image_size, self.discrete_proprio)
+
+    def _fuse(
+        self, obs: dict[str, torch.Tensor], queries: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        proprio = self.norm.normalize_state(obs["states"].to(self.norm.state_q01.dtype))
+        return self.backbone(obs["main_images"], obs["instructions"], proprio, queries, obs.get("wrist_images"))
+
+    def prefix_feature(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Mean fused prefix token [B, dim]: the observation summary heads and critics read."""
+        out, valid = self._fuse(obs)
+        return masked_mean(out, valid)

@@ -24,25 +24,11 @@ def _sample_categorical(probs: torch.Tensor) -> torch.Tensor:
     return torch.searchsorted(cdf, u * cdf[..., -1:]).squeeze(-1).clamp_max_(probs.shape[-1] - 1)
 
 
-class TinyOFTPolicy(VLAPolicyBase):
-    """pi(a | o) = prod over the K*D tokens of softmax(logits / temperature) at the action's bin."""
-
-    def __init__(self, state_dim: int, action_dim: int, chunk_size: int, cfg: VLAConfig, image_size: int):
-        super().__init__(state_dim, action_dim, chunk_size, cfg, image_size)
-        nb = cfg.num_bins
-        self.action_queries = nn.Parameter(torch.randn(self.num_tokens, cfg.dim) * 0.02)
-        self.action_head = nn.Linear(cfg.dim, nb)
-        nn.init.normal_(self.action_head.weight, std=0.02)  # near-uniform bins before SFT
-        nn.init.zeros_(self.action_head.bias)
-        self.critic = mlp([cfg.dim, cfg.dim, 1])
-        # centre_i = -1 + (2i + 1) / num_bins
-        self.register_buffer("bin_centres", -1.0 + (2.0 * torch.arange(nb) + 1.0) / nb, persistent=False)
-
-    def _logits_and_feature(self, obs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Bin logits [B, K*D, num_bins] and the prefix feature [B, dim] from one forward."""
-        out, valid = self._fuse(obs, self.action_queries)
-        n_prefix = valid.shape[1]
-        return self.action_head(out[:, n_prefix:]), masked_mean(out[:, :n_prefix], valid)
+class BinnedHead:
+    """The binned action head of OpenVLA-OFT on any backbone (tiny here, transformers in
+    `rlfleet.policies.hf.oft`): K*D tokens, each a categorical over `num_bins` uniform bins of
+    the normalised action range. The class using it provides `cfg` (num_bins, temperature, decode),
+    `norm`, `chunk_size`, `action_dim` and a `bin_centres` buffer."""
 
     def actions_to_bins(self, actions: torch.Tensor) -> torch.Tensor:
         """Env-unit actions [N, K, D] -> bin ids [N, K*D] (the bin each normalised value falls in).
@@ -80,17 +66,49 @@ class TinyOFTPolicy(VLAPolicyBase):
             return actions, self.actions_to_bins(actions)
         return self.bins_to_actions(bins), bins
 
-    @torch.no_grad()
-    def act(self, obs: dict[str, torch.Tensor], deterministic: bool = False) -> dict[str, torch.Tensor]:
-        """Sample one bin per token (deterministic: `decode`); log-probs of the tempered policy."""
-        logits, feature = self._logits_and_feature(obs)
+    def sample_bins(self, logits: torch.Tensor, deterministic: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """Bin logits [N, K*D, num_bins] -> env-unit actions [N, K, D] (a sample of the tempered
+        distribution, or `decode`'s deterministic action) and each token's log-prob [N, K*D]."""
         logp_all = F.log_softmax(logits / self.cfg.temperature, dim=-1)
         if deterministic:
             actions, bins = self.decode(logp_all)
         else:
             bins = _sample_categorical(logp_all.exp())
             actions = self.bins_to_actions(bins)
-        logp = logp_all.gather(-1, bins.unsqueeze(-1)).squeeze(-1)
+        return actions, logp_all.gather(-1, bins.unsqueeze(-1)).squeeze(-1)
+
+    def bins_logp_entropy(self, logits: torch.Tensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each token's log-prob of `actions`' bins and its entropy [N, K*D], under the tempered policy."""
+        logp_all = F.log_softmax(logits / self.cfg.temperature, dim=-1)
+        logp = logp_all.gather(-1, self.actions_to_bins(actions).unsqueeze(-1)).squeeze(-1)
+        return logp, -(logp_all.exp() * logp_all).sum(-1)
+
+
+class TinyOFTPolicy(BinnedHead, VLAPolicyBase):
+    """pi(a | o) = prod over the K*D tokens of softmax(logits / temperature) at the action's bin."""
+
+    def __init__(self, state_dim: int, action_dim: int, chunk_size: int, cfg: VLAConfig, image_size: int):
+        super().__init__(state_dim, action_dim, chunk_size, cfg, image_size)
+        nb = cfg.num_bins
+        self.action_queries = nn.Parameter(torch.randn(self.num_tokens, cfg.dim) * 0.02)
+        self.action_head = nn.Linear(cfg.dim, nb)
+        nn.init.normal_(self.action_head.weight, std=0.02)  # near-uniform bins before SFT
+        nn.init.zeros_(self.action_head.bias)
+        self.critic = mlp([cfg.dim, cfg.dim, 1])
+        # centre_i = -1 + (2i + 1) / num_bins
+        self.register_buffer("bin_centres", -1.0 + (2.0 * torch.arange(nb) + 1.0) / nb, persistent=False)
+
+    def _logits_and_feature(self, obs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Bin logits [B, K*D, num_bins] and the prefix feature [B, dim] from one forward."""
+        out, valid = self._fuse(obs, self.action_queries)
+        n_prefix = valid.shape[1]
+        return self.action_head(out[:, n_prefix:]), masked_mean(out[:, :n_prefix], valid)
+
+    @torch.no_grad()
+    def act(self, obs: dict[str, torch.Tensor], deterministic: bool = False) -> dict[str, torch.Tensor]:
+        """Sample one bin per token (deterministic: `decode`); log-probs of the tempered policy."""
+        logits, feature = self._logits_and_feature(obs)
+        actions, logp = self.sample_bins(logits, deterministic)
         return {"actions": actions, "logprobs": self._reduce(logp), "values": self._critic(feature)}
 
     def evaluate(
@@ -98,9 +116,7 @@ class TinyOFTPolicy(VLAPolicyBase):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """log pi(a|o), entropy (both [N, *logprob_shape]) and V(o) [N] for the PPO update."""
         logits, feature = self._logits_and_feature(obs)
-        logp_all = F.log_softmax(logits / self.cfg.temperature, dim=-1)
-        logp = logp_all.gather(-1, self.actions_to_bins(actions).unsqueeze(-1)).squeeze(-1)
-        entropy = -(logp_all.exp() * logp_all).sum(-1)
+        logp, entropy = self.bins_logp_entropy(logits, actions)
         return self._reduce(logp), self._reduce(entropy), self._critic(feature)
 
     def value(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
