@@ -16,6 +16,7 @@ TINY_BACKBONES = ("tiny-paligemma", "tiny-smolvlm")
 RANDOM_REAL = ("paligemma-3b-random", "smolvlm-256m-random")
 BUILTIN_PREFIX = "builtin:"
 SEED = 0
+LAYOUT = 2  # in the cached folder's name: a change of these configs writes a new folder, never reuses an old one
 # Byte-level BPE covers any text; the corpus only decides which words get single tokens.
 _CORPUS = [
     "pick place push pull open close reach press slide turn lift stack put insert sweep",
@@ -169,7 +170,7 @@ def builtin_backbone(spec: str) -> Path:
     written on first use: one place for every process of a run, whatever its working folder."""
     kind = spec[len(BUILTIN_PREFIX) :]
     root = Path(os.environ.get("RLFLEET_BACKBONES") or Path.home() / ".cache" / "rlfleet" / "backbones")
-    folder = root / f"{kind}-seed{SEED}"
+    folder = root / f"{kind}-v{LAYOUT}-seed{SEED}"
     if not (folder / "config.json").exists():
         root.mkdir(parents=True, exist_ok=True)
         write_tiny_backbone(kind, folder)
