@@ -16,6 +16,9 @@ from torch import nn
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
+from test_hub import lay_hf_cache  # noqa: E402 (tests/unit is on the path: no __init__.py)
+from test_weight_delta import Learner, served, wait_for  # noqa: E402, F401
+
 from rlfleet.envs.api import encode_instructions  # noqa: E402
 from rlfleet.inference_server.weight_subscriber import WeightSubscriber, pull_weights  # noqa: E402
 from rlfleet.policies.checkpoint_io import load_tensors  # noqa: E402
@@ -23,8 +26,6 @@ from rlfleet.policies.hf.keymap import load_pi0_weights, map_pi0_key  # noqa: E4
 from rlfleet.policies.hf.tiny import write_tiny_backbone  # noqa: E402
 from rlfleet.policies.registry import make_policy  # noqa: E402
 from rlfleet.wire.gen import learner_pb2_grpc  # noqa: E402
-from tests.unit.test_hub import lay_hf_cache  # noqa: E402
-from tests.unit.test_weight_delta import Learner, served, wait_for  # noqa: E402, F401
 
 STATE, ACTION, CHUNK, IMAGE = 39, 4, 5, 64
 
