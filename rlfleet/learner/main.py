@@ -504,7 +504,8 @@ def run_learner(
     interrupted = threading.Event()
 
     def on_signal(signum, frame):  # Ctrl-C / SIGTERM: stop cleanly, checkpoint on the way out
-        interrupted.set()
+        if signum == signal.SIGINT:  # a person's Ctrl-C: exit 130; SIGTERM is a supervisor's normal stop: 0
+            interrupted.set()
         learner.stop_event.set()
 
     signal.signal(signal.SIGINT, on_signal)
