@@ -199,25 +199,33 @@ print(json.dumps(p.act(o)["actions"].flatten().tolist()))
     assert actions(f"hf://acme/tiny-paligemma@{commit}") == local
 
 
-def lerobot_pi0_layout(p: nn.Module, old_paligemma: bool = False) -> dict[str, torch.Tensor]:
-    """A pi0 checkpoint built as openpi's PyTorch port / LeRobot build theirs: a PaliGemma and a
-    GemmaForCausalLM expert (its token embedding removed) from transformers, and the projections,
-    all under `model.`; random weights."""
-    from transformers import GemmaConfig, GemmaForCausalLM, PaliGemmaForConditionalGeneration
+def expert_gemma_config(p: nn.Module, vocab_size: int):
+    """The transformers GemmaConfig of an hf_pi0 policy's expert (openpi builds its expert so)."""
+    from transformers import GemmaConfig
 
-    torch.manual_seed(11)
-    vlm = PaliGemmaForConditionalGeneration(p.prefix.vlm.config)
     e = p.expert
-    expert_cfg = GemmaConfig(
+    return GemmaConfig(
         hidden_size=e.width,
         intermediate_size=e.model.layers[0].mlp.gate_proj.out_features,
         num_hidden_layers=p.prefix.num_layers,
         num_attention_heads=p.prefix.num_heads,
         num_key_value_heads=p.prefix.kv_heads,
         head_dim=p.prefix.head_dim,
-        vocab_size=p.prefix.vlm.config.text_config.vocab_size,
+        vocab_size=vocab_size,
+        rms_norm_eps=p.prefix.rms_eps,
     )
-    expert = GemmaForCausalLM(expert_cfg)
+
+
+def lerobot_pi0_layout(p: nn.Module, old_paligemma: bool = False) -> dict[str, torch.Tensor]:
+    """A pi0 checkpoint built as openpi's PyTorch port / LeRobot build theirs: a PaliGemma and a
+    GemmaForCausalLM expert (its token embedding removed) from transformers, and the projections,
+    all under `model.`; random weights."""
+    from transformers import GemmaForCausalLM, PaliGemmaForConditionalGeneration
+
+    torch.manual_seed(11)
+    vlm = PaliGemmaForConditionalGeneration(p.prefix.vlm.config)
+    e = p.expert
+    expert = GemmaForCausalLM(expert_gemma_config(p, vocab_size=p.prefix.vlm.config.text_config.vocab_size))
     expert.model.embed_tokens = None
     out = {}
     for k, v in vlm.state_dict().items():
@@ -277,22 +285,12 @@ def test_pi0_key_map_loads_every_tensor_of_the_published_layout(old, tied):
 def test_the_expert_is_a_gemma_attending_to_the_prefix_cache():
     """Our expert layers against transformers' own GemmaModel fed the same weights, the prefix's
     cache and pi0's mask and positions: the same hidden states."""
-    from transformers import DynamicCache, GemmaConfig, GemmaModel
+    from transformers import DynamicCache, GemmaModel
 
     p = policy(name="hf_pi0", lora_rank=0)
     p.eval()
     e = p.expert
-    cfg = GemmaConfig(
-        hidden_size=e.width,
-        intermediate_size=e.model.layers[0].mlp.gate_proj.out_features,
-        num_hidden_layers=p.prefix.num_layers,
-        num_attention_heads=p.prefix.num_heads,
-        num_key_value_heads=p.prefix.kv_heads,
-        head_dim=p.prefix.head_dim,
-        vocab_size=8,
-        rms_norm_eps=p.prefix.rms_eps,
-    )
-    gemma = GemmaModel(cfg)
+    gemma = GemmaModel(expert_gemma_config(p, vocab_size=8))
     gemma.embed_tokens = None
     torch.manual_seed(2)
     with torch.no_grad():
