@@ -20,7 +20,6 @@ import logging
 import os
 import queue
 import secrets
-import struct
 import threading
 import time
 from pathlib import Path
@@ -30,13 +29,13 @@ import grpc
 from rlfleet.wire import codec
 from rlfleet.wire.gen import learner_pb2, learner_pb2_grpc
 from rlfleet.wire.grpc_server import make_channel
+from rlfleet.wire.life_ledger import RECORD, ledger_path, read_account, unreported
 from rlfleet.wire.segment import Segment
 
 log = logging.getLogger(__name__)
 
 
 LEDGER_DIR_VAR = "RLFLEET_ACTOR_LEDGER_DIR"
-_LEDGER = struct.Struct("<qqq")  # env steps taken, accepted, rejected
 
 
 class LifeLedger:
@@ -47,7 +46,7 @@ class LifeLedger:
         self.client_id, self.life = client_id, life
         self.taken = self.accepted = self.rejected = 0
         self._lock = threading.Lock()
-        self.path = Path(folder) / f"{client_id}.{life:08x}.ledger" if folder else None
+        self.path = ledger_path(folder, client_id, life) if folder else None
         self._fd = None
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -68,7 +67,7 @@ class LifeLedger:
 
     def _write(self) -> None:
         if self._fd is not None:
-            os.pwrite(self._fd, _LEDGER.pack(self.taken, self.accepted, self.rejected), 0)
+            os.pwrite(self._fd, RECORD.pack(self.taken, self.accepted, self.rejected), 0)
 
     def report(self, crashed: bool = False) -> learner_pb2.LifeReport:
         with self._lock:
@@ -93,23 +92,22 @@ def orphaned_lives(folder: str | None, client_id: str, own: Path | None) -> list
     if not folder:
         return []
     out = []
-    for path in sorted(Path(folder).glob(f"{client_id}.*.ledger")):
+    for path in unreported(folder, client_id):
         if path == own:
             continue
         try:
-            life = int(path.name[len(client_id) + 1 :].split(".")[0], 16)
-            taken, accepted, rejected = _LEDGER.unpack(path.read_bytes()[: _LEDGER.size])
-        except (ValueError, struct.error, OSError):
+            acct = read_account(path)
+        except ValueError:
             log.warning("unreadable actor ledger %s: skipped", path)
             continue
-        out.append(
-            (
-                path,
-                learner_pb2.LifeReport(
-                    life=life, env_steps=taken, accepted_env_steps=accepted, rejected_env_steps=rejected, crashed=True
-                ),
-            )
+        report = learner_pb2.LifeReport(
+            life=acct.life,
+            env_steps=acct.taken,
+            accepted_env_steps=acct.accepted,
+            rejected_env_steps=acct.rejected,
+            crashed=True,
         )
+        out.append((path, report))
     return out
 
 

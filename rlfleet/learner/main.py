@@ -54,6 +54,7 @@ from rlfleet.wire.gen import learner_pb2_grpc
 from rlfleet.wire.grpc_decoding import add_servicer
 from rlfleet.wire.grpc_server import start_grpc_server
 from rlfleet.wire.join import EXIT_INTERRUPTED, write_address
+from rlfleet.wire.life_ledger import read_account, unreported
 from rlfleet.wire.segment import Segment
 
 log = logging.getLogger(__name__)
@@ -179,6 +180,7 @@ class Learner:
         )
         if latest is not None:  # resumed from a checkpoint
             self.losses.resume(self.counters.env_steps)
+            self.count_unreported_lives()  # lives the previous learner did not hear from
         else:
             self.losses.start(self.counters.env_steps)
         (run_dir / "config.yaml").write_text(to_yaml(cfg))
@@ -276,6 +278,23 @@ class Learner:
             return True
         return bool(r.max_wall_seconds) and (time.monotonic() - self._t_start) >= r.max_wall_seconds
 
+    def count_unreported_lives(self) -> int:
+        """Actor lives that never reported, read from their ledger files in the run folder (where local
+        mode's actors keep them): counted as crashed lives, checked like a report, then renamed
+        `.reported` so no one counts them again. Returns the env steps they lost."""
+        folder = self.run_dir / "ledgers"
+        lost = 0
+        for path in unreported(folder) if folder.is_dir() else []:
+            try:
+                a = read_account(path)
+                lost += self.losses.life_ended(a.client_id, a.life, a.taken, a.accepted, a.rejected, crashed=True)
+            except ValueError as exc:  # unreadable, or an account the learners' own count rules out
+                log.warning("actor ledger %s not counted: %s", path.name, exc)
+                continue
+            path.replace(path.with_suffix(".reported"))
+            log.info("counted %s's life %x from its ledger file (it never reported)", a.client_id, a.life)
+        return lost
+
     def _segment_len(self, cfg: DictConfig) -> int:
         """Chunk steps per segment: GRPO's hold whole episodes, the other algorithms' rollout_len."""
         if self.trainer.grpo_mode:
@@ -354,6 +373,7 @@ class Learner:
             final = self.save()
             self.servicer.wait_clients_told(timeout=5.0)
             self.servicer.wait_lives_ended(timeout=10.0)  # actors' final accounts, for lost_env_steps
+            self.count_unreported_lives()  # and those of actors that could not report in time
         steps = self.counters.env_steps - steps_at_start
         acct = self.ingest.accounting()
         summary = {

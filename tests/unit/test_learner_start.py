@@ -81,3 +81,24 @@ def test_a_ppo_run_whose_episode_is_not_a_whole_number_of_chunks_starts(tmp_path
     cfg = load_config("metaworld_reach_ppo", [f"runner.logger.log_path={tmp_path}", "env.chunk_size=4"])
     assert cfg.env.max_episode_steps % cfg.env.chunk_size
     Learner(cfg, tmp_path).close()
+
+
+def test_the_learner_counts_actor_lives_that_never_reported_from_their_ledger_files(tmp_path):
+    """An actor still reconnecting when the run ends (or killed before its report) leaves its
+    account in RUN/ledgers: the learner counts it at the end and at resume, once."""
+    from rlfleet.wire.life_ledger import RECORD, ledger_path
+
+    cfg = load_config("metaworld_reach_ppo", [f"runner.logger.log_path={tmp_path}", "actor.num_envs=4"])
+    learner = Learner(cfg, tmp_path)
+    try:
+        folder = tmp_path / "ledgers"
+        folder.mkdir()
+        ledger_path(folder, "actor0", 0xABCD).write_bytes(RECORD.pack(512, 0, 0))  # taken, accepted, rejected
+        poisoned = ledger_path(folder, "actor1", 0x1234)
+        poisoned.write_bytes(RECORD.pack(1 << 62, 0, 0))
+        assert learner.count_unreported_lives() == 512
+        assert learner.losses.by_cause() == {"actor_crashed": 512}
+        assert (folder / "actor0.0000abcd.reported").exists() and poisoned.exists()  # refused: left, not counted
+        assert learner.count_unreported_lives() == 0  # once
+    finally:
+        learner.close()
