@@ -20,7 +20,7 @@ from rlfleet.actors.inference_client import InferenceError, StopWaiting
 from rlfleet.actors.inference_failover import connect_fleet
 from rlfleet.actors.learner_client import LearnerClient
 from rlfleet.actors.rollout import SegmentBuilder
-from rlfleet.algorithms.grpo import check_stage_rows, episode_rollout_len
+from rlfleet.algorithms.estimators import episode_schedule
 from rlfleet.config import as_dict, run_slot_layout
 from rlfleet.envs.core import resumed_stream_seeds, training_stream
 from rlfleet.telemetry.profiling import profiled
@@ -80,11 +80,9 @@ def _run_actor(
     restarts: int,
 ) -> ActorStats:
     a = cfg.actor
-    E, S, T, K = a.num_envs, a.pipeline_stage_num, a.rollout_len, cfg.env.chunk_size
-    grpo = cfg.algorithm.adv_type == "grpo"
-    if grpo:  # segments are whole episodes and groups of envs start alike (rlfleet.actors.groups)
-        T = episode_rollout_len(cfg.env.max_episode_steps, K, cfg.env.get("terminate_on_success", False))
-        check_stage_rows(E, S, cfg.algorithm.group_size)
+    E, S, K = a.num_envs, a.pipeline_stage_num, cfg.env.chunk_size
+    schedule = episode_schedule(cfg.algorithm, cfg.env, a)  # segment length, groups of envs reset alike
+    T = schedule.segment_len
     stop_event = stop_event or threading.Event()
     counters = counters if counters is not None else ActorCounters()
     fleet = max(cfg.env.get("fleet_envs", 0), a.num_actors * E, (actor_index + 1) * E)  # actors beyond num_actors too
@@ -111,9 +109,9 @@ def _run_actor(
         pool.reset(resumed_stream_seeds(cfg.env.seed, actor_index * E, E, stream) if stream > 0 else None)
         rows = pool.stage_rows
         resets = None
-        if grpo:  # the first reset told us each row's task; now reset every group to one seed
+        if schedule.group_size:  # the first reset told us each row's task; now reset every group to one seed
             resets = GroupedResets(
-                rows, np.array(pool.slots["task_ids"]), cfg.algorithm.group_size, cfg.env.seed, actor_index, stream
+                rows, np.array(pool.slots["task_ids"]), schedule.group_size, cfg.env.seed, actor_index, stream
             )
             pool.reset(resets.all_seeds())
         builders = [

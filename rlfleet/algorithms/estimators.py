@@ -16,14 +16,21 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from rlfleet.algorithms.gae import compute_gae
-from rlfleet.algorithms.grpo import GRPOSegment, grpo_columns, grpo_segment, grpo_stats
+from rlfleet.algorithms.grpo import (
+    GRPOSegment,
+    check_stage_rows,
+    episode_rollout_len,
+    grpo_columns,
+    grpo_segment,
+    grpo_stats,
+)
 from rlfleet.algorithms.vtrace import vtrace
 
 if TYPE_CHECKING:
@@ -121,6 +128,29 @@ ESTIMATORS: dict[str, Estimator] = {"gae": gae_estimator, "vtrace": vtrace_estim
 CRITIC_FREE = frozenset({"grpo"})
 # Estimators whose advantages are already normalised (GRPO: per group), so no minibatch whitening.
 SELF_NORMALISED = frozenset({"grpo"})
+
+
+# Estimators whose segments hold whole episodes of env groups reset alike (GRPO's groups).
+WHOLE_EPISODES = frozenset({"grpo"})
+
+
+@dataclass(frozen=True)
+class EpisodeSchedule:
+    """What the run's estimator asks of the actors' segments: the one place roles learn it."""
+
+    segment_len: int  # chunk steps per segment
+    group_size: int  # 0: envs reset independently; else groups of this many envs reset to one seed
+
+
+def episode_schedule(algorithm: Any, env: Any, actor: Any) -> EpisodeSchedule:
+    """The schedule of a run's `algorithm`, `env` and `actor` sections (config objects): rollout_len
+    chunk steps, or whole episodes in whole groups per pipeline stage (one-line ValueErrors)."""
+    if estimator_name(algorithm) not in WHOLE_EPISODES:
+        return EpisodeSchedule(int(actor.rollout_len), 0)
+    terminate = bool(getattr(env, "terminate_on_success", False))
+    steps = episode_rollout_len(int(env.max_episode_steps), int(env.chunk_size), terminate)
+    check_stage_rows(int(actor.num_envs), int(actor.pipeline_stage_num), int(algorithm.group_size))
+    return EpisodeSchedule(steps, int(algorithm.group_size))
 
 
 def estimator_name(cfg: PPOConfig) -> str:

@@ -22,7 +22,7 @@ import torch
 from omegaconf import DictConfig
 from safetensors.torch import save as st_save
 
-from rlfleet.algorithms.grpo import check_stage_rows, episode_rollout_len
+from rlfleet.algorithms.estimators import episode_schedule
 from rlfleet.config import (
     as_dict,
     eval_env_config,
@@ -151,11 +151,8 @@ class Learner:
             reference=reference_policy(cfg, self.policy),
             freeze_normalization=bool(cfg.policy.get("model_path")),
         )
-        if self.trainer.grpo_mode:  # fail here rather than in every actor (rlfleet.algorithms.grpo)
-            episode_rollout_len(
-                cfg.env.max_episode_steps, cfg.env.chunk_size, cfg.env.get("terminate_on_success", False)
-            )
-            check_stage_rows(cfg.actor.num_envs, cfg.actor.pipeline_stage_num, cfg.algorithm.group_size)
+        # what the estimator asks of segments; a schedule the actors cannot keep fails here, not in each
+        self.schedule = episode_schedule(cfg.algorithm, cfg.env, cfg.actor)
         self.checkpointer = Checkpointer(run_dir, info=run_info())  # command and commit, for the model card
         self.counters = TrainerCounters()
         latest = self.checkpointer.latest() if cfg.runner.resume else None
@@ -172,7 +169,7 @@ class Learner:
                 cfg.runner.resumed_from_env_steps = self.counters.env_steps
         # env steps lost by cause, across restarts; life reports are checked against the largest
         # push and what one life can hold unsent (its send queue, a push in flight, unfinished segments)
-        segment_env_steps = self._segment_len(cfg) * cfg.actor.num_envs * cfg.env.chunk_size
+        segment_env_steps = self.schedule.segment_len * cfg.actor.num_envs * cfg.env.chunk_size
         self.losses = LossLedger(
             self.checkpointer.root,
             life_slack=(cfg.actor.send_queue_size + cfg.actor.pipeline_stage_num + 2) * segment_env_steps,
@@ -193,7 +190,7 @@ class Learner:
         )
         obs_spec = run_observation_spec(cfg)
         lp_shape, extras = tuple(dims.logprob_shape), {k: tuple(v) for k, v in dims.extra_outputs.items()}
-        group_size = cfg.algorithm.group_size if self.trainer.grpo_mode else 0  # GRPO: whole groups, whole episodes
+        group_size = self.schedule.group_size
         self.servicer = LearnerServicer(
             to_yaml(cfg),
             uuid.uuid4().hex[:12],
@@ -205,7 +202,7 @@ class Learner:
             ),
             max_segment_bytes=segment_byte_limit(
                 obs_spec,
-                self._segment_len(cfg),
+                self.schedule.segment_len,
                 cfg.actor.num_envs,
                 cfg.env.chunk_size,
                 dims.action_dim,
@@ -294,12 +291,6 @@ class Learner:
             path.replace(path.with_suffix(".reported"))
             log.info("counted %s's life %x from its ledger file (it never reported)", a.client_id, a.life)
         return lost
-
-    def _segment_len(self, cfg: DictConfig) -> int:
-        """Chunk steps per segment: GRPO's hold whole episodes, the other algorithms' rollout_len."""
-        if self.trainer.grpo_mode:
-            return episode_rollout_len(cfg.env.max_episode_steps, cfg.env.chunk_size)
-        return int(cfg.actor.rollout_len)
 
     def _publish(self) -> None:
         """Per-tensor digests go with the bytes so inference servers can pull deltas."""

@@ -257,11 +257,6 @@ class PPOTrainer:
         self.nonfinite_steps = 0  # optimiser steps skipped for a non-finite gradient (train/nonfinite_steps)
         self._model: nn.Module | None = None  # PolicyEvaluator, DDP-wrapped at the first update
 
-    @property
-    def grpo_mode(self) -> bool:
-        """Critic-free group-relative advantages (whole-episode segments, whole groups per stage)."""
-        return self.objective.estimator == "grpo"
-
     def _training_model(self) -> nn.Module:
         """Wrapped on first use, after rank 0 may have restored a checkpoint: DDP then broadcasts
         rank 0's weights, and rank 0's optimiser state follows, so every rank starts equal."""

@@ -149,3 +149,25 @@ def test_advantage_stats_are_grpo_only():
     assert advantage_stats([estimate("gae", x, PPOConfig())], [x.group_ids]) == {}
     stats = advantage_stats([estimate("grpo", x, PPOConfig(adv_type="grpo"))], [x.group_ids])
     assert stats["train/grpo/groups"] == 2.0
+
+
+def test_the_episode_schedule_is_the_estimators_not_the_roles():
+    """Actors and learner ask `episode_schedule` what a segment is; only GRPO's asks whole episodes."""
+    from types import SimpleNamespace as NS
+
+    from rlfleet.algorithms.estimators import EpisodeSchedule, episode_schedule
+
+    env = NS(max_episode_steps=150, chunk_size=4, terminate_on_success=False)  # 150 is no multiple of 4
+    actor = NS(rollout_len=32, num_envs=8, pipeline_stage_num=2)
+    for off_policy in ("", "vtrace"):
+        ppo = NS(adv_type="gae", off_policy=off_policy, group_size=4)
+        assert episode_schedule(ppo, env, actor) == EpisodeSchedule(32, 0)
+    grpo = NS(adv_type="grpo", off_policy="", group_size=4)
+    with pytest.raises(ValueError, match="multiple of env.chunk_size"):
+        episode_schedule(grpo, env, actor)
+    env.max_episode_steps = 160
+    assert episode_schedule(grpo, env, actor) == EpisodeSchedule(40, 4)
+    with pytest.raises(ValueError, match="terminate_on_success"):
+        episode_schedule(grpo, NS(max_episode_steps=160, chunk_size=4, terminate_on_success=True), actor)
+    with pytest.raises(ValueError, match="group_size"):
+        episode_schedule(grpo, env, NS(rollout_len=32, num_envs=6, pipeline_stage_num=2))
