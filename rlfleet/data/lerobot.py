@@ -48,6 +48,7 @@ import numpy as np
 
 from rlfleet.data.demos import DemoEpisode
 from rlfleet.envs.api import encode_instructions
+from rlfleet.policies.checkpoint_io import hub_snapshot
 
 CODEBASE_VERSION = "v3.0"
 HF_DATASETS = "hf://datasets/"
@@ -92,20 +93,7 @@ def resolve_dataset(path: str | os.PathLike) -> Path:
     repo, _, revision = text[len(HF_DATASETS) :].partition("@")
     if repo.count("/") != 1 or not all(repo.split("/")):
         raise ValueError(f"{text}: a Hub dataset is hf://datasets/ORG/NAME[@REVISION]")
-    from huggingface_hub import snapshot_download  # a core dependency; imported where used
-    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError
-
-    try:
-        return Path(snapshot_download(repo, repo_type="dataset", revision=revision or None))
-    except LocalEntryNotFoundError as exc:
-        raise FileNotFoundError(
-            f"{text}: not in the local Hugging Face cache and the Hub cannot be reached "
-            f"(HF_HUB_OFFLINE={os.environ.get('HF_HUB_OFFLINE', '')!r})"
-        ) from exc
-    except RepositoryNotFoundError as exc:
-        raise FileNotFoundError(f"{text}: no such dataset repository on the Hub (or no access: set HF_TOKEN)") from exc
-    except (HfHubHTTPError, OSError) as exc:
-        raise FileNotFoundError(f"{text}: {str(exc).splitlines()[0]}") from exc
+    return hub_snapshot(repo, revision or None, "dataset", text)
 
 
 def read_info(folder: Path) -> dict[str, Any]:

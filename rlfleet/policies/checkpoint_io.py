@@ -156,22 +156,31 @@ def resolve_model_path(path: str | os.PathLike) -> Path:
     if not is_hub_path(path):
         return Path(path)
     repo, revision = parse_hub_path(str(path))
+    return hub_snapshot(repo, revision, "model", str(path))
+
+
+def hub_snapshot(repo: str, revision: str | None, repo_type: str, shown: str) -> Path:
+    """The local folder of a Hub repository (`repo_type` model or dataset) at `revision`, through
+    huggingface_hub's cache (HF_HOME / HF_HUB_CACHE, HF_HUB_OFFLINE, HF_TOKEN or `hf auth login`);
+    what goes wrong is one FileNotFoundError naming `shown`."""
     try:
         from huggingface_hub import snapshot_download
         from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError
     except ImportError as exc:  # a core dependency, but an environment may lack it
-        raise ValueError(f"{path}: hf:// paths need huggingface_hub: pip install huggingface_hub") from exc
+        raise ValueError(f"{shown}: hf:// paths need huggingface_hub: pip install huggingface_hub") from exc
     try:
-        return Path(snapshot_download(repo, revision=revision))
+        return Path(snapshot_download(repo, repo_type=repo_type, revision=revision))
     except LocalEntryNotFoundError as exc:
         raise FileNotFoundError(
-            f"{path}: not in the local Hugging Face cache and the Hub cannot be reached "
+            f"{shown}: not in the local Hugging Face cache and the Hub cannot be reached "
             f"(HF_HUB_OFFLINE={os.environ.get('HF_HUB_OFFLINE', '')!r})"
         ) from exc
     except RepositoryNotFoundError as exc:
-        raise FileNotFoundError(f"{path}: no such model repository on the Hub (or no access: set HF_TOKEN)") from exc
+        raise FileNotFoundError(
+            f"{shown}: no such {repo_type} repository on the Hub (or no access: set HF_TOKEN)"
+        ) from exc
     except (HfHubHTTPError, OSError) as exc:
-        raise FileNotFoundError(f"{path}: {str(exc).splitlines()[0]}") from exc
+        raise FileNotFoundError(f"{shown}: {str(exc).splitlines()[0]}") from exc
 
 
 def pin_model_path(path: str) -> str:

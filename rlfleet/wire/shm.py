@@ -43,6 +43,16 @@ MAX_BLOCK_BYTES = 1 << 40
 _NAME = re.compile(rf"{PREFIX}_[A-Za-z0-9_]{{1,64}}\Z")
 
 
+def _check_header(header: bytes, secret: object) -> None:
+    """A block's magic and secret (hex) match, compared in constant time; WireFormatError otherwise."""
+    try:
+        given = bytes.fromhex(secret) if isinstance(secret, str) else b""
+    except ValueError:
+        given = b""
+    if header[: len(_MAGIC)] != _MAGIC or not hmac.compare_digest(header[len(_MAGIC) :], given):
+        raise WireFormatError("shared block secret does not match", reason="attach_denied")
+
+
 @dataclass(frozen=True)
 class ArraySpec:
     shape: tuple[int, ...]
@@ -208,13 +218,7 @@ class SharedArrays:
         try:
             assert shm.buf is not None
             if secret is not None:
-                header = bytes(shm.buf[: len(_MAGIC) + _SECRET_BYTES])
-                try:
-                    given = bytes.fromhex(secret) if isinstance(secret, str) else b""
-                except ValueError:
-                    given = b""
-                if header[: len(_MAGIC)] != _MAGIC or not hmac.compare_digest(header[len(_MAGIC) :], given):
-                    raise WireFormatError("shared block secret does not match", reason="attach_denied")
+                _check_header(bytes(shm.buf[: len(_MAGIC) + _SECRET_BYTES]), secret)
             _, size = _offsets(layout)
             if shm.size < size:
                 raise WireFormatError(
@@ -278,13 +282,7 @@ class PeerBlock:
         out = cls(name, layout, size)
         fd = out._open("attach_failed")
         try:
-            header = os.pread(fd, len(_MAGIC) + _SECRET_BYTES, 0)
-            try:
-                given = bytes.fromhex(secret) if isinstance(secret, str) else b""
-            except ValueError:
-                given = b""
-            if header[: len(_MAGIC)] != _MAGIC or not hmac.compare_digest(header[len(_MAGIC) :], given):
-                raise WireFormatError("shared block secret does not match", reason="attach_denied")
+            _check_header(os.pread(fd, len(_MAGIC) + _SECRET_BYTES, 0), secret)
             have = os.fstat(fd).st_size
             if have < size:
                 raise WireFormatError(
