@@ -156,7 +156,7 @@ def test_real_architecture_memory_latency_and_one_update(case):
     _sync()
     t = time.perf_counter()
     logp, entropy, values = p.evaluate(o, out["actions"], {k: out[k] for k in p.extra_outputs})
-    loss = -(torch.exp(logp - out["logprobs"]).mean()) - 0.0 * entropy.mean() + values.square().mean()
+    loss = -(torch.exp(logp - out["logprobs"]).mean()) - 0.01 * entropy.mean() + values.square().mean()
     opt.zero_grad()
     loss.backward()
     opt.step()

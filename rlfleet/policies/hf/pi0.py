@@ -286,10 +286,7 @@ class HFPi0Policy(FlowPolicyMixin, HFPolicyBase):
 
     def prefix_feature(self, obs: dict[str, torch.Tensor]) -> PrefixKV:
         """Run the prefix once: its keys/values for the expert, its pooled feature for the critic."""
-        out = self.prefix(obs["main_images"], self.texts(obs), suffixes=self.prompt_suffixes(obs), want_cache=True)
-        state = F.pad(self._normalized_state(obs), (0, self.cfg.max_state_dim - self.cfg.proprio_dims))
-        assert out.keys is not None and out.values is not None
-        cond = PrefixKV(out.keys, out.values, out.valid, masked_mean(out.hidden, out.valid), state)
+        cond = PrefixKV(*_kv(self, obs))
         if not self.cfg.prefix_cache:
             cond.recompute = lambda: PrefixKV(*_kv(self, obs))
         return cond
@@ -299,7 +296,8 @@ class HFPi0Policy(FlowPolicyMixin, HFPolicyBase):
 
 
 def _kv(policy: HFPi0Policy, obs: dict[str, torch.Tensor]) -> tuple:
-    """A fresh prefix pass (the uncached path: what every denoise step would cost without the cache)."""
+    """One prefix pass: per-layer keys and values, valid mask, pooled feature, padded state (what
+    `PrefixKV` holds; with `prefix_cache: false` every denoise step runs it again)."""
     out = policy.prefix(obs["main_images"], policy.texts(obs), suffixes=policy.prompt_suffixes(obs), want_cache=True)
     state = F.pad(policy._normalized_state(obs), (0, policy.cfg.max_state_dim - policy.cfg.proprio_dims))
     return out.keys, out.values, out.valid, masked_mean(out.hidden, out.valid), state
