@@ -170,10 +170,9 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_learner(args: argparse.Namespace) -> int:
-    from rlfleet.eval.episodes import RunEvaluation  # lazy: see Dispatch
     from rlfleet.learner.main import main  # lazy: see Dispatch
 
-    return main(args, evaluation_for=RunEvaluation)
+    return main(args)
 
 
 def cmd_inference(args: argparse.Namespace) -> int:
