@@ -61,6 +61,11 @@ class TrainingLoop(Protocol):
         ...
 
     @property
+    def step_unit(self) -> str:
+        """What `step` counts, for the log ("env steps", "iterations")."""
+        ...
+
+    @property
     def writer(self) -> MetricsLogger | None:
         """The run's trackers (None: log nothing)."""
         ...
@@ -263,7 +268,9 @@ class EvaluationService(LoopObserver):
             loop.writer.flush()
         self._last_eval = time.monotonic()
         chain_text = f", avg_num_subtasks {scalars['eval/avg_num_subtasks']:.2f}" if chain is not None else ""
-        log.info("eval at step %d: success_once %.3f%s", loop.step, scalars["eval/success_once"], chain_text)
+        log.info(
+            "eval at %d %s: success_once %.3f%s", loop.step, loop.step_unit, scalars["eval/success_once"], chain_text
+        )
         return scalars
 
     # -- final -------------------------------------------------------------------------------------

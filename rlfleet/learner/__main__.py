@@ -2,8 +2,8 @@
 
 torchrun --nproc-per-node 4 -m rlfleet.learner RECIPE [key=value ...] [--resume] [--address-file F]
 
-It goes through the CLI, which hands the learner its evaluation (rlfleet.eval sits above the
-roles); .importlinter lists this entry point's one upward import.
+It goes through the CLI's parser, so both forms take the same arguments; .importlinter lists
+this entry point's one upward import.
 """
 
 import sys

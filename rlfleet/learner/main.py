@@ -215,6 +215,8 @@ class Learner:
         """Scalars are logged against env steps."""
         return self.counters.env_steps
 
+    step_unit = "env steps"
+
     def show(self, info: str) -> None:
         if self._progress is not None:
             self._progress.update(self.counters.env_steps, info=info)
@@ -296,7 +298,7 @@ class Learner:
 
     def train(self) -> dict:
         cfg = self.cfg
-        writer = self.writer = MetricsWriter.for_run(cfg, self.run_dir)  # stays open for evaluate(); close() ends it
+        writer = self.writer = MetricsWriter.for_run(cfg, self.run_dir)  # open for finish(); close() ends it
         progress = self._progress = TrainProgress(cfg.runner.total_env_steps, cfg.runner.max_wall_seconds)
         for observer in self.observers:
             observer.on_start(self)

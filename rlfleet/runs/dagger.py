@@ -89,6 +89,8 @@ class DAggerLoop:
     def step(self) -> int:
         return self.counters.update
 
+    step_unit = "iterations"
+
     def show(self, info: str) -> None:
         if self.bar is not None and self.bar_task is not None:
             self.bar.update(self.bar_task, info=info)

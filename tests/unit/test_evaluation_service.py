@@ -44,6 +44,8 @@ class Loop:
     updates: int = 0
     shown: list[str] = field(default_factory=list)
 
+    step_unit = "env steps"
+
     @property
     def step(self) -> int:
         return 100 * self.updates  # an x axis other than the update count
