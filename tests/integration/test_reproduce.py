@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -55,6 +57,17 @@ def test_two_seeds_give_a_results_page_with_plots(tmp_path):
     assert len(list((tmp_path / "cache").glob("demos-*"))) == 1  # the same demos for both
     assert "Each seed is a full repeat: its own SFT start on the same demos" in page
     assert "The binomial standard error of one evaluation" in page
+    # the folder's data goes into a results page's data folder and shows there by difficulty group
+    spec = importlib.util.spec_from_file_location("results_page", REPRODUCE.parent / "results_page.py")
+    results_page = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(results_page)
+    data = tmp_path / "data"
+    shutil.copytree(REPRODUCE.parents[1] / "docs" / "results", data, ignore=shutil.ignore_patterns("*.png"))
+    added = results_page.add_result(out, "metaworld_mt50", data, selected_on="test")
+    assert not list(added.rglob("*.safetensors")) and (added / "curves.json").exists()
+    section = results_page.build_page(data).split("## MetaWorld MT50")[1].split("\n## ")[0]
+    assert "| SFT start (ours) |" in section and "each a full repeat" in section
+    assert "`metaworld_reach_ppo`, 2 seeds" in section and "Policy `gaussian_mlp` on states" in section
     for png in ("metaworld_reach_ppo_steps.png", "metaworld_reach_ppo_seconds.png"):
         assert (out / png).read_bytes()[:4] == b"\x89PNG" and f"({png})" in page
     agg = json.loads((out / "results.json").read_text())
