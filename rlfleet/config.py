@@ -107,7 +107,9 @@ class DistributedConfig:
 class LearnerConfig:
     host: str = "127.0.0.1"
     port: int = 0
-    batch_env_steps: int = 4096  # samples per PPO update
+    # chunk samples per PPO update (one per chunk step and env), despite the name not env steps:
+    # those are the substeps simulated, up to env.chunk_size per sample
+    batch_env_steps: int = 4096
     ingest_queue_size: int = 16  # segments
     reward_scale: float = 1.0
     device: str = "cpu"
@@ -383,13 +385,14 @@ def load_config(recipe: str | None, overrides: list[str] | None = None) -> DictC
 def _check_budget(cfg: DictConfig) -> None:
     """A PPO run whose env-step budget ends before its first update would train nothing and report
     the untrained policy as its result: refused in one line (an only-eval or DAgger run has no update).
-    An update takes `learner.batch_env_steps` samples, one per chunk of `env.chunk_size` env steps."""
+    An update takes `learner.batch_env_steps` samples, one per chunk of up to `env.chunk_size` env
+    steps (fewer where an episode ends mid-chunk); a budget under a full chunk per sample is refused."""
     if cfg.runner.only_eval or cfg.dagger.enabled:
         return
     total, batch, chunk = cfg.runner.total_env_steps, cfg.learner.batch_env_steps, cfg.env.chunk_size
     if batch < 1 or total < batch * chunk:
         raise ConfigError(
-            f"runner.total_env_steps={total} is less than one update ({batch * chunk} env steps: "
+            f"runner.total_env_steps={total} is less than one update (up to {batch * chunk} env steps: "
             f"learner.batch_env_steps={batch} samples of env.chunk_size={chunk}): no update would run"
         )
 

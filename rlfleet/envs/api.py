@@ -192,6 +192,9 @@ class StepResult:
     episode_length: np.ndarray  # [B] int32: env steps of the finished episode
     episode_success_once: np.ndarray  # [B] bool: success at any step of the finished episode
     final_obs: dict  # the tensor keys of `obs` ([B,...] each): last observation of the finished episode
+    # [B] int32: substeps simulated in this chunk: K, or fewer where the episode ended mid-chunk
+    # (the rest of the chunk is skipped). Env steps count these, never K per chunk.
+    substeps: np.ndarray
 
 
 class ChunkedEnv(abc.ABC):

@@ -75,6 +75,7 @@ class CounterEnv(ChunkedEnv):
         done = np.zeros(self.n, bool)
         ep_ret = np.zeros(self.n, np.float32)
         ep_len = np.zeros(self.n, np.int32)
+        ran = np.full(self.n, K, np.int32)
         final = {"states": np.zeros_like(self.states), "instructions": np.zeros((self.n, 128), np.uint8)}
         for i in range(self.n):
             for k in range(K):
@@ -85,6 +86,7 @@ class CounterEnv(ChunkedEnv):
                     done[i], ep_ret[i], ep_len[i] = True, self.returns[i], EPISODE
                     final["states"][i] = self.states[i]
                     self._start(i)
+                    ran[i] = k + 1
                     break
         return StepResult(
             obs=self._obs(),
@@ -97,6 +99,7 @@ class CounterEnv(ChunkedEnv):
             episode_length=ep_len,
             episode_success_once=done.copy(),
             final_obs=final,
+            substeps=ran,
         )
 
     def close(self) -> None:
