@@ -80,7 +80,7 @@ def _run_actor(
     restarts: int,
 ) -> ActorStats:
     a = cfg.actor
-    E, S, K = a.num_envs, a.pipeline_stage_num, cfg.env.chunk_size
+    E, S = a.num_envs, a.pipeline_stage_num
     schedule = episode_schedule(cfg.algorithm, cfg.env, a)  # segment length, groups of envs reset alike
     T = schedule.segment_len
     stop_event = stop_event or threading.Event()
