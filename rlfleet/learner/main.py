@@ -529,6 +529,7 @@ def run_learner(
             time.sleep(0.5)  # let actors see the stop flag and free the cores
             eval_success = learner.evaluate()
             summary["eval_success"] = eval_success
+            summary["eval_split"] = cfg.eval.split  # test unless a run measures on validation (a choice's probe)
             if learner.eval_chain:
                 summary["eval_chain"] = learner.eval_chain
             if learner.eval_mean_return:

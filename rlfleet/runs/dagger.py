@@ -48,7 +48,7 @@ from rlfleet.algorithms.dagger import (
     intervention_gate,
     mix_policies,
 )
-from rlfleet.config import as_dict, eval_env_config, evaluation_record, fill_model_dims, to_yaml
+from rlfleet.config import as_dict, eval_env_config, evaluation_record, fill_model_dims, split_seed, to_yaml
 from rlfleet.data.demos import load_demos
 from rlfleet.envs.api import EnvConfig
 from rlfleet.envs.chains import chain_report
@@ -292,7 +292,7 @@ def run_dagger(cfg: DictConfig, progress: bool = True) -> dict[str, Any]:
             policy,
             eval_env,
             cfg.eval.episodes_per_task,
-            seed=cfg.eval.seed,
+            seed=split_seed(cfg.eval),
             episode_records=records_before,
         )
         returns_before = returns_by_task(records_before)
@@ -365,7 +365,7 @@ def run_dagger(cfg: DictConfig, progress: bool = True) -> dict[str, Any]:
                         policy,
                         eval_env,
                         dcfg.eval_episodes_per_task,
-                        seed=cfg.eval.seed,
+                        seed=split_seed(cfg.eval),
                         progress=False,
                         episode_records=records,
                     )
@@ -444,7 +444,7 @@ def run_dagger(cfg: DictConfig, progress: bool = True) -> dict[str, Any]:
                 policy,
                 eval_env,
                 cfg.eval.episodes_per_task,
-                seed=cfg.eval.seed,
+                seed=split_seed(cfg.eval),
                 video_cfg=video,
                 out_dir=run_dir,
                 episode_records=records_after,
