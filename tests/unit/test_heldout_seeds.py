@@ -82,13 +82,17 @@ def _first_states(cfg: EnvConfig, seeds) -> np.ndarray:
     [
         EnvConfig(name="metaworld", task="reach-v3"),  # MetaWorld: goal and hand start in the state
         EnvConfig(name="bench", task="state_dim=6,action_dim=2"),  # the zero-cost bench env
+        EnvConfig(name="gym:InvertedPendulum-v5"),  # gymnasium: the reset seed draws the start
     ],
-    ids=["metaworld", "bench"],
+    ids=["metaworld", "bench", "gym"],
 )
 def test_seed_keyed_envs_play_other_episodes_on_validation(env):
     """Seed-keyed envs (MetaWorld, gymnasium, the bench env, plugins): a split is its seed range,
     so validation episodes are other episodes than the test ones and the demos'."""
     from rlfleet.config import held_out_env
+
+    if env.name.startswith("gym:"):
+        pytest.importorskip("mujoco")
 
     cfg = load_config("metaworld_reach_ppo", ["eval.episodes_per_task=4"])
     test, val = eval_seed_range(cfg, 1, "test"), eval_seed_range(cfg, 1, "validation")
