@@ -180,6 +180,7 @@ def _part_summary(recipe: str, runs: dict[str, list[float]], cpu: dict[str, list
         "repeats": len(runs["bare"]),
         "env_steps_per_s": runs,
         "cpu_us_per_env_step": cpu,
+        "env_step_count": "simulated",  # substeps that ran (issue 50; earlier reports: K per chunk)
     }
     for kind in ("sampling", "training"):
         ratios = [f / b for f, b in zip(runs[kind], runs["bare"])]
