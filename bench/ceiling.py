@@ -914,7 +914,8 @@ def main(argv: list[str] | None = None) -> int:
         name, _, task = args.sim.partition(":")
         sim_us = bare_sim_us(name, task, 2.0 if args.quick else 5.0)
     report: dict[str, Any] = {
-        "meta": meta | {"sim": args.sim, "sim_us_per_env_step": sim_us},
+        # env steps: the substeps simulated (issue 50; reports before it counted K per chunk)
+        "meta": meta | {"sim": args.sim, "sim_us_per_env_step": sim_us, "env_step_count": "simulated"},
         "sweep": sweep,
         "points": [(f, asdict(pt)) for f, pt in points],
         "results": results,

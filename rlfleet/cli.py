@@ -399,8 +399,14 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument(
         "--seed",
         type=int,
-        help="first episode seed (default: the run's eval.seed for a run's checkpoint, else the one its "
-        "config.json records, else 10000)",
+        help="first episode seed (default: the split's first seed, eval.seed or eval.validation_seed, of the "
+        "checkpoint's run, else the one its config.json records, else the default of rlfleet.envs.api)",
+    )
+    ev.add_argument(
+        "--split",
+        choices=["test", "validation"],
+        help="held-out split to play (default: the run's eval.split, else test): test is what results report, "
+        "validation is where choices made by looking at success are made (report in CHECKPOINT/eval_validation)",
     )
     ev.add_argument("--out", help="report folder (default: CHECKPOINT/eval; for hf:// eval/ORG--NAME)")
     ev.add_argument("--video", action="store_true", help="write MP4s of the first episode of each task")

@@ -263,7 +263,8 @@ class Learner:
             seg = item.segment
             segments.append(seg)
             samples += seg.num_steps * seg.num_envs
-            self.counters.env_steps += int(seg.env_steps)
+            self.counters.samples += seg.num_steps * seg.num_envs  # chunk samples: one per chunk step and env
+            self.counters.env_steps += int(seg.env_steps)  # simulated substeps: fewer where episodes ended mid-chunk
             self.losses.counted(self.counters.env_steps)
             self.episodes.add(seg)
             progress.update(self.counters.env_steps)
@@ -370,7 +371,8 @@ class Learner:
         summary = {
             "version": self.counters.version,
             "updates": self.counters.update,
-            "env_steps": self.counters.env_steps,
+            "env_steps": self.counters.env_steps,  # simulated substeps (docs/usage.md, "Env steps")
+            "chunk_samples": self.counters.samples,  # training samples: one per chunk step and env
             "train_seconds": round(t_end - self._t_start, 1),  # this process's life
             "train_seconds_all_lives": round(self.counters.wall_seconds, 1),  # with the lives before a --resume
             # from the first full batch on; 0 when the run stopped before one (t_first unset)
@@ -527,6 +529,7 @@ def run_learner(
             time.sleep(0.5)  # let actors see the stop flag and free the cores
             eval_success = learner.evaluate()
             summary["eval_success"] = eval_success
+            summary["eval_split"] = cfg.eval.split  # test unless a run measures on validation (a choice's probe)
             if learner.eval_chain:
                 summary["eval_chain"] = learner.eval_chain
             if learner.eval_mean_return:

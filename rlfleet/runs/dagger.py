@@ -48,7 +48,7 @@ from rlfleet.algorithms.dagger import (
     intervention_gate,
     mix_policies,
 )
-from rlfleet.config import as_dict, eval_env_config, evaluation_record, fill_model_dims, to_yaml
+from rlfleet.config import as_dict, eval_env_config, evaluation_record, fill_model_dims, split_seed, to_yaml
 from rlfleet.data.demos import load_demos
 from rlfleet.envs.api import EnvConfig
 from rlfleet.envs.chains import chain_report
@@ -82,7 +82,7 @@ class RolloutBatch:
     expert_chunks: int  # ... of which the expert executed
     gated_chunks: int  # ... of which the HG-DAgger gate fired
     action_gap: float  # mean ||a_student[0] - a_expert|| at the chunk starts
-    env_steps: int
+    env_steps: int  # substeps simulated (a chunk cut by an episode end counts those that ran)
     episode_success: list[bool]  # success_once of every finished episode
     episode_tasks: list[str]
 
@@ -103,7 +103,7 @@ def collect_rollouts(
     obs = env.reset(seeds)
     kept_obs: dict[str, list[np.ndarray]] = {k: [] for k in policy.obs_keys}
     kept_labels: list[np.ndarray] = []
-    n_expert = n_gated = 0
+    n_expert = n_gated = env_steps = 0
     gaps: list[np.ndarray] = []
     successes: list[bool] = []
     tasks: list[str] = []
@@ -128,6 +128,7 @@ def collect_rollouts(
         kept_labels.append(labels[keep])
         n_expert += int(use_expert.sum())
         n_gated += int(gated.sum())
+        env_steps += int(res.substeps.sum())
         for i in np.flatnonzero(res.episode_done):
             successes.append(bool(res.episode_success_once[i]))
             tasks.append(names[i])
@@ -139,7 +140,7 @@ def collect_rollouts(
         expert_chunks=n_expert,
         gated_chunks=n_gated,
         action_gap=float(np.mean(np.concatenate(gaps))),
-        env_steps=steps * B * K,
+        env_steps=env_steps,
         episode_success=successes,
         episode_tasks=tasks,
     )
@@ -291,7 +292,7 @@ def run_dagger(cfg: DictConfig, progress: bool = True) -> dict[str, Any]:
             policy,
             eval_env,
             cfg.eval.episodes_per_task,
-            seed=cfg.eval.seed,
+            seed=split_seed(cfg.eval),
             episode_records=records_before,
         )
         returns_before = returns_by_task(records_before)
@@ -364,7 +365,7 @@ def run_dagger(cfg: DictConfig, progress: bool = True) -> dict[str, Any]:
                         policy,
                         eval_env,
                         dcfg.eval_episodes_per_task,
-                        seed=cfg.eval.seed,
+                        seed=split_seed(cfg.eval),
                         progress=False,
                         episode_records=records,
                     )
@@ -443,7 +444,7 @@ def run_dagger(cfg: DictConfig, progress: bool = True) -> dict[str, Any]:
                 policy,
                 eval_env,
                 cfg.eval.episodes_per_task,
-                seed=cfg.eval.seed,
+                seed=split_seed(cfg.eval),
                 video_cfg=video,
                 out_dir=run_dir,
                 episode_records=records_after,

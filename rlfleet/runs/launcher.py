@@ -30,6 +30,7 @@ from rlfleet.config import (
     fill_model_dims,
     load_config,
     pin_policy_hub_paths,
+    split_seed,
     starting_checkpoint,
     to_yaml,
 )
@@ -171,7 +172,7 @@ def evaluate_start(
         policy,
         eval_env_config(cfg),
         cfg.eval.episodes_per_task,
-        seed=cfg.eval.seed,
+        seed=split_seed(cfg.eval),
         deterministic=deterministic,
         episode_records=records,
     )
