@@ -309,7 +309,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     lr = sub.add_parser("learner", help="start the learner role")
     lr.add_argument("recipe", help="recipe name (see `rlfleet recipes`) or a YAML file")
-    lr.add_argument("overrides", nargs="*", help="key=value overrides, e.g. learner.batch_env_steps=8192")
+    lr.add_argument("overrides", nargs="*", help="key=value overrides, e.g. learner.batch_samples=8192")
     lr.add_argument("--resume", action="store_true", help="continue from the run folder's last checkpoint")
     lr.add_argument("--address-file", help="write the bound address here as JSON (used by `train`)")
     lr.add_argument(

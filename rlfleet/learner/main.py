@@ -253,7 +253,7 @@ class Learner:
     def _gather(self, progress: TrainProgress) -> list[Segment] | None:
         """Segments until one update's worth of samples; None when asked to stop first."""
         segments, samples = [], 0
-        while samples < self.cfg.learner.batch_env_steps:
+        while samples < self.cfg.learner.batch_samples:
             if self.stop_event.is_set() or self._out_of_time():
                 return None
             item = self.ingest.get(timeout=0.2)
