@@ -544,8 +544,8 @@ def run_learner(
 
 
 def main(args: Namespace, evaluation_for: Callable[[DictConfig], Evaluation] | None = None) -> int:
-    """`rlfleet learner RECIPE [overrides]` (parsed by rlfleet.cli); `evaluation_for(cfg)` builds
-    the run's evaluation (the CLI passes `rlfleet.eval.episodes.RunEvaluation`)."""
+    """`rlfleet learner RECIPE [overrides]` (rlfleet.learner.arguments); `evaluation_for(cfg)` builds
+    the run's evaluation (the entry, rlfleet.learner.__main__, passes `rlfleet.eval.episodes.RunEvaluation`)."""
     bind = ([f"learner.host={args.host}"] if args.host else []) + (
         [f"learner.port={args.port}"] if args.port is not None else []
     )
