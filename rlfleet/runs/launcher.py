@@ -115,7 +115,7 @@ class FleetError(CommandError):
 
 
 # A role's start-up (imports, policy and reference build, a probe env for the model's dimensions)
-# took over 180 s on 2 cores shared with two other training runs: wait long while it is alive.
+# can take minutes on a small, busy host: wait long while it is alive.
 ROLE_START_TIMEOUT_S = 900.0
 
 
