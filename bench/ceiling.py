@@ -110,7 +110,7 @@ class Settings:
             f"env.max_episode_steps={self.episode_steps}",
             "actor.num_workers=2",
             "actor.pipeline_stage_num=2",
-            "learner.batch_env_steps=2048",  # bounds the learner's memory at 224 px
+            "learner.batch_samples=2048",  # bounds the learner's memory at 224 px
             f"learner.consume_only={str(mode == 'sampling').lower()}",
             "runner.total_env_steps=1000000000000",
             # a safety stop only: the bench stops the learner itself once it has measured

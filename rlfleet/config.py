@@ -114,9 +114,9 @@ class DistributedConfig:
 class LearnerConfig:
     host: str = "127.0.0.1"
     port: int = 0
-    # chunk samples per PPO update (one per chunk step and env), despite the name not env steps:
-    # those are the substeps simulated, up to env.chunk_size per sample
-    batch_env_steps: int = 4096
+    # samples per update, each a chunk of up to env.chunk_size env steps (fewer where an episode
+    # ends mid-chunk: env steps count the substeps simulated)
+    batch_samples: int = 4096
     ingest_queue_size: int = 16  # segments
     reward_scale: float = 1.0
     device: str = "cpu"
@@ -398,15 +398,15 @@ def load_config(recipe: str | None, overrides: list[str] | None = None) -> DictC
 def _check_budget(cfg: DictConfig) -> None:
     """A PPO run whose env-step budget ends before its first update would train nothing and report
     the untrained policy as its result: refused in one line (an only-eval or DAgger run has no update).
-    An update takes `learner.batch_env_steps` samples, one per chunk of up to `env.chunk_size` env
+    An update takes `learner.batch_samples` samples, one per chunk of up to `env.chunk_size` env
     steps (fewer where an episode ends mid-chunk); a budget under a full chunk per sample is refused."""
     if cfg.runner.only_eval or cfg.dagger.enabled:
         return
-    total, batch, chunk = cfg.runner.total_env_steps, cfg.learner.batch_env_steps, cfg.env.chunk_size
+    total, batch, chunk = cfg.runner.total_env_steps, cfg.learner.batch_samples, cfg.env.chunk_size
     if batch < 1 or total < batch * chunk:
         raise ConfigError(
             f"runner.total_env_steps={total} is less than one update (up to {batch * chunk} env steps: "
-            f"learner.batch_env_steps={batch} samples of env.chunk_size={chunk}): no update would run"
+            f"learner.batch_samples={batch} samples of env.chunk_size={chunk}): no update would run"
         )
 
 
@@ -445,6 +445,12 @@ def _unknown_key_message(key: str, known: list[str], source: str) -> str:
     )
 
 
+# Keys a release renamed: the old name gets one line saying the new one (and what it counts).
+_RENAMED = {
+    "learner.batch_env_steps": "learner.batch_samples: it counts samples (chunks of env.chunk_size "
+    "env steps) per update, not env steps",
+}
+
 _CONVERT = re.compile(r"Value '(.*)' of type '(\w+)' could not be converted to (\w+)", re.S)
 
 
@@ -454,6 +460,8 @@ def _merge(cfg: DictConfig, layer: DictConfig, source: str) -> DictConfig:
     except OmegaConfBaseException as exc:
         key = getattr(exc, "full_key", "") or ""
         if isinstance(exc, KeyError):  # ConfigKeyError: a key the schema does not have
+            if key in _RENAMED:
+                raise ConfigError(f"{key} was renamed to {_RENAMED[key]} ({source})") from None
             raise ConfigError(_unknown_key_message(key, config_keys(cfg), source)) from None
         if not key and source.startswith("override "):
             key = source.split(" ", 1)[1].split("=", 1)[0]

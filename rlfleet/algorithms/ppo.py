@@ -228,20 +228,17 @@ def value_loss(
     return loss, {"value_clip_ratio": clip_ratio, "value_loss": loss.item()}
 
 
-def explained_variance(values: Tensor, returns: Tensor) -> float:
-    """EV = 1 - Var[R - V] / Var[R]  (1: perfect critic, 0: as good as a constant,
-    < 0: worse than a constant).  Population variances.
+def explained_variance(returns_var: float, residual_var: float) -> float:
+    """EV = 1 - Var[R - V] / Var[R] from the two population variances (1: perfect critic, 0: as
+    good as a constant, < 0: worse than a constant). Taking variances, not tensors, lets the
+    learner pass moments reduced over all ranks.
 
-    Returns NaN when Var[R] == 0 (EV is undefined; same convention as
-    CleanRL / Stable-Baselines3), so callers should log it with a nan-aware
-    aggregate.
+    NaN when Var[R] == 0 (EV is undefined; the convention of CleanRL / Stable-Baselines3), so
+    callers log it with a nan-aware aggregate.
     """
-    v = values.detach().flatten().double()
-    r = returns.detach().flatten().double()
-    var_r = r.var(unbiased=False).item() if r.numel() > 0 else 0.0
-    if var_r == 0.0 or math.isnan(var_r):
+    if returns_var == 0.0 or math.isnan(returns_var):
         return float("nan")
-    return 1.0 - (r - v).var(unbiased=False).item() / var_r
+    return 1.0 - residual_var / returns_var
 
 
 KL_LOG_RATIO_CLAMP = 20.0

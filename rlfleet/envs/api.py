@@ -83,8 +83,8 @@ class EnvConfig:
     # every process that makes the env; other envs refuse a non-empty mapping (they would ignore it).
     gym_kwargs: dict[str, Any] = field(default_factory=dict)
     # gymnasium MuJoCo envs rendering `main_images`: "fast" turns the scene's shadow maps and
-    # multisampling off (a CPU renderer spends most of a frame on them: SO-101's 2 shadowed lights
-    # at 4096 px and 8x MSAA took 0.7 s a frame on Mesa llvmpipe); "env": as the env ships it.
+    # multisampling off (a CPU renderer spends most of a frame on them: docs/simulators.md);
+    # "env": as the env ships it.
     gym_render_quality: str = "fast"
 
 

@@ -35,13 +35,18 @@ from rlfleet.envs.env_messages import decode_obs, decode_step, spec_from_reply
 from rlfleet.wire import codec
 from rlfleet.wire.gen import env_pb2, env_pb2_grpc
 from rlfleet.wire.grpc_server import make_channel
+from rlfleet.wire.join import EXIT_BAD_INPUT, CommandError
 
 log = logging.getLogger(__name__)
 SCHEME = "remote"
 
 
-class RemoteEnvError(RuntimeError):
-    """The env server failed or sent something that is not a valid answer."""
+class RemoteEnvError(CommandError):
+    """The env server failed or sent something that is not a valid answer: bad input to a command
+    (exit 2), its message says which server and how."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, EXIT_BAD_INPUT)
 
 
 @dataclass(frozen=True)

@@ -2,13 +2,38 @@
 
 torchrun --nproc-per-node 4 -m rlfleet.learner RECIPE [key=value ...] [--resume] [--address-file F]
 
-It goes through the CLI, which hands the learner its evaluation (rlfleet.eval sits above the
-roles); .importlinter lists this entry point's one upward import.
+The learner's own entry: its command line (rlfleet.learner.arguments), logging, and the run's
+evaluation (rlfleet.eval sits above the roles: .importlinter lists this entry's one upward
+import). `rlfleet learner` dispatches to `run` here.
 """
 
+from __future__ import annotations
+
+import argparse
 import sys
 
-from rlfleet.cli import main
+from rlfleet.eval.episodes import RunEvaluation
+from rlfleet.learner.arguments import add_arguments
+from rlfleet.learner.main import main
+from rlfleet.telemetry.json_logs import add_log_flags, setup_logging
+from rlfleet.wire.role_args import parse_command_line, run_command
+
+
+def run(args: argparse.Namespace) -> int:
+    """The learner with the run's evaluation, for parsed learner arguments."""
+    return main(args, evaluation_for=RunEvaluation)
+
+
+def entry(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m rlfleet.learner", description="the learner role (DDP under torchrun)"
+    )
+    add_log_flags(parser)
+    add_arguments(parser)
+    args = parse_command_line(parser, argv)
+    setup_logging(args.log_level, args.log_format, "learner")
+    return run_command(run, args)
+
 
 if __name__ == "__main__":
-    sys.exit(main(["learner", *sys.argv[1:]]))
+    sys.exit(entry())

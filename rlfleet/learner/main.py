@@ -253,7 +253,7 @@ class Learner:
     def _gather(self, progress: TrainProgress) -> list[Segment] | None:
         """Segments until one update's worth of samples; None when asked to stop first."""
         segments, samples = [], 0
-        while samples < self.cfg.learner.batch_env_steps:
+        while samples < self.cfg.learner.batch_samples:
             if self.stop_event.is_set() or self._out_of_time():
                 return None
             item = self.ingest.get(timeout=0.2)
@@ -547,8 +547,8 @@ def run_learner(
 
 
 def main(args: Namespace, evaluation_for: Callable[[DictConfig], Evaluation] | None = None) -> int:
-    """`rlfleet learner RECIPE [overrides]` (parsed by rlfleet.cli); `evaluation_for(cfg)` builds
-    the run's evaluation (the CLI passes `rlfleet.eval.episodes.RunEvaluation`)."""
+    """`rlfleet learner RECIPE [overrides]` (rlfleet.learner.arguments); `evaluation_for(cfg)` builds
+    the run's evaluation (the entry, rlfleet.learner.__main__, passes `rlfleet.eval.episodes.RunEvaluation`)."""
     bind = ([f"learner.host={args.host}"] if args.host else []) + (
         [f"learner.port={args.port}"] if args.port is not None else []
     )

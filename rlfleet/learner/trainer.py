@@ -35,6 +35,7 @@ from torch import nn
 from rlfleet.algorithms import (
     PPOConfig,
     bootstrap_next_values,
+    explained_variance,
     group_mean_var,
     kl_to_reference,
     lag_mask,
@@ -235,7 +236,7 @@ class PPOTrainer:
     ):
         self.policy = policy.to(device)
         # A policy that starts from a checkpoint (SFT) keeps its observation statistics: moving
-        # them moves every action (measured: KL 800 per step to the SFT MLP on RoboTwin).
+        # them moves every action (docs/algorithms.md).
         self.freeze_normalization = freeze_normalization
         self.cfg = cfg
         # The one place the algorithm's pieces are chosen: estimator, critic or none, KL penalty.
@@ -553,8 +554,7 @@ class PPOTrainer:
         (r_mean, r_var), (_, res_var), (adv_mean, _), (w_mean, _) = global_mean_var(
             self.ranks, returns, returns - values, batch.advantages, batch.is_weights
         )
-        # 1 - Var[R - V] / Var[R] (see algorithms.explained_variance): undefined when Var[R] = 0
-        ev = float("nan") if r_var == 0.0 or np.isnan(r_var) else 1.0 - res_var / r_var
+        ev = explained_variance(r_var, res_var)
         out = {"train/critic/explained_variance": ev} if self.objective.critic else {}  # no critic: nothing explained
         out.update(
             {"rollout/returns_mean": r_mean, "rollout/advantages_mean": adv_mean, "rollout/is_weight_mean": w_mean}
