@@ -108,27 +108,17 @@ class PPOConfig:
             raise ValueError(f"critic_warmup_updates must be >= 0, got {self.critic_warmup_updates}")
         if self.update_epochs < 1 or self.num_minibatches < 1:
             raise ValueError("update_epochs and num_minibatches must be >= 1")
-        if self.norm_adv_per_task and (not self.norm_adv or self.adv_type == "grpo"):
-            raise ValueError("norm_adv_per_task needs norm_adv and adv_type 'gae' (GRPO normalises per group)")
-        if self.adv_type not in ("gae", "grpo"):
-            raise ValueError(f"adv_type must be 'gae' or 'grpo', got {self.adv_type!r}")
-        if self.off_policy not in ("truncated_is", "vtrace"):
-            raise ValueError(f"off_policy must be 'truncated_is' or 'vtrace', got {self.off_policy!r}")
         if self.kl_beta < 0.0:
             raise ValueError(f"kl_beta must be >= 0, got {self.kl_beta}")
         if self.vtrace_c_bar <= 0.0:
             raise ValueError(f"vtrace_c_bar must be > 0, got {self.vtrace_c_bar}")
-        if self.adv_type == "grpo":
-            if self.group_size < 2:
-                raise ValueError(f"group_size must be >= 2 for GRPO, got {self.group_size}")
-            if self.off_policy == "vtrace":
-                raise ValueError("off_policy=vtrace needs a critic; GRPO has none (use truncated_is)")
-            if self.critic_warmup_updates:
-                raise ValueError("critic_warmup_updates must be 0 with GRPO: there is no critic to warm up")
         if self.group_filter is not None:
             lo_hi = list(self.group_filter)
             if len(lo_hi) != 2 or not lo_hi[0] <= lo_hi[1]:
                 raise ValueError(f"group_filter must be [lo, hi] with lo <= hi, got {lo_hi}")
+        from rlfleet.algorithms.estimators import check_estimator  # it imports this module
+
+        check_estimator(self)
 
 
 def policy_loss(
