@@ -153,27 +153,11 @@ def policy_loss(
     """
     if dual_clip is not None and dual_clip <= 1.0:
         raise ValueError(f"dual_clip must be > 1 (or None), got {dual_clip}")
-    logp_old = logp_old.detach()
-    advantages = _per_element(advantages.detach(), logp, "advantages")
-    if weights is not None:
-        weights = _per_element(weights, logp, "weights")
-
-    log_ratio = logp - logp_old
+    log_ratio = logp - logp_old.detach()
     ratio = torch.exp(log_ratio)
-    pg_loss_unclipped = -advantages * ratio
-    pg_loss_clipped = -advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
-    per_sample = torch.max(pg_loss_unclipped, pg_loss_clipped)
-
-    if dual_clip is not None:
-        dual_bound = -dual_clip * advantages  # > 0 where A < 0
-        negative_adv = advantages < 0
-        dual_active = negative_adv & (per_sample > dual_bound)
-        per_sample = torch.where(negative_adv, torch.min(per_sample, dual_bound), per_sample)
-    else:
-        dual_active = torch.zeros_like(ratio, dtype=torch.bool)
-
+    per_sample, dual_active = clipped_surrogate(ratio, advantages, clip_low, clip_high, dual_clip)
     if weights is not None:
-        per_sample = weights.detach() * per_sample
+        per_sample = _per_element(weights, logp, "weights").detach() * per_sample
     loss = per_sample.mean()
 
     with torch.no_grad():
@@ -186,6 +170,43 @@ def policy_loss(
             "policy_loss": loss.item(),
         }
     return loss, stats
+
+
+def clipped_surrogate(
+    ratio: Tensor, advantages: Tensor, clip_low: float, clip_high: float, dual_clip: float | None = None
+) -> tuple[Tensor, Tensor]:
+    """The clipped surrogate per element, and where the dual clip is active (see :func:`policy_loss`):
+
+        L = max(-A * ratio, -A * clamp(ratio, 1 - clip_low, 1 + clip_high))
+        L = min(L, -c * A) where A < 0                        (dual clip c)
+
+    A per-sample advantage ``[N]`` applies to each element of a ``[N, *P]`` ratio.
+    """
+    advantages = _per_element(advantages.detach(), ratio, "advantages")
+    pg_loss_unclipped = -advantages * ratio
+    pg_loss_clipped = -advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    per_sample = torch.max(pg_loss_unclipped, pg_loss_clipped)
+    if dual_clip is None:
+        return per_sample, torch.zeros_like(ratio, dtype=torch.bool)
+    dual_bound = -dual_clip * advantages  # > 0 where A < 0
+    negative_adv = advantages < 0
+    dual_active = negative_adv & (per_sample > dual_bound)
+    return torch.where(negative_adv, torch.min(per_sample, dual_bound), per_sample), dual_active
+
+
+def clipped_value_error(
+    values: Tensor, values_old: Tensor, returns: Tensor, value_clip: float | None
+) -> tuple[Tensor, Tensor]:
+    """The squared value error per sample, clipped around the pre-update values (see
+    :func:`value_loss`), and where the clipped term is the larger."""
+    values_old = values_old.detach()
+    returns = returns.detach()
+    loss_unclipped = (values - returns) ** 2
+    if value_clip is None:
+        return loss_unclipped, torch.zeros_like(loss_unclipped, dtype=torch.bool)
+    values_clipped = values_old + torch.clamp(values - values_old, -value_clip, value_clip)
+    loss_clipped = (values_clipped - returns) ** 2
+    return torch.max(loss_unclipped, loss_clipped), loss_clipped > loss_unclipped
 
 
 def value_loss(
@@ -204,17 +225,9 @@ def value_loss(
     Stats: ``value_clip_ratio`` = fraction where the clipped term is strictly
     larger (0.0 when not clipping), ``value_loss``.
     """
-    values_old = values_old.detach()
-    returns = returns.detach()
-    loss_unclipped = (values - returns) ** 2
-    if value_clip is None:
-        loss = 0.5 * loss_unclipped.mean()
-        clip_ratio = 0.0
-    else:
-        values_clipped = values_old + torch.clamp(values - values_old, -value_clip, value_clip)
-        loss_clipped = (values_clipped - returns) ** 2
-        loss = 0.5 * torch.max(loss_unclipped, loss_clipped).mean()
-        clip_ratio = _fraction(loss_clipped > loss_unclipped)
+    error, clipped = clipped_value_error(values, values_old, returns, value_clip)
+    loss = 0.5 * error.mean()
+    clip_ratio = 0.0 if value_clip is None else _fraction(clipped)
     return loss, {"value_clip_ratio": clip_ratio, "value_loss": loss.item()}
 
 

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from rlfleet.algorithms import PPOConfig
-from rlfleet.learner.trainer import PPOTrainer
+from rlfleet.learner.trainer import Trainer
 from rlfleet.policies import GaussianMLPPolicy, PolicyConfig
 from rlfleet.wire.segment import Segment
 
@@ -129,7 +129,7 @@ def run(name: str) -> dict:
     cfg, lags, chunk, with_reference = SCENARIOS[name]
     policy = make_policy(0, chunk)
     reference = make_policy(5, chunk) if with_reference else None
-    trainer = PPOTrainer(policy, cfg, reward_scale=0.5, reference=reference)
+    trainer = Trainer(policy, cfg, reward_scale=0.5, reference=reference)
     torch.manual_seed(123)
     metrics: dict[str, float] = {}
     for version in range(UPDATES, 2 * UPDATES):
@@ -138,7 +138,7 @@ def run(name: str) -> dict:
             make_segment(behaviour, B, [version - lag for lag in lags], 10 * version + i, cfg.adv_type == "grpo")
             for i, B in enumerate(ENVS)
         ]
-        metrics = trainer.update(segments, version)
+        metrics = trainer.step(segments, version)
     state = trainer.optimizer.state_dict()["state"]
     return {
         "params": _sha([p for _, p in sorted(policy.state_dict().items())]),
@@ -147,7 +147,7 @@ def run(name: str) -> dict:
     }
 
 
-# Recorded at 2f559dd (PPOTrainer before the prepare/update split), one torch thread.
+# Recorded at 2f559dd (Trainer before the prepare/update split), one torch thread.
 RECORDED: dict[str, dict] = {
     "gae_fresh": {
         "params": "3d08bacd0736ca33",
