@@ -216,7 +216,13 @@ def check_estimator(cfg: PPOConfig) -> None:
 
 def estimate(name: str, inputs: AdvantageInputs, cfg: PPOConfig) -> Advantages:
     """Run the estimator registered as ``name``."""
-    return spec(name).fn(inputs, cfg)
+    est = spec(name)
+    out = est.fn(inputs, cfg)
+    # The learner draws minibatches over rows it knows to be valid on every rank before any
+    # critic runs, so only a critic-free (whole-segment) estimator may leave rows out.
+    if est.critic and not bool(out.keep.all()):
+        raise ValueError(f"the {name} estimator needs a critic, so it must keep every row")
+    return out
 
 
 def advantage_stats(parts: Sequence[Advantages], group_ids: Sequence[Tensor]) -> dict[str, float]:

@@ -155,9 +155,7 @@ def policy_loss(
         raise ValueError(f"dual_clip must be > 1 (or None), got {dual_clip}")
     log_ratio = logp - logp_old.detach()
     ratio = torch.exp(log_ratio)
-    per_sample, dual_active = clipped_surrogate(ratio, advantages, clip_low, clip_high, dual_clip)
-    if weights is not None:
-        per_sample = _per_element(weights, logp, "weights").detach() * per_sample
+    per_sample, dual_active = clipped_surrogate(ratio, advantages, clip_low, clip_high, dual_clip, weights)
     loss = per_sample.mean()
 
     with torch.no_grad():
@@ -173,25 +171,36 @@ def policy_loss(
 
 
 def clipped_surrogate(
-    ratio: Tensor, advantages: Tensor, clip_low: float, clip_high: float, dual_clip: float | None = None
+    ratio: Tensor,
+    advantages: Tensor,
+    clip_low: float,
+    clip_high: float,
+    dual_clip: float | None = None,
+    weights: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """The clipped surrogate per element, and where the dual clip is active (see :func:`policy_loss`):
 
         L = max(-A * ratio, -A * clamp(ratio, 1 - clip_low, 1 + clip_high))
         L = min(L, -c * A) where A < 0                        (dual clip c)
+        L = w * L                                             (truncated IS weights w, constants)
 
-    A per-sample advantage ``[N]`` applies to each element of a ``[N, *P]`` ratio.
+    A per-sample advantage or weight ``[N]`` applies to each element of a ``[N, *P]`` ratio.
     """
     advantages = _per_element(advantages.detach(), ratio, "advantages")
     pg_loss_unclipped = -advantages * ratio
     pg_loss_clipped = -advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
     per_sample = torch.max(pg_loss_unclipped, pg_loss_clipped)
+
+    def weighted(x: Tensor) -> Tensor:
+        return x if weights is None else _per_element(weights, ratio, "weights").detach() * x
+
     if dual_clip is None:
-        return per_sample, torch.zeros_like(ratio, dtype=torch.bool)
+        return weighted(per_sample), torch.zeros_like(ratio, dtype=torch.bool)
     dual_bound = -dual_clip * advantages  # > 0 where A < 0
     negative_adv = advantages < 0
     dual_active = negative_adv & (per_sample > dual_bound)
-    return torch.where(negative_adv, torch.min(per_sample, dual_bound), per_sample), dual_active
+    per_sample = torch.where(negative_adv, torch.min(per_sample, dual_bound), per_sample)
+    return weighted(per_sample), dual_active
 
 
 def clipped_value_error(

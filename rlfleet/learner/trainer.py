@@ -46,7 +46,7 @@ from rlfleet.algorithms import (
 )
 from rlfleet.algorithms.estimators import AdvantageInputs, Advantages, advantage_stats, estimate
 from rlfleet.algorithms.objective import objective
-from rlfleet.algorithms.ppo import _per_element, clipped_surrogate, clipped_value_error, update_loss
+from rlfleet.algorithms.ppo import clipped_surrogate, clipped_value_error, update_loss
 from rlfleet.algorithms.vtrace import chunk_log_ratio
 from rlfleet.learner.distributed import Ranks, SingleRank, global_mean_var
 from rlfleet.learner.metrics import policy_lag_counts
@@ -425,7 +425,7 @@ class Trainer:
             lags,
             logp_ref,
             self._t(seg.task_ids).repeat(T),  # row t*B + b is env b's
-            est.keep.reshape(-1),  # replaced by the shard's mask in `_prepare`
+            est.keep.reshape(-1),  # the shard's mask replaces it (`_prepare`)
         )
 
     # --- update: epochs x minibatches of the clipped objective -----------------------------------
@@ -445,10 +445,8 @@ class Trainer:
             # truncated importance weight of the stale behaviour policy (decoupled PPO)
             log_ratio = logp - mb.logp_old
             ratio = torch.exp(log_ratio)
-            surrogate, dual = clipped_surrogate(
-                ratio, mb.advantages, cfg.clip_ratio_low, cfg.clip_ratio_high, cfg.dual_clip
-            )
-            pg = _per_element(mb.is_weights, logp, "weights") * surrogate
+            low, high = cfg.clip_ratio_low, cfg.clip_ratio_high
+            pg, dual = clipped_surrogate(ratio, mb.advantages, low, high, cfg.dual_clip, mb.is_weights)
             # value: regression to the estimator's returns, clipped around the pre-update values
             v_error, v_clipped = clipped_value_error(values, mb.values_old, mb.returns, cfg.value_clip)
             kl = kl_to_reference(logp, mb.logp_ref) if self.reference is not None else None
@@ -644,7 +642,7 @@ class MinibatchMean:
         self.rows = int(weight.sum())
 
     def _masked_sum(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.where(_per_element(self.weight, x, "weight"), x, 0.0).sum()
+        return torch.where(self.weight.reshape(-1, *[1] * (x.dim() - 1)), x, 0.0).sum()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """The loss's mean: this rank's share of the mean over the whole minibatch."""
