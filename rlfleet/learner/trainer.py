@@ -625,7 +625,8 @@ class Trainer:
         if self.ranks.is_main:
             whole = shard.world_size == 1  # the batch holds every row: no second copy of the observations
             obs = batch.obs if whole else _cat([self._obs(s.obs) for s in segments])
-            _as_policy(self.policy).update_normalization(_index(obs, shard.valid.nonzero().squeeze(-1)))
+            rows = shard.valid.nonzero().squeeze(-1)
+            _as_policy(self.policy).update_normalization(obs if len(rows) == len(shard.valid) else _index(obs, rows))
         self.ranks.broadcast_buffers(self.policy)
 
 
