@@ -61,7 +61,7 @@ class PPOConfig:
     # The value head's own learning rate (None: `lr`). A fresh head on an SFT policy's frozen
     # features learns slowly at the actor's small fine-tuning lr, and its errors are the advantages.
     critic_lr: float | None = None
-    max_policy_lag: int = 4  # drop samples older than this many learner updates
+    max_policy_lag: int = 4  # samples older than this many learner updates are masked out
     rho_bar: float = 1.0  # truncated importance-weight cap
     critic_warmup_updates: int = 0  # first updates train only the critic (a fresh value head on an SFT policy)
     # The learning rate ramps linearly from lr/N to lr over the first N policy updates (after the

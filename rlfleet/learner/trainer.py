@@ -581,7 +581,7 @@ class Trainer:
         (r_mean, r_var), (_, res_var), (adv_mean, _), (w_mean, _) = global_mean_var(
             self.ranks, returns, returns - values, batch.advantages[v], batch.is_weights[v]
         )
-        # 1 - Var[R - V] / Var[R] (see algorithms.explained_variance): undefined when Var[R] = 0
+        # explained variance 1 - Var[R - V] / Var[R]: undefined when Var[R] = 0
         ev = float("nan") if r_var == 0.0 or np.isnan(r_var) else 1.0 - res_var / r_var
         out = {"train/critic/explained_variance": ev} if self.objective.critic else {}  # no critic: nothing explained
         out.update(
