@@ -6,13 +6,15 @@ Scenarios cover each estimator (GAE, V-trace, GRPO), rows older than the lag bou
 warm-up, per-task normalisation, the KL penalty to a reference policy, dual clip without value
 clip, and a chunked policy whose log-probs are per action ([N, K]).
 
-Re-record (only for an intended change, say why in the commit):
+Re-record (only for an intended change, say why in the commit) into data/update_fingerprint.json:
     PYTHONPATH=. python tests/unit/test_update_fingerprint.py
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -147,270 +149,13 @@ def run(name: str) -> dict:
     }
 
 
-# Recorded at 2f559dd (Trainer before the prepare/update split), one torch thread.
-RECORDED: dict[str, dict] = {
-    "gae_fresh": {
-        "params": "3d08bacd0736ca33",
-        "adam": "48653b3ca81c5d91",
-        "metrics": {
-            "rollout/advantages_mean": 0.09998387191444635,
-            "rollout/is_weight_mean": 1.0,
-            "rollout/returns_mean": -0.130885262042284,
-            "throughput/policy_lag": 0.0,
-            "throughput/policy_lag_max": 0.0,
-            "train/actor/approx_kl": 0.013444761435190836,
-            "train/actor/clip_fraction": 0.125,
-            "train/actor/dual_clip_fraction": 0.0,
-            "train/actor/entropy": 1.8085962335268657,
-            "train/actor/grad_norm": 1.4135338068008423,
-            "train/actor/policy_loss": 0.01988716485599677,
-            "train/critic/explained_variance": -1.0801917543812043,
-            "train/critic/value_clip_ratio": 0.375,
-            "train/critic/value_loss": 0.24159755557775497,
-            "train/critic_warmup": 0.0,
-            "train/dropped_samples": 0.0,
-            "train/lr": 0.003,
-            "train/nonfinite_steps": 0.0,
-            "train/obs_norm_clipped_values": 0.0,
-            "train/obs_norm_rejected_rows": 0.0,
-            "train/samples": 48.0,
-        },
-    },
-    "gae_stale_warmup": {
-        "params": "11764985a26a0996",
-        "adam": "d93a34a01415dd2d",
-        "metrics": {
-            "rollout/advantages_mean": -0.059274801751598716,
-            "rollout/is_weight_mean": 1.0102409478276968,
-            "rollout/returns_mean": -0.11565874144434929,
-            "throughput/policy_lag": 1.3333333730697632,
-            "throughput/policy_lag_max": 3.0,
-            "train/actor/approx_kl": 0.006036163365934044,
-            "train/actor/clip_fraction": 0.11666666666666667,
-            "train/actor/dual_clip_fraction": 0.0,
-            "train/actor/entropy": 1.827364484469096,
-            "train/actor/grad_norm": 2.426994800567627,
-            "train/actor/policy_loss": 0.050796055467799306,
-            "train/critic/explained_variance": -1.715863944359842,
-            "train/critic/value_clip_ratio": 0.35,
-            "train/critic/value_loss": 0.19065103431542715,
-            "train/critic_warmup": 0.0,
-            "train/dropped_samples": 16.0,
-            "train/lr": 0.003,
-            "train/nonfinite_steps": 0.0,
-            "train/obs_norm_clipped_values": 0.0,
-            "train/obs_norm_rejected_rows": 0.0,
-            "train/samples": 32.0,
-        },
-    },
-    "gae_dual_clip_no_value_clip": {
-        "params": "3bc33529259f1359",
-        "adam": "81ab09b95b825919",
-        "metrics": {
-            "rollout/advantages_mean": -0.018758507817983626,
-            "rollout/is_weight_mean": 0.9871400132775306,
-            "rollout/returns_mean": -0.1307107549160719,
-            "throughput/policy_lag": 0.6666666865348816,
-            "throughput/policy_lag_max": 2.0,
-            "train/actor/approx_kl": 0.0126160290868332,
-            "train/actor/clip_fraction": 0.1282051282051282,
-            "train/actor/dual_clip_fraction": 0.0,
-            "train/actor/entropy": 1.8057680328687031,
-            "train/actor/grad_norm": 1.6085400581359863,
-            "train/actor/policy_loss": 0.008239701933537921,
-            "train/critic/explained_variance": -1.4807334585218865,
-            "train/critic/value_clip_ratio": 0.0,
-            "train/critic/value_loss": 0.12344363704323769,
-            "train/critic_warmup": 0.0,
-            "train/dropped_samples": 8.0,
-            "train/lr": 0.003,
-            "train/nonfinite_steps": 0.0,
-            "train/obs_norm_clipped_values": 0.0,
-            "train/obs_norm_rejected_rows": 0.0,
-            "train/samples": 40.0,
-        },
-    },
-    "vtrace_stale": {
-        "params": "91f58beb44c6922d",
-        "adam": "0488f40b0eb036e5",
-        "metrics": {
-            "rollout/advantages_mean": -0.07673302735202014,
-            "rollout/is_weight_mean": 1.0,
-            "rollout/returns_mean": -0.10737745030783116,
-            "throughput/policy_lag": 1.1666666269302368,
-            "throughput/policy_lag_max": 3.0,
-            "train/actor/approx_kl": 0.007500658432642619,
-            "train/actor/clip_fraction": 0.10256410256410256,
-            "train/actor/dual_clip_fraction": 0.0,
-            "train/actor/entropy": 1.819514552752177,
-            "train/actor/grad_norm": 1.4998640219370525,
-            "train/actor/policy_loss": 0.01280361549773564,
-            "train/critic/explained_variance": -1.13932835035622,
-            "train/critic/value_clip_ratio": 0.20512820512820512,
-            "train/critic/value_loss": 0.2001673144598802,
-            "train/critic_warmup": 0.0,
-            "train/dropped_samples": 8.0,
-            "train/lr": 0.003,
-            "train/nonfinite_steps": 0.0,
-            "train/obs_norm_clipped_values": 0.0,
-            "train/obs_norm_rejected_rows": 0.0,
-            "train/samples": 40.0,
-        },
-    },
-    "task_norm_stale": {
-        "params": "d69036b8358d2594",
-        "adam": "bf9626586d14dfa4",
-        "metrics": {
-            "rollout/advantages_mean": -0.059628859627991915,
-            "rollout/is_weight_mean": 0.9906748384237289,
-            "rollout/returns_mean": -0.1173478327691555,
-            "throughput/policy_lag": 1.3333333730697632,
-            "throughput/policy_lag_max": 3.0,
-            "train/actor/approx_kl": 0.008327128482051194,
-            "train/actor/clip_fraction": 0.11666666666666667,
-            "train/actor/dual_clip_fraction": 0.0,
-            "train/actor/entropy": 1.8189822832743328,
-            "train/actor/grad_norm": 2.448238432407379,
-            "train/actor/policy_loss": 0.06545435637235641,
-            "train/critic/explained_variance": -1.7107786818507624,
-            "train/critic/value_clip_ratio": 0.3333333333333333,
-            "train/critic/value_loss": 0.1896858513355255,
-            "train/critic_warmup": 0.0,
-            "train/dropped_samples": 16.0,
-            "train/lr": 0.003,
-            "train/nonfinite_steps": 0.0,
-            "train/obs_norm_clipped_values": 0.0,
-            "train/obs_norm_rejected_rows": 0.0,
-            "train/samples": 32.0,
-        },
-    },
-    "grpo_stale": {
-        "params": "3da491e3372d92d6",
-        "adam": "8ae059fbd95b82c2",
-        "metrics": {
-            "rollout/advantages_mean": 0.31249875202775,
-            "rollout/is_weight_mean": 0.9649902209639549,
-            "rollout/returns_mean": 0.375,
-            "throughput/policy_lag": 0.8333333134651184,
-            "throughput/policy_lag_max": 3.0,
-            "train/actor/approx_kl": 0.0019790232715119296,
-            "train/actor/clip_fraction": 0.0,
-            "train/actor/dual_clip_fraction": 0.0,
-            "train/actor/entropy": 1.8280834952990215,
-            "train/actor/grad_norm": 2.453124533096949,
-            "train/actor/policy_loss": -0.3549983004728953,
-            "train/critic_warmup": 0.0,
-            "train/dropped_samples": 32.0,
-            "train/grpo/advantage_abs_max": 0.9999960064888,
-            "train/grpo/advantage_mean": 0.0,
-            "train/grpo/advantage_std": 0.8660219453022892,
-            "train/grpo/filtered_groups": 0.0,
-            "train/grpo/groups": 4.0,
-            "train/grpo/trajectory_return_mean": 0.3125,
-            "train/grpo/trajectory_return_std": 0.34798527267687634,
-            "train/grpo/valid_step_fraction": 0.5,
-            "train/grpo/zero_std_groups": 1.0,
-            "train/lr": 0.003,
-            "train/nonfinite_steps": 0.0,
-            "train/obs_norm_clipped_values": 0.0,
-            "train/obs_norm_rejected_rows": 0.0,
-            "train/samples": 16.0,
-        },
-    },
-    "grpo_filter": {
-        "params": "58668da231397393",
-        "adam": "82600e3a9b0bb046",
-        "metrics": {
-            "rollout/advantages_mean": 0.2941164724967059,
-            "rollout/is_weight_mean": 1.0,
-            "rollout/returns_mean": 0.5,
-            "throughput/policy_lag": 0.0,
-            "throughput/policy_lag_max": 0.0,
-            "train/actor/approx_kl": 0.006948212860152125,
-            "train/actor/clip_fraction": 0.03333333333333333,
-            "train/actor/dual_clip_fraction": 0.0,
-            "train/actor/entropy": 1.831222395102183,
-            "train/actor/grad_norm": 3.030268351236979,
-            "train/actor/policy_loss": -0.3000313738981883,
-            "train/critic_warmup": 0.0,
-            "train/dropped_samples": 31.0,
-            "train/grpo/advantage_abs_max": 0.9999960064888,
-            "train/grpo/advantage_mean": 0.0,
-            "train/grpo/advantage_std": 0.8660219453022892,
-            "train/grpo/filtered_groups": 1.0,
-            "train/grpo/groups": 4.0,
-            "train/grpo/trajectory_return_mean": 0.3125,
-            "train/grpo/trajectory_return_std": 0.34798527267687634,
-            "train/grpo/valid_step_fraction": 0.5,
-            "train/grpo/zero_std_groups": 1.0,
-            "train/lr": 0.003,
-            "train/nonfinite_steps": 0.0,
-            "train/obs_norm_clipped_values": 0.0,
-            "train/obs_norm_rejected_rows": 0.0,
-            "train/samples": 17.0,
-        },
-    },
-    "kl_ref_critic_lr": {
-        "params": "31dd9769e4a03203",
-        "adam": "fbe8fc53534263a9",
-        "metrics": {
-            "rollout/advantages_mean": -0.2517290348187089,
-            "rollout/is_weight_mean": 0.9799218798677126,
-            "rollout/returns_mean": -0.16256555945922932,
-            "throughput/policy_lag": 1.0,
-            "throughput/policy_lag_max": 1.0,
-            "train/actor/approx_kl": 0.0009202342480421066,
-            "train/actor/clip_fraction": 0.010416666666666666,
-            "train/actor/dual_clip_fraction": 0.0,
-            "train/actor/entropy": 1.8122073610623677,
-            "train/actor/grad_norm": 1.4781358639399211,
-            "train/actor/kl_ref": 0.009095301230748495,
-            "train/actor/policy_loss": 0.007207001559436321,
-            "train/critic/explained_variance": -0.31544207854377837,
-            "train/critic/value_clip_ratio": 0.0,
-            "train/critic/value_loss": 0.18942937379082045,
-            "train/critic_warmup": 0.0,
-            "train/dropped_samples": 0.0,
-            "train/lr": 0.003,
-            "train/nonfinite_steps": 0.0,
-            "train/obs_norm_clipped_values": 0.0,
-            "train/obs_norm_rejected_rows": 0.0,
-            "train/samples": 48.0,
-        },
-    },
-    "chunked_per_action_stale": {
-        "params": "b216a7b98404a026",
-        "adam": "42de851f34d02f70",
-        "metrics": {
-            "rollout/advantages_mean": -0.20260499715805053,
-            "rollout/is_weight_mean": 1.008902763823668,
-            "rollout/returns_mean": -0.3212633434683084,
-            "throughput/policy_lag": 1.3333333730697632,
-            "throughput/policy_lag_max": 3.0,
-            "train/actor/approx_kl": 0.00522542306377242,
-            "train/actor/clip_fraction": 0.08974358974358974,
-            "train/actor/dual_clip_fraction": 0.0,
-            "train/actor/entropy": 1.8504958351453145,
-            "train/actor/grad_norm": 1.0093269248803456,
-            "train/actor/policy_loss": 0.014883634323875109,
-            "train/critic/explained_variance": -0.24355475053011721,
-            "train/critic/value_clip_ratio": 0.20512820512820512,
-            "train/critic/value_loss": 0.42598799367745716,
-            "train/critic_warmup": 0.0,
-            "train/dropped_samples": 8.0,
-            "train/lr": 0.003,
-            "train/nonfinite_steps": 0.0,
-            "train/obs_norm_clipped_values": 0.0,
-            "train/obs_norm_rejected_rows": 0.0,
-            "train/samples": 40.0,
-        },
-    },
-}
+# Recorded at 2f559dd (PPOTrainer before the prepare/update split), one torch thread.
+RECORDED_FILE = Path(__file__).parent / "data" / "update_fingerprint.json"
 
 
 @pytest.mark.parametrize("name", list(SCENARIOS))
 def test_updates_are_bit_for_bit_the_recorded_ones(name):
-    got, want = run(name), RECORDED[name]
+    got, want = run(name), json.loads(RECORDED_FILE.read_text())[name]
     assert got["params"] == want["params"], name
     assert got["adam"] == want["adam"], name
     assert got["metrics"].keys() == want["metrics"].keys()
@@ -420,7 +165,4 @@ def test_updates_are_bit_for_bit_the_recorded_ones(name):
 
 if __name__ == "__main__":
     torch.set_num_threads(1)
-    print("RECORDED: dict[str, dict] = {")
-    for scenario in SCENARIOS:
-        print(f"    {scenario!r}: {run(scenario)!r},")
-    print("}")
+    RECORDED_FILE.write_text(json.dumps({name: run(name) for name in SCENARIOS}, indent=1, sort_keys=True) + "\n")
