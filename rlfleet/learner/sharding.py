@@ -6,8 +6,8 @@ the estimator) that every rank computes alike. A rank prepares only its share of
 (:func:`shard_rows`, :func:`segment_envs`): columns keep their time steps together, which GAE and
 V-trace run along. Minibatches are drawn over the one-process valid rows, so each is split
 exactly between the ranks (:func:`minibatch_rows`); each rank's loss divides its sum over its rows
-by the one-process minibatch size over world_size, so DDP's average of the ranks' gradients is the
-one-process gradient.
+by the one-process minibatch size over world_size (:class:`MinibatchMean`), so DDP's average of
+the ranks' gradients is the one-process gradient.
 
 A rank with no row in a minibatch (fewer env columns than ranks, or its rows all too old) still
 steps with the others (every rank must join every gradient all-reduce, or DDP hangs): it runs one
@@ -19,6 +19,7 @@ Nothing here talks to other ranks; the collectives are in :mod:`rlfleet.learner.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
@@ -145,3 +146,35 @@ def minibatch_rows(shard: RowShard, order: torch.Tensor, mb_size: int) -> Iterat
                 torch.zeros(1, dtype=torch.long, device=rows.device),
                 torch.zeros(1, dtype=torch.bool, device=rows.device),
             )
+
+
+class MinibatchMean:
+    """The means one minibatch step takes on this rank's rows ([n, *P] per-row or per-element values).
+
+    ``weight`` [n] marks the rows that count (False: a row this rank runs only to step with the
+    others); ``loss_rows`` is the one-process minibatch size over world_size, so the loss mean,
+    summed over a rank's rows and averaged by DDP over ranks, is the one-process mean.
+    """
+
+    def __init__(self, weight: torch.Tensor, loss_rows: float):
+        self.weight, self.loss_rows = weight, loss_rows
+        self.rows = int(weight.sum())
+
+    def _masked_sum(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.where(self.weight.reshape(-1, *[1] * (x.dim() - 1)), x, 0.0).sum()
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """The loss's mean: this rank's share of the mean over the whole minibatch."""
+        return self._masked_sum(x) / (self.loss_rows * _elements_per_row(x))
+
+    def local(self, x: torch.Tensor) -> torch.Tensor:
+        """The mean over this rank's counted rows (statistics)."""
+        return self._masked_sum(x) / (self.rows * _elements_per_row(x))
+
+    def fraction(self, flags: torch.Tensor) -> float:
+        """The exact fraction of this rank's counted elements that are True."""
+        return int(self._masked_sum(flags).item()) / (self.rows * _elements_per_row(flags))
+
+
+def _elements_per_row(x: torch.Tensor) -> int:
+    return math.prod(x.shape[1:])

@@ -16,7 +16,7 @@ test the algorithm's name.
 
 Under torchrun (rlfleet.learner.distributed) every rank runs the same step on its share of the
 env columns (rlfleet.learner.sharding). DDP reaches `update` only as a weight mask and a loss
-divisor per minibatch (`MinibatchMean`): each rank's loss is its sum over its rows of a
+divisor per minibatch (`sharding.MinibatchMean`): each rank's loss is its sum over its rows of a
 one-process minibatch divided by that minibatch's size over world_size, so DDP's gradient
 average equals the one-process gradient.
 """
@@ -50,7 +50,15 @@ from rlfleet.algorithms.ppo import clipped_surrogate, clipped_value_error, updat
 from rlfleet.algorithms.vtrace import chunk_log_ratio
 from rlfleet.learner.distributed import Ranks, SingleRank, global_mean_var
 from rlfleet.learner.metrics import policy_lag_counts
-from rlfleet.learner.sharding import RowShard, minibatch_rows, minibatch_size, segment_envs, shard_rows, whole_batch
+from rlfleet.learner.sharding import (
+    MinibatchMean,
+    RowShard,
+    minibatch_rows,
+    minibatch_size,
+    segment_envs,
+    shard_rows,
+    whole_batch,
+)
 from rlfleet.policies.base import Policy
 from rlfleet.policies.gaussian_mlp import RunningNorm
 from rlfleet.wire.segment import Segment
@@ -628,38 +636,6 @@ class Trainer:
             rows = shard.valid.nonzero().squeeze(-1)
             _as_policy(self.policy).update_normalization(obs if len(rows) == len(shard.valid) else _index(obs, rows))
         self.ranks.broadcast_buffers(self.policy)
-
-
-class MinibatchMean:
-    """The means one minibatch step takes on this rank's rows ([n, *P] per-row or per-element values).
-
-    ``weight`` [n] marks the rows that count (False: a row this rank runs only to step with the
-    others); ``loss_rows`` is the one-process minibatch size over world_size, so the loss mean,
-    summed over a rank's rows and averaged by DDP over ranks, is the one-process mean.
-    """
-
-    def __init__(self, weight: torch.Tensor, loss_rows: float):
-        self.weight, self.loss_rows = weight, loss_rows
-        self.rows = int(weight.sum())
-
-    def _masked_sum(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.where(self.weight.reshape(-1, *[1] * (x.dim() - 1)), x, 0.0).sum()
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """The loss's mean: this rank's share of the mean over the whole minibatch."""
-        return self._masked_sum(x) / (self.loss_rows * _elements_per_row(x))
-
-    def local(self, x: torch.Tensor) -> torch.Tensor:
-        """The mean over this rank's counted rows (statistics)."""
-        return self._masked_sum(x) / (self.rows * _elements_per_row(x))
-
-    def fraction(self, flags: torch.Tensor) -> float:
-        """The exact fraction of this rank's counted elements that are True."""
-        return int(self._masked_sum(flags).item()) / (self.rows * _elements_per_row(flags))
-
-
-def _elements_per_row(x: torch.Tensor) -> int:
-    return math.prod(x.shape[1:])
 
 
 class RowWeightedMeans:

@@ -6,7 +6,14 @@ import numpy as np
 import pytest
 import torch
 
-from rlfleet.learner.sharding import minibatch_rows, minibatch_size, segment_envs, shard_rows, whole_batch
+from rlfleet.learner.sharding import (
+    MinibatchMean,
+    minibatch_rows,
+    minibatch_size,
+    segment_envs,
+    shard_rows,
+    whole_batch,
+)
 from rlfleet.wire.segment import Segment
 
 VERSION, MAX_LAG = 5, 2
@@ -154,3 +161,20 @@ def test_one_process_slices_the_valid_rows_in_permutation_order():
     valid_ids = valid.nonzero().squeeze(-1)
     assert [rows.tolist() for rows, _ in got] == [valid_ids[order[:3]].tolist(), valid_ids[order[3:6]].tolist()]
     assert all(bool(weight.all()) for _, weight in got)  # the remainder (one row) is left out of the epoch
+
+
+def test_the_minibatch_mean_is_the_plain_mean_on_one_process_and_its_share_under_ddp():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(6, 3, generator=g)  # per-element values of a 6-row minibatch, 3 per row
+    whole = MinibatchMean(torch.ones(6, dtype=torch.bool), 6.0)
+    assert torch.equal(whole(x), x.mean()) and torch.equal(whole.local(x), x.mean())  # bit for bit
+    assert whole.fraction(x > 0) == int((x > 0).sum()) / 18
+    # two ranks holding rows 0-3 and 4-5: DDP averages their losses' gradients, i.e. their values
+    shares = [MinibatchMean(torch.ones(4, dtype=torch.bool), 3.0), MinibatchMean(torch.ones(2, dtype=torch.bool), 3.0)]
+    torch.testing.assert_close((shares[0](x[:4]) + shares[1](x[4:])) / 2, x.mean())
+    # a rank with none of the rows runs one with weight 0: no loss, no statistics, but a gradient path
+    y = x[:1].clone().requires_grad_(True)
+    idle = MinibatchMean(torch.zeros(1, dtype=torch.bool), 3.0)
+    loss = idle(y)
+    loss.backward()
+    assert loss.item() == 0.0 and idle.rows == 0 and torch.equal(y.grad, torch.zeros_like(y))
