@@ -44,7 +44,7 @@ from rlfleet.learner.ingest import IngestQueue
 from rlfleet.learner.losses import LossLedger
 from rlfleet.learner.metrics import EpisodeWindow, MetricsWriter, TrainProgress, mean_returns, print_summary
 from rlfleet.learner.service import LearnerServicer, segment_byte_limit
-from rlfleet.learner.trainer import PPOTrainer, ppo_config
+from rlfleet.learner.trainer import Trainer, ppo_config
 from rlfleet.learner.weight_publisher import WeightPublisher, tensor_digests
 from rlfleet.policies.base import Policy
 from rlfleet.policies.checkpoint_io import cpu_state_dict, model_config, policy_from_config, reference_policy
@@ -142,7 +142,7 @@ class Learner:
         # their copy from the run's config (a model_path checkpoint's settings the recipe leaves out)
         model_path = cfg.policy.get("model_path")
         cfg.policy = {**self.model_config["policy"], **({"model_path": model_path} if model_path else {})}
-        self.trainer = PPOTrainer(
+        self.trainer = Trainer(
             self.policy,
             ppo_config(cfg.algorithm),
             cfg.learner.reward_scale,
@@ -325,7 +325,7 @@ class Learner:
                     if cfg.learner.consume_only:
                         continue
                     self.ranks.send_update(segments, self.counters.version)  # ranks > 0 train on them too
-                    stats = self.trainer.update(segments, self.counters.version)
+                    stats = self.trainer.step(segments, self.counters.version)
                     self.counters.version += 1
                     self.counters.update += 1
                     self._publish()

@@ -77,12 +77,12 @@ def test_every_module_an_update_runs_through_is_named():
     from mlp_segments import make_segment
 
     from rlfleet.algorithms import PPOConfig
-    from rlfleet.learner.trainer import PPOTrainer
+    from rlfleet.learner.trainer import Trainer
     from rlfleet.policies import GaussianMLPPolicy, PolicyConfig
 
     torch.manual_seed(0)
     policy = GaussianMLPPolicy(5, 2, 1, PolicyConfig(hidden_sizes=[8, 8]))
-    trainer = PPOTrainer(policy, PPOConfig(update_epochs=1, num_minibatches=1))
+    trainer = Trainer(policy, PPOConfig(update_epochs=1, num_minibatches=1))
     terminated = np.zeros((8, 4), bool)
     terminated[3, 1] = True
     segments = [make_segment(policy, 8, 4, [3] * 8, seed=i, terminated=terminated) for i in range(2)]
@@ -95,7 +95,7 @@ def test_every_module_an_update_runs_through_is_named():
 
     sys.setprofile(record)
     try:
-        trainer.update(segments, version=3)
+        trainer.step(segments, version=3)
     finally:
         sys.setprofile(None)
     assert "rlfleet/learner/trainer.py" in ran and "rlfleet/algorithms/ppo.py" in ran
