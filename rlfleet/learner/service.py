@@ -18,6 +18,7 @@ from rlfleet.learner.weight_publisher import WeightPublisher
 from rlfleet.wire import codec
 from rlfleet.wire.gen import learner_pb2, learner_pb2_grpc, tensor_pb2
 from rlfleet.wire.grpc_decoding import UndecodableRequest
+from rlfleet.wire.grpc_limits import PeerRate, peer_host
 from rlfleet.wire.rejections import RejectionCounter
 from rlfleet.wire.segment import Segment
 
@@ -30,6 +31,10 @@ FORGET_CLIENT_S = 600.0  # a client silent this long is dropped from the table
 MAX_CLIENTS = 4096
 MAX_FAULT_LIVES = 4096  # actor lives whose env fault counts are kept apart (older ones are folded)
 MAX_FAULT_KINDS = 32  # per heartbeat; a kind is at most 64 characters
+# New client ids one peer host may register: a burst, then a rate. With ids forgotten after
+# FORGET_CLIENT_S, one host holds at most 256 + 4 * 600 = 2,656 of the MAX_CLIENTS entries.
+REGISTER_BURST = 256
+REGISTER_PER_S = 4.0
 MAX_CLIENT_ID_BYTES = 128  # a longer id is refused: ids are kept in the client table and the loss ledger
 
 
@@ -108,6 +113,7 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
         # so an actor that could not start leaves no hole in the fleet's env seeds and tasks.
         self._free_index: dict[str, list[int]] = {}
         self._lock = threading.Lock()
+        self.register_rate = PeerRate(REGISTER_BURST, REGISTER_PER_S)
 
     # ---- membership -------------------------------------------------------------------------
     def _forget_silent(self) -> None:
@@ -174,6 +180,16 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
 
     def Register(self, request, context):
         self._check_client_id(request.client_id, context)
+        with self._lock:
+            known = request.client_id in self._clients
+        peer = peer_host(context.peer() if hasattr(context, "peer") else "")
+        if not known and not self.register_rate.allow(peer):
+            self.other_rejections.count("register_rate")
+            _abort(
+                context,
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"too many new client ids from {peer}: {REGISTER_BURST} at once, then {REGISTER_PER_S:g} a second",
+            )
         with self._lock:
             info = self._client(request.client_id, request.role)
             before = 0

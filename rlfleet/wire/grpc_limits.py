@@ -21,6 +21,7 @@ import os
 import threading
 import time
 import weakref
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -185,3 +186,39 @@ class StreamBudget(grpc.ServerInterceptor):
                     self._leave(open_method)
 
         return handler._replace(**{kind: call})
+
+
+def peer_host(peer: str) -> str:
+    """The host part of a gRPC peer string ('ipv4:1.2.3.4:5', 'ipv6:[::1]:5', 'unix:/p')."""
+    kind, _, rest = peer.partition(":")
+    if kind in ("ipv4", "ipv6") and ":" in rest:
+        return rest.rsplit(":", 1)[0]
+    return peer
+
+
+class PeerRate:
+    """A token bucket per peer host: `burst` at once, then `per_s` a second; refusals counted.
+
+    Bounds what one host can add to a table whose entries are forgotten after `forget_s`: at most
+    `burst + per_s * forget_s` live entries per host. The buckets themselves are bounded
+    (`max_peers`, least recently used dropped, which only gives that host a full bucket back).
+    """
+
+    def __init__(self, burst: int, per_s: float, max_peers: int = 1024):
+        self.burst, self.per_s, self.max_peers = burst, per_s, max_peers
+        self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()  # host -> (tokens, at)
+        self._lock = threading.Lock()
+        self.refused = 0
+
+    def allow(self, host: str) -> bool:
+        now = time.monotonic()
+        with self._lock:
+            tokens, at = self._buckets.pop(host, (float(self.burst), now))
+            tokens = min(float(self.burst), tokens + (now - at) * self.per_s)
+            ok = tokens >= 1.0
+            self._buckets[host] = (tokens - 1.0 if ok else tokens, now)
+            while len(self._buckets) > self.max_peers:
+                self._buckets.popitem(last=False)
+            if not ok:
+                self.refused += 1
+            return ok
