@@ -14,6 +14,8 @@ from rlfleet.wire.auth import (
     add_server_port,
     check_bind_host,
     grpc_options,
+    identity_of,
+    identity_table,
     resolve,
     secure_channel,
     server_interceptors,
@@ -44,7 +46,8 @@ def start_grpc_server(
     cfg = resolve(auth)
     check_bind_host(host, cfg)
     limits = limits or StreamLimits.from_env()
-    budget = StreamBudget(limits, on_refused)
+    table = identity_table(cfg)
+    budget = StreamBudget(limits, on_refused, lambda md: identity_of(md, cfg), identities=len(table))
     server = grpc.server(
         # threads idle 10 s end: a burst of calls does not leave hundreds behind for good
         ShrinkingThreadPool(max_workers + limits.max_streams + limits.max_open_streams, idle_s=10.0),

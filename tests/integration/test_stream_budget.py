@@ -276,3 +276,61 @@ def test_a_register_flood_cannot_fill_the_client_table(learner_server):
     # what one host can hold at most while entries live FORGET_CLIENT_S: well under the table
     assert REGISTER_BURST + REGISTER_PER_S * FORGET_CLIENT_S < MAX_CLIENTS
     print(f"register flood: {admitted} admitted, {refused} refused in {elapsed:.1f} s")
+
+
+def test_each_token_identity_has_its_share_of_streams_and_client_entries(tmp_path, monkeypatch):
+    """With several token identities (RLFLEET_IDENTITIES_FILE), one cannot exhaust the stream budget
+    or the client table another needs: each holds at most its share."""
+    from rlfleet.learner import service
+    from rlfleet.wire.auth import AuthConfig
+
+    monkeypatch.setattr(service, "MAX_CLIENTS", 12)
+    ids = tmp_path / "identities"
+    ids.write_text("# name token\nalice a-token\nbob b-token\n")
+    ids.chmod(0o600)
+    server_auth = AuthConfig(token="fleet-token", identities_file=str(ids))  # three identities
+    ingest, publisher = IngestQueue(maxsize=4), WeightPublisher()
+    publisher.publish(0, b"weights")
+    servicer = LearnerServicer("x: 1\n", "run", ingest, publisher, auth=server_auth)
+    server, port = start_grpc_server(
+        "127.0.0.1",
+        0,
+        [lambda s: learner_pb2_grpc.add_LearnerServiceServicer_to_server(servicer, s)],
+        ["rlfleet.v1.LearnerService"],
+        auth=server_auth,
+        limits=StreamLimits(max_streams=9, idle_s=600),
+        on_refused=servicer.other_rejections.count,
+    )
+    address, stop = f"127.0.0.1:{port}", threading.Event()
+    alice_ch = make_channel(address, AuthConfig(token="a-token"))
+    bob_ch = make_channel(address, AuthConfig(token="b-token"))
+    alice, bob = learner_pb2_grpc.LearnerServiceStub(alice_ch), learner_pb2_grpc.LearnerServiceStub(bob_ch)
+    held = [alice.PushTrajectory.future(_idle(stop)) for _ in range(3)]  # alice's share: 9 // 3
+    try:
+        _wait_open(server, 3)
+        with pytest.raises(grpc.RpcError) as err:  # a fourth is hers no more
+            alice.PushTrajectory(iter([]), timeout=30)
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "alice" in err.value.details()
+        ack = bob.PushTrajectory(
+            iter([learner_pb2.TrajectoryChunk(client_id="b", segment_id=1, num_chunks=1, payload=b"\xff")]),
+            timeout=30,
+        )
+        assert not ack.accepted and ack.error  # bob's push is answered (refused as undecodable)
+        # the client table: 12 // 3 entries each
+        for i in range(4):
+            alice.Register(learner_pb2.RegisterRequest(client_id=f"alice-{i}", role="actor"), timeout=30)
+        with pytest.raises(grpc.RpcError) as err:
+            alice.Register(learner_pb2.RegisterRequest(client_id="alice-4", role="actor"), timeout=30)
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        alice.Register(learner_pb2.RegisterRequest(client_id="alice-0", role="actor"), timeout=30)  # a known id
+        for i in range(4):
+            bob.Register(learner_pb2.RegisterRequest(client_id=f"bob-{i}", role="actor"), timeout=30)
+        assert servicer.rejected_calls() == {"identity_streams": 1, "identity_clients": 1}
+    finally:
+        stop.set()
+        for c in held:
+            c.cancel()
+        alice_ch.close()
+        bob_ch.close()
+        publisher.finish()
+        server.stop(grace=0)
