@@ -404,7 +404,7 @@ def test_learner_ingest_rejects_every_malformed_push(learner):
 
 STORM = int(os.environ.get("RLFLEET_FUZZ_STORM", "10000"))  # messages in all (seeded, bounded)
 FD_BOUND = 16  # open fds the storm may leave behind (sockets still closing)
-THREAD_BOUND = 16  # threads likewise (gRPC workers end 10 s after their last call; the storm started 270)
+THREAD_BOUND = 16  # threads likewise (idle gRPC workers end 10 s after their last call)
 RSS_BOUND_MB = 200  # resident memory it may add (allocator caches, gRPC buffers)
 EXPECTED_CODES = {
     grpc.StatusCode.INVALID_ARGUMENT,
