@@ -9,8 +9,9 @@ idle, up to `max_workers`) and ends a thread that has waited `idle_s` without wo
 
 from __future__ import annotations
 
-import queue
 import threading
+import time
+from collections import deque
 from collections.abc import Callable
 from concurrent import futures
 from typing import Any
@@ -25,8 +26,10 @@ class ShrinkingThreadPool(futures.Executor):
         self.max_workers = max_workers
         self.idle_s = idle_s
         self._name = name
-        self._work: queue.SimpleQueue = queue.SimpleQueue()
-        self._lock = threading.Lock()
+        # Work, the idle count and the exit decision share one lock, so a call queued while a
+        # thread is timing out is never left without a thread.
+        self._work: deque[tuple[futures.Future, Callable[..., Any], tuple, dict]] = deque()
+        self._cond = threading.Condition(threading.Lock())
         self._threads = 0  # alive
         self._idle = 0  # waiting for work
         self._shutdown = False
@@ -37,61 +40,51 @@ class ShrinkingThreadPool(futures.Executor):
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> futures.Future:
         future: futures.Future = futures.Future()
-        with self._lock:
+        with self._cond:
             if self._shutdown:
                 raise RuntimeError("cannot schedule new futures after shutdown")
-            self._work.put((future, fn, args, kwargs))
-            # Items not yet taken by an idle thread need a new one (the check and the exit
-            # decision in _run are both under this lock, so no item is left without a thread).
-            if self._work.qsize() > self._idle and self._threads < self.max_workers:
+            self._work.append((future, fn, args, kwargs))
+            # Queued calls beyond the idle threads (each of which takes one) need new threads.
+            if len(self._work) > self._idle and self._threads < self.max_workers:
                 self._threads += 1
                 threading.Thread(target=self._run, name=f"{self._name}-{self._threads}", daemon=True).start()
+            else:
+                self._cond.notify()
         return future
 
-    def _run(self) -> None:
-        while True:
-            with self._lock:
-                self._idle += 1
-            try:
-                item = self._work.get(timeout=self.idle_s)
-            except queue.Empty:
-                item = None
-            with self._lock:
-                self._idle -= 1
-                if item is None:
-                    if self._work.empty() or self._shutdown:
-                        self._threads -= 1
-                        return
-                    continue
-            if item is _STOP:
-                with self._lock:
+    def _take(self) -> tuple[futures.Future, Callable[..., Any], tuple, dict] | None:
+        """The next call, or None when this thread should end (idle too long, or shut down)."""
+        with self._cond:
+            deadline = time.monotonic() + self.idle_s
+            while not self._work:
+                left = deadline - time.monotonic()
+                if self._shutdown or left <= 0:
                     self._threads -= 1
-                return
+                    return None
+                self._idle += 1
+                try:
+                    self._cond.wait(left)
+                finally:
+                    self._idle -= 1
+            return self._work.popleft()
+
+    def _run(self) -> None:
+        while (item := self._take()) is not None:
             future, fn, args, kwargs = item
-            if not future.set_running_or_notify_cancel():
-                continue
-            try:
-                result = fn(*args, **kwargs)
-            except BaseException as exc:
-                future.set_exception(exc)
-            else:
-                future.set_result(result)
+            if future.set_running_or_notify_cancel():
+                try:
+                    result = fn(*args, **kwargs)
+                except BaseException as exc:
+                    future.set_exception(exc)
+                else:
+                    future.set_result(result)
             del item, future, fn, args, kwargs  # a finished call's objects do not wait for the next
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
-        with self._lock:
+        """No new calls; idle threads end now, busy ones after their call (not waited for)."""
+        with self._cond:
             self._shutdown = True
-            threads = self._threads
-        if cancel_futures:
-            while True:
-                try:
-                    item = self._work.get_nowait()
-                except queue.Empty:
-                    break
-                if item is not _STOP:
-                    item[0].cancel()
-        for _ in range(threads):
-            self._work.put(_STOP)
-
-
-_STOP = object()
+            if cancel_futures:
+                while self._work:
+                    self._work.popleft()[0].cancel()
+            self._cond.notify_all()

@@ -30,3 +30,23 @@ def test_threads_grow_to_the_cap_run_everything_and_end_when_idle():
     pool.shutdown()
     with pytest.raises(RuntimeError):
         pool.submit(lambda: 1)
+
+
+def test_calls_queued_while_threads_time_out_all_run():
+    """Submissions racing idle threads' exits (idle_s tiny): no call is left without a thread."""
+    pool = ShrinkingThreadPool(4, idle_s=0.001)
+    done: list = []
+
+    def feed(k: int) -> None:
+        for i in range(300):
+            done.append(pool.submit(lambda i=i: i + k))
+            if i % 50 == 0:
+                time.sleep(0.002)  # let threads go idle and end in between
+
+    feeders = [threading.Thread(target=feed, args=(k,)) for k in range(4)]
+    for t in feeders:
+        t.start()
+    for t in feeders:
+        t.join()
+    assert len([f.result(timeout=30) for f in done]) == 1200
+    assert pool.threads <= 4
