@@ -110,7 +110,7 @@ class Settings:
             f"env.max_episode_steps={self.episode_steps}",
             "actor.num_workers=2",
             "actor.pipeline_stage_num=2",
-            "learner.batch_env_steps=2048",  # bounds the learner's memory at 224 px
+            "learner.batch_samples=2048",  # bounds the learner's memory at 224 px
             f"learner.consume_only={str(mode == 'sampling').lower()}",
             "runner.total_env_steps=1000000000000",
             # a safety stop only: the bench stops the learner itself once it has measured
@@ -914,7 +914,8 @@ def main(argv: list[str] | None = None) -> int:
         name, _, task = args.sim.partition(":")
         sim_us = bare_sim_us(name, task, 2.0 if args.quick else 5.0)
     report: dict[str, Any] = {
-        "meta": meta | {"sim": args.sim, "sim_us_per_env_step": sim_us},
+        # env steps: the substeps simulated (issue 50; reports before it counted K per chunk)
+        "meta": meta | {"sim": args.sim, "sim_us_per_env_step": sim_us, "env_step_count": "simulated"},
         "sweep": sweep,
         "points": [(f, asdict(pt)) for f, pt in points],
         "results": results,

@@ -4,9 +4,11 @@
 
 For each SFT seed S it builds (or reuses from cache/) the recipe's SFT checkpoint with
 `sft.seed=S`, exactly as `rlfleet train` bootstraps it, then evaluates that one checkpoint on the
-held-out eval episodes (`eval.seed` up, the same episodes for every decoder) with each decoder of
-`policy.decode` (`TinyOFTPolicy.decode`). Prints a table per task and writes `--json`; the
-paired difference to argmax is reported as mean +- standard error over the SFT seeds.
+held-out validation episodes (`eval.validation_seed` up, the same episodes for every decoder; a
+decoder is chosen by looking at success, so never on the test episodes results report: `--split
+test` only to re-measure a choice already made) with each decoder of `policy.decode`
+(`TinyOFTPolicy.decode`). Prints a table per task and writes `--json`; the paired difference to
+argmax is reported as mean +- standard error over the SFT seeds.
 """
 
 from __future__ import annotations
@@ -30,11 +32,13 @@ def main() -> int:
     p.add_argument("overrides", nargs="*", help="recipe overrides (key=value) for the SFT start")
     p.add_argument("--sft-seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--episodes", type=int, default=50, help="held-out episodes per task")
+    p.add_argument("--split", choices=["validation", "test"], default="validation", help="held-out split to play")
     p.add_argument("--decoders", nargs="+", choices=OFT_DECODERS, default=list(OFT_DECODERS))
     p.add_argument("--json", help="also write the results here")
     args = p.parse_args()
 
-    from rlfleet.config import eval_env_config, load_config
+    from rlfleet.config import eval_env_config, eval_seed_range, load_config
+    from rlfleet.envs.registry import task_list
     from rlfleet.eval.episodes import evaluate_policy
     from rlfleet.policies.checkpoint_io import load_checkpoint
     from rlfleet.runs.bootstrap import ensure_sft_checkpoint
@@ -43,18 +47,21 @@ def main() -> int:
     for seed in args.sft_seeds:
         cfg = load_config(args.recipe, [*args.overrides, f"sft.seed={seed}"])
         ckpt = ensure_sft_checkpoint(cfg, progress=False)
-        env = eval_env_config(cfg)
+        cfg.eval.episodes_per_task = args.episodes
+        env = eval_env_config(cfg, args.split)
+        first = eval_seed_range(cfg, len(task_list(env)), args.split).start  # the start check: splits apart
         results[str(seed)] = {}
         for decoder in args.decoders:
             policy, _ = load_checkpoint(ckpt, overrides={"decode": decoder})
             t0 = time.monotonic()
-            success = evaluate_policy(policy, env, args.episodes, seed=cfg.eval.seed, progress=False)
+            success = evaluate_policy(policy, env, args.episodes, seed=first, progress=False)
             results[str(seed)][decoder] = success
             mean = 100 * statistics.fmean(success.values())
             print(f"SFT seed {seed} ({ckpt}), {decoder}: mean {mean:.1f}% ({time.monotonic() - t0:.0f} s)", flush=True)
     print("\n" + "\n".join(_table(results, args.decoders)))
     if args.json:
-        Path(args.json).write_text(json.dumps({"command": " ".join(sys.argv), "success": results}, indent=2))
+        out = {"command": " ".join(sys.argv), "split": args.split, "success": results}
+        Path(args.json).write_text(json.dumps(out, indent=2))
     return 0
 
 

@@ -62,7 +62,7 @@ def fleet(args: argparse.Namespace, folder: Path) -> float:
         f"env.max_episode_steps={args.max_episode_steps}",
         f"env.gym_render_quality={args.quality}",
         f"actor.num_envs={args.num_envs}",
-        f"learner.batch_env_steps={args.num_envs * 20}",
+        f"learner.batch_samples={args.num_envs * 20}",
         f"runner.total_env_steps={args.fleet_steps}",
         f"runner.max_wall_seconds={args.fleet_seconds}",
         f"runner.logger.log_path={folder / 'run'}",

@@ -49,6 +49,7 @@ def main() -> int:
         "env_steps_per_s": rates,
         "us_per_env_step": cpu,
         "hf_over_tiny": ratio,
+        "env_step_count": "simulated",  # substeps that ran (issue 50; earlier reports: K per chunk)
     }
     print(
         f"training env steps/s, median of {args.repeats}: tiny_oft {statistics.median(rates['tiny_oft']):.0f}, "

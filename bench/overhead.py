@@ -52,7 +52,7 @@ CASES: dict[str, tuple[str, list[str]]] = {
             "env.max_episode_steps=160",
             "actor.num_envs=20",
             "actor.rollout_len=20",
-            "learner.batch_env_steps=1600",
+            "learner.batch_samples=1600",
         ],
     ),
 }

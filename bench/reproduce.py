@@ -2,14 +2,19 @@
 
     python bench/reproduce.py RECIPE --seeds 3 [--out DIR] [key=value ...]
 
-Runs `rlfleet train RECIPE runner.seed=S env.seed=S eval.before=true runner.logger.log_path=DIR/seedS
-[key=value ...]` for S = 0..N-1, one after another (they share the cores, so budgets in env steps
-compare seeds fairly; a wall-clock budget does not). Each run evaluates its starting policy and its
-final policy on the held-out eval seeds (`eval.seed` up, which no training env or demo replays:
+Runs `rlfleet train RECIPE runner.seed=S env.seed=S sft.seed=S eval.before=true
+runner.logger.log_path=DIR/seedS [key=value ...]` for S = 0..N-1, one after another (they share the
+cores, so budgets in env steps compare seeds fairly; a wall-clock budget does not). Each seed is a
+full repeat: a recipe that builds its SFT start (`demos.bootstrap`) behaviour-clones its own on the
+same demos (`sft.seed`: the policy's initialisation and the minibatch order; the demos' `demos.seed`
+stays), then runs its own RL; `--shared-sft` gives every seed the recipe's one SFT start instead (as
+results before issue 50 did). Each run evaluates its starting policy and its final policy on the
+same held-out eval episodes (`eval.seed` up, which no training env or demo replays:
 docs/evaluation.md "Held-out seeds") and, with `eval.every_updates` / `eval.every_seconds`, writes
 eval/* curves to TensorBoard. Then it writes DIR/results.md (per task and mean: success before and
-after as mean +- standard error over seeds, the exact commands, the commit, the wall time) and PNG
-plots of success against env steps and against wall clock (mean, standard error band and each seed).
+after as mean +- standard error over the repeats, the binomial standard error of one evaluation, the
+exact commands, the commit, the wall time) and PNG plots of success against env steps and against
+wall clock (mean, standard error band and each seed).
 
 `--average-last K` also averages each seed's last K kept checkpoints (`rlfleet average RUN --last
 K`: the mean of their weights, RUN/checkpoints/average), evaluates that policy on the run's own
@@ -24,6 +29,9 @@ for, so a 1M-step result extends to 3M without rerunning the first million. A re
 its first evaluation of the starting policy. `--fresh` reruns every seed from scratch. The page
 names each seed's commit and where it was resumed; a seed's wall time adds up all its lives, a
 killed one's counted up to the last write to its log.
+
+`python bench/reproduce.py --report-only` with no recipe rebuilds docs/results.md from the committed
+data in docs/results/ (bench/results_page.py).
 """
 
 from __future__ import annotations
@@ -243,6 +251,14 @@ def _pm(pair: tuple[float, float], scale: float = 100.0, signed: bool = False, d
     return f"{scale * mean:{sign}.{digits}f} +- {scale * se:.{digits}f}"
 
 
+def binomial_se(p: float, episodes: int) -> float:
+    """The standard error of one success rate p read from `episodes` independent episodes,
+    sqrt(p (1 - p) / n): the sampling of one evaluation, which a spread over seeds does not show."""
+    if episodes <= 0 or math.isnan(p):
+        return math.nan
+    return math.sqrt(max(p * (1.0 - p), 0.0) / episodes)
+
+
 def all_success_bound(episodes: int, confidence: float = 0.95) -> float:
     """The lowest success rate that is still consistent with `episodes` successes in `episodes`
     tries: the exact one-sided binomial (Clopper-Pearson) lower bound for k = n, p ** n = 1 - confidence."""
@@ -300,12 +316,16 @@ def results_markdown(
     resumed: str = "",
     episodes_per_task: int = 0,
     paired: list[str] | None = None,
+    sft_note: str = "",
 ) -> str:
     """The results page: success before / after per task and mean (%, mean +- SE over seeds); for
-    chained envs their chain metrics instead (whole-chain success is their last success_len_k)."""
+    chained envs their chain metrics instead (whole-chain success is their last success_len_k).
+    `sft_note` says where each seed's starting policy came from."""
     n = agg["seeds"]
     seeds = "seed" if n == 1 else "seeds"
     lines = [f"## {recipe}: {n} {seeds}", ""]
+    if sft_note:
+        lines += [sft_note, ""]
     if "chain" not in agg:
         lines += [
             f"Success (%) on held-out eval seeds, mean +- standard error over {n} training {seeds}; {eval_note}.",
@@ -318,12 +338,17 @@ def results_markdown(
         m = agg["mean"]
         lines.append(f"| **mean** | {_pm(m['before'])} | {_pm(m['after'])} | {_pm(m['gain'], signed=True)} |")
         if episodes_per_task:  # the seeds' spread leaves out each evaluation's own sampling
+            tasks = len(agg["tasks"])
+            b = agg.get("binomial_se") or binomial_errors(agg, episodes_per_task)
             lines += [
                 "",
                 f"Each success rate is read from {episodes_per_task} episodes per task, whose sampling the spread "
                 "over seeds leaves out (a start the seeds share shows +- 0.0): a task at 100% on "
                 f"{episodes_per_task} episodes is, at 95% confidence, only known to be above "
-                f"{100 * all_success_bound(episodes_per_task):.1f}%.",
+                f"{100 * all_success_bound(episodes_per_task):.1f}%. The binomial standard error of one "
+                f"evaluation, sqrt(p (1 - p) / n): {100 * b['before']:.1f} points before and "
+                f"{100 * b['after']:.1f} after on the mean ({tasks * episodes_per_task} episodes), at most "
+                f"{100 * binomial_se(0.5, episodes_per_task):.1f} on one task ({episodes_per_task} episodes).",
             ]
         lines += paired or []
     else:  # CALVIN-style chains: the metrics the env is judged by
@@ -462,6 +487,53 @@ def average_markdown(
     return "\n".join(lines)
 
 
+def binomial_errors(agg: dict[str, Any], episodes_per_task: int) -> dict[str, float]:
+    """The binomial standard error of one evaluation of the mean success before and after (all
+    tasks' episodes together), at the mean over seeds."""
+    n = episodes_per_task * len(agg["tasks"])
+    return {
+        "episodes": float(n),
+        "before": binomial_se(agg["mean"]["before"][0], n),
+        "after": binomial_se(agg["mean"]["after"][0], n),
+    }
+
+
+def sft_starts(run_dirs: list[Path]) -> list[str]:
+    """Each seed's starting checkpoint (`policy.model_path` in its config.yaml: the SFT checkpoint a
+    bootstrapped run built), "" where a run recorded none."""
+    import yaml
+
+    starts = []
+    for run_dir in run_dirs:
+        path = run_dir / "config.yaml"
+        cfg = yaml.safe_load(path.read_text()) if path.exists() else None
+        starts.append(str(((cfg or {}).get("policy") or {}).get("model_path") or ""))
+    return starts
+
+
+def sft_note(starts: list[str], shared: bool) -> str:
+    """One line on where the seeds' starting policies came from."""
+    known = [s for s in starts if s]
+    if not known:
+        return ""
+    where = "; ".join(f"seed {k}: `{s}`" for k, s in enumerate(starts) if s)
+    if len(starts) == 1:
+        return f"Starting policy: `{known[0]}`."
+    if len(set(known)) == len(starts):
+        return (
+            f"Each seed is a full repeat: its own SFT start on the same demos (`sft.seed`), then its own RL ({where})."
+        )
+    how = "`--shared-sft`" if shared else "one checkpoint, named by the recipe or its overrides"
+    return f"The seeds share their starting policy ({how}), so the spread leaves out the SFT's own variance ({where})."
+
+
+def policy_note(cfg: Any) -> str:
+    """What the policy sees, for the results page: pixels (and their size) or states."""
+    size = int(cfg.env.get("image_size", 0) or 0)
+    seen = f"{size} px pixels" if size else "states (no pixels)"
+    return f"Policy `{cfg.policy.get('name', '?')}` on {seen}."
+
+
 def seed_commits(recorded: dict[str, Any], seeds: int) -> str:
     """The commit the seeds ran at, or each seed's where they differ (a resumed command)."""
     per_seed = [recorded.get("commits", {}).get(str(s), recorded.get("commit", "unknown")) for s in range(seeds)]
@@ -523,13 +595,17 @@ def resume_notes(recorded: dict[str, Any], seeds: int) -> str:
     return f"Resumed (`--resume`, same folder): {'; '.join(parts)}." if parts else ""
 
 
-def seed_command(recipe: str, seed: int, run_dir: Path, overrides: list[str]) -> list[str]:
+def seed_command(recipe: str, seed: int, run_dir: Path, overrides: list[str], own_sft: bool = True) -> list[str]:
+    """One seed's `rlfleet train` command; `own_sft` gives it its own SFT start (`sft.seed`: a
+    bootstrapped recipe's cache key holds it, so each seed builds and keeps its own). Overrides
+    come last and win."""
     return [
         "rlfleet",
         "train",
         recipe,
         f"runner.seed={seed}",
         f"env.seed={seed}",
+        *([f"sft.seed={seed}"] if own_sft else []),
         "eval.before=true",
         f"runner.logger.log_path={run_dir}",
         *overrides,
@@ -538,13 +614,18 @@ def seed_command(recipe: str, seed: int, run_dir: Path, overrides: list[str]) ->
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("recipe")
+    p.add_argument("recipe", nargs="?", help="the recipe; none with --report-only: rebuild docs/results.md")
     p.add_argument("overrides", nargs="*", help="key=value overrides for every seed")
     p.add_argument("--seeds", type=int, default=3, help="training seeds 0..N-1")
     p.add_argument("--out", help="folder for the runs, results.md and plots (default: runs/reproduce/RECIPE)")
     p.add_argument("--report-only", action="store_true", help="only rebuild the page from the runs in --out")
     p.add_argument(
         "--fresh", action="store_true", help="rerun seeds that finished in --out before (default: keep them)"
+    )
+    p.add_argument(
+        "--shared-sft",
+        action="store_true",
+        help="every seed starts from the recipe's one SFT checkpoint (default: each seed builds its own)",
     )
     p.add_argument(
         "--average-last",
@@ -554,6 +635,10 @@ def main(argv: list[str] | None = None) -> int:
         help="also evaluate the mean of each seed's last K checkpoints (rlfleet average) and report it",
     )
     args = p.parse_intermixed_args(argv)  # overrides may follow the options
+    if args.recipe is None:
+        if not args.report_only:
+            p.error("a recipe is needed (without one, --report-only rebuilds docs/results.md)")
+        return _rebuild_results_page()
     if args.seeds < 1:
         p.error("--seeds must be >= 1")
     if args.average_last == 1 or args.average_last < 0:
@@ -575,7 +660,7 @@ def main(argv: list[str] | None = None) -> int:
     budget, wall_budget = int(cfg.runner.total_env_steps or 0), bool(cfg.runner.max_wall_seconds)
     for seed in range(args.seeds):
         run_dir = out / f"seed{seed}"
-        cmd = seed_command(args.recipe, seed, run_dir, args.overrides)
+        cmd = seed_command(args.recipe, seed, run_dir, args.overrides, not args.shared_sft)
         commands.append(shlex.join(cmd))
         state, reached = ("fresh", None) if args.fresh else seed_state(run_dir, budget, wall_budget)
         log_path = out / f"seed{seed}.log"
@@ -615,6 +700,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[reproduce] seed {seed} done in {walls[-1]:.0f} s", flush=True)
     summaries = [json.loads((out / f"seed{s}" / "summary.json").read_text()) for s in range(args.seeds)]
     agg = aggregate(summaries)
+    if "chain" not in agg:
+        agg["binomial_se"] = binomial_errors(agg, int(cfg.eval.episodes_per_task))
     metric = curve_metric(summaries[0])
     curves = [run_curve(s, read_curves(out / f"seed{k}" / "tensorboard", metric)) for k, s in enumerate(summaries)]
     agg["train_seconds"] = [float(c["seconds"][-1]) for c in curves]  # a resumed seed's lives together
@@ -638,7 +725,20 @@ def main(argv: list[str] | None = None) -> int:
         resume_notes(recorded, args.seeds),
         int(cfg.eval.episodes_per_task),
         paired_lines([out / f"seed{s}" for s in range(args.seeds)]),
+        sft_note(sft_starts([out / f"seed{s}" for s in range(args.seeds)]), args.shared_sft),
     )
+    # what bench/results_page.py shows of a result beside its seeds' summaries
+    agg.update(
+        recipe=name,
+        commands=commands,
+        commit=seed_commits(recorded, args.seeds),
+        wall_seconds=walls,
+        episodes_per_task=int(cfg.eval.episodes_per_task),
+        plots=sorted(plots.values()),
+        policy_note=policy_note(cfg),
+        sft_starts=sft_starts([out / f"seed{s}" for s in range(args.seeds)]),
+    )
+    (out / "curves.json").write_text(json.dumps([{k: v.tolist() for k, v in c.items()} for c in curves]))
     (out / "results.md").write_text(page)  # kept whatever the averaging below does
     (out / "results.json").write_text(json.dumps(agg, indent=2))
     if args.average_last:
@@ -668,6 +768,17 @@ def main(argv: list[str] | None = None) -> int:
         (out / "results.json").write_text(json.dumps(agg, indent=2))
     print(page)
     return 0
+
+
+def _rebuild_results_page() -> int:
+    """docs/results.md from the committed data in docs/results/ (bench/results_page.py)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("results_page", ROOT / "bench" / "results_page.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return int(module.main([]))
 
 
 if __name__ == "__main__":

@@ -81,9 +81,8 @@ def _bare_worker(
     barrier.wait()  # every worker starts the clock together: the rates share the same cores
     steps, i, t0, c0 = 0, 0, time.monotonic(), time.process_time()
     while time.monotonic() - t0 < seconds:
-        for env, acts, n in zip(envs, actions, sizes):  # stage by stage, as a worker steps its slices
-            env.chunk_step(acts[i % 64])
-            steps += n * K
+        for env, acts in zip(envs, actions):  # stage by stage, as a worker steps its slices
+            steps += int(env.chunk_step(acts[i % 64]).substeps.sum())  # simulated, as the fleet counts
         i += 1
     out.put((steps / (time.monotonic() - t0), time.process_time() - c0, steps))
     for env in envs:
@@ -181,6 +180,7 @@ def _part_summary(recipe: str, runs: dict[str, list[float]], cpu: dict[str, list
         "repeats": len(runs["bare"]),
         "env_steps_per_s": runs,
         "cpu_us_per_env_step": cpu,
+        "env_step_count": "simulated",  # substeps that ran (issue 50; earlier reports: K per chunk)
     }
     for kind in ("sampling", "training"):
         ratios = [f / b for f, b in zip(runs[kind], runs["bare"])]

@@ -22,7 +22,7 @@ import torch
 
 from rlfleet.algorithms import PPOConfig
 from rlfleet.envs.api import encode_instructions
-from rlfleet.learner.trainer import PPOTrainer
+from rlfleet.learner.trainer import Trainer
 from rlfleet.policies.registry import make_policy
 from rlfleet.wire.segment import Segment
 
@@ -69,7 +69,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     policy = make_policy({"name": args.policy, "logprob_type": "action"}, S, D, K, image_size=SIZE)
-    trainer = PPOTrainer(
+    trainer = Trainer(
         policy,
         PPOConfig(update_epochs=2, num_minibatches=4, lr=3e-4, kl_beta=0.1, max_policy_lag=2),
         reference=copy.deepcopy(policy),
@@ -77,12 +77,12 @@ def main() -> None:
     rng = np.random.default_rng(0)
     version = 5
     batches = {lag: [_segment(policy, version - lag, rng) for _ in range(SEGMENTS)] for lag in (0, 1)}
-    trainer.update(batches[0], version=version)  # warm-up
+    trainer.step(batches[0], version=version)  # warm-up
     seconds: dict[int, list[float]] = {0: [], 1: []}
     for _ in range(args.repeats):
         for lag, segments in batches.items():
             t = time.process_time()
-            trainer.update(segments, version=version)
+            trainer.step(segments, version=version)
             seconds[lag].append(time.process_time() - t)
     steps = SEGMENTS * T * B * K
     med = {lag: float(np.median(v)) for lag, v in seconds.items()}

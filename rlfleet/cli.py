@@ -1,57 +1,24 @@
-"""The `rlfleet` command: parses the command line and dispatches to each command's main.
-
-train: rlfleet.runs.launcher; learner / inference / actor / env-server: each role's package main;
-eval: rlfleet.eval.main; collect, sft: rlfleet.runs; export, push: rlfleet.policies.hub;
-average: rlfleet.policies.averaging.
-"""
+"""The `rlfleet` command: parses the command line and dispatches through COMMANDS to each
+command's function; what a command raises becomes its exit code in rlfleet.wire.role_args."""
 
 from __future__ import annotations
 
 import argparse
-import logging
+import importlib
 import os
 import shlex
 import sys
+from collections.abc import Callable
 
-import grpc
-
-from rlfleet.telemetry.json_logs import make_formatter
-from rlfleet.wire.auth import configure, load_auth
-from rlfleet.wire.join import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED
-
-
-def _setup_logging(level: str = "INFO", fmt: str = "text", role: str = "") -> None:
-    """Text for people, or one JSON object per line (`--log-format json`) for log shippers."""
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(make_formatter(fmt, role))
-    # Other libraries' INFO (PyOpenGL's "No OpenGL_accelerate module", absl, httpx, ...) stays out of
-    # the console unless asked for with --log-level DEBUG: the root logger holds them at WARNING.
-    numeric = logging.getLevelName(level.upper()) if isinstance(level, str) else level
-    numeric = numeric if isinstance(numeric, int) else logging.INFO
-    logging.basicConfig(level=numeric if numeric < logging.INFO else max(numeric, logging.WARNING), handlers=[handler])
-    for name in ("rlfleet", "__main__"):  # our own loggers (`python -m rlfleet.cli` logs as __main__)
-        logging.getLogger(name).setLevel(numeric)
-
-
-def _port(text: str) -> int:
-    port = int(text) if text.strip().isdigit() else -1
-    if not 0 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"{text} is not a port number (0-65535)")
-    return port
-
-
-def _log_format(text: str) -> str:
-    if text not in ("text", "json"):  # also checks $RLFLEET_LOG_FORMAT, which `choices` would not
-        raise argparse.ArgumentTypeError(f"{text!r}: choose text or json")
-    return text
-
-
-def _log_level(text: str) -> str:
-    level = text.strip().upper()
-    if level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
-        raise argparse.ArgumentTypeError(f"{text!r}: choose DEBUG, INFO, WARNING or ERROR")
-    return level
-
+from rlfleet.learner.arguments import add_arguments as add_arguments_of_learner
+from rlfleet.telemetry.json_logs import add_log_flags, setup_logging
+from rlfleet.wire.role_args import (
+    add_metrics_flags,
+    add_security_flags,
+    parse_command_line,
+    port,
+    run_command,
+)
 
 _EXAMPLES = """examples:
   # list the built-in recipes; train one with every role on this host (local mode)
@@ -88,62 +55,6 @@ class _RoleHelpFormatter(argparse.HelpFormatter):
         return text
 
 
-def _own_section(group: argparse._ArgumentGroup) -> argparse._ArgumentGroup:
-    for action in group._group_actions:
-        action.in_own_section = True  # type: ignore[attr-defined]  # read by _RoleHelpFormatter
-    return group
-
-
-def _add_metrics_flags(p: argparse.ArgumentParser) -> None:
-    """--metrics-port/--metrics-host for a role (RLFLEET_METRICS_PORT/HOST); port 0 disables the endpoint."""
-    g = p.add_argument_group("metrics (Prometheus; see docs/operations.md)")
-    g.add_argument(
-        "--metrics-port",
-        type=_port,
-        default=os.environ.get("RLFLEET_METRICS_PORT") or "0",
-        help="serve Prometheus metrics on this port (default: $RLFLEET_METRICS_PORT, 0 = off)",
-    )
-    g.add_argument(
-        "--metrics-host",
-        default=os.environ.get("RLFLEET_METRICS_HOST") or "127.0.0.1",
-        help="address of the metrics endpoint (default: $RLFLEET_METRICS_HOST or 127.0.0.1)",
-    )
-    _own_section(g)
-
-
-def _add_security_flags(p: argparse.ArgumentParser) -> None:
-    """Token and TLS for a role's servers and channels; unset flags fall back to RLFLEET_* (docs/security.md)."""
-    g = p.add_argument_group("security (see docs/security.md)")
-    g.add_argument("--token-file", help="file holding the shared token (default: the token in $RLFLEET_TOKEN)")
-    g.add_argument("--tls-cert", help="PEM certificate chain for this role's servers (default: $RLFLEET_TLS_CERT)")
-    g.add_argument("--tls-key", help="PEM private key for --tls-cert (default: $RLFLEET_TLS_KEY)")
-    g.add_argument("--tls-ca", help="PEM root certificate(s) to trust as a client (default: $RLFLEET_TLS_CA)")
-    g.add_argument(
-        "--tls-server-name",
-        help="name to check server certificates against (default: $RLFLEET_TLS_SERVER_NAME, else the host dialled)",
-    )
-    g.add_argument(
-        "--max-message-bytes",
-        type=int,
-        help="largest gRPC / ZeroMQ message, both ways (default: $RLFLEET_MAX_MESSAGE_BYTES or 64 MiB)",
-    )
-    _own_section(g)
-
-
-def _configure_auth(args: argparse.Namespace) -> None:
-    """Install the role's token/TLS settings process-wide; the launcher passes them on by environment."""
-    configure(
-        load_auth(
-            args.token_file,
-            tls_cert=args.tls_cert,
-            tls_key=args.tls_key,
-            tls_ca=args.tls_ca,
-            tls_server_name=args.tls_server_name,
-            max_message_bytes=args.max_message_bytes,
-        )
-    )
-
-
 _ADDRESS_VARS = "_address_vars"
 
 
@@ -159,56 +70,30 @@ def _check_addresses(parser: argparse.ArgumentParser, args: argparse.Namespace) 
             parser.error(f"{args.command}: {flag.lstrip('-')} address missing: pass {flag} HOST:PORT or set {var}")
 
 
-# Dispatch: each command imports its own main only when it runs, so `rlfleet --help`, `rlfleet
-# recipes` and a mistyped command answer at once (no torch, gRPC stubs or simulators loaded).
+# Dispatch: command -> "module:function" taking the parsed arguments. The module is imported only
+# when its command runs, so `rlfleet --help`, `rlfleet recipes` and a mistyped command answer at
+# once (no torch, gRPC stubs or simulators loaded).
+COMMANDS: dict[str, str] = {
+    "train": "rlfleet.runs.launcher:main",
+    "learner": "rlfleet.learner.__main__:run",
+    "inference": "rlfleet.inference_server.main:main",
+    "actor": "rlfleet.actors.main:main",
+    "env-server": "rlfleet.envs.env_server:main",
+    "eval": "rlfleet.eval.main:main",
+    "collect": "rlfleet.runs.collect:main",
+    "sft": "rlfleet.runs.sft:main",
+    "average": "rlfleet.policies.averaging:main",
+    "export": "rlfleet.cli:export",
+    "push": "rlfleet.cli:push",
+    "recipes": "rlfleet.cli:recipes",
+    "config": "rlfleet.cli:config",
+}
 
 
-def cmd_train(args: argparse.Namespace) -> int:
-    from rlfleet.runs.launcher import main  # lazy: see Dispatch
-
-    return main(args)
-
-
-def cmd_learner(args: argparse.Namespace) -> int:
-    from rlfleet.learner.main import main  # lazy: see Dispatch
-
-    return main(args)
-
-
-def cmd_inference(args: argparse.Namespace) -> int:
-    from rlfleet.inference_server.main import main  # lazy: see Dispatch
-
-    return main(args)
-
-
-def cmd_actor(args: argparse.Namespace) -> int:
-    from rlfleet.actors.main import main  # lazy: see Dispatch
-
-    return main(args)
-
-
-def cmd_env_server(args: argparse.Namespace) -> int:
-    from rlfleet.envs.env_server import main  # lazy: see Dispatch
-
-    return main(args)
-
-
-def cmd_eval(args: argparse.Namespace) -> int:
-    from rlfleet.eval.main import main  # lazy: see Dispatch
-
-    return main(args)
-
-
-def cmd_collect(args: argparse.Namespace) -> int:
-    from rlfleet.runs.collect import main  # lazy: see Dispatch
-
-    return main(args)
-
-
-def cmd_sft(args: argparse.Namespace) -> int:
-    from rlfleet.runs.sft import main  # lazy: see Dispatch
-
-    return main(args)
+def command(name: str) -> Callable[[argparse.Namespace], int]:
+    """The function that runs command `name` (its module imported now)."""
+    module, _, function = COMMANDS[name].partition(":")
+    return getattr(importlib.import_module(module), function)  # type: ignore[no-any-return]
 
 
 _MERGE_HELP = (
@@ -217,9 +102,9 @@ _MERGE_HELP = (
 )
 
 
-def cmd_export(args: argparse.Namespace) -> int:
-    from rlfleet.eval.report import checkpoint_eval_markdown  # lazy: see Dispatch
-    from rlfleet.policies.hub import export_checkpoint  # lazy: see Dispatch
+def export(args: argparse.Namespace) -> int:
+    from rlfleet.eval.report import checkpoint_eval_markdown  # lazy: see COMMANDS
+    from rlfleet.policies.hub import export_checkpoint  # lazy: see COMMANDS
 
     out = export_checkpoint(
         args.checkpoint,
@@ -232,9 +117,9 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_push(args: argparse.Namespace) -> int:
-    from rlfleet.eval.report import checkpoint_eval_markdown  # lazy: see Dispatch
-    from rlfleet.policies.hub import push_checkpoint  # lazy: see Dispatch
+def push(args: argparse.Namespace) -> int:
+    from rlfleet.eval.report import checkpoint_eval_markdown  # lazy: see COMMANDS
+    from rlfleet.policies.hub import push_checkpoint  # lazy: see COMMANDS
 
     url = push_checkpoint(
         args.checkpoint,
@@ -249,14 +134,8 @@ def cmd_push(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_average(args: argparse.Namespace) -> int:
-    from rlfleet.policies.averaging import main  # lazy: see Dispatch
-
-    return main(args)
-
-
-def cmd_recipes(args: argparse.Namespace) -> int:
-    from rlfleet.config import recipe_description, recipe_names, recipe_scale  # lazy: see Dispatch
+def recipes(args: argparse.Namespace) -> int:
+    from rlfleet.config import recipe_description, recipe_names, recipe_scale  # lazy: see COMMANDS
 
     names = recipe_names()
     width = max(map(len, names))
@@ -265,9 +144,9 @@ def cmd_recipes(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_config(args: argparse.Namespace) -> int:
-    from rlfleet.config import load_config, to_yaml  # lazy: see Dispatch
-    from rlfleet.runs.placement import resolve_placement  # lazy: see Dispatch
+def config(args: argparse.Namespace) -> int:
+    from rlfleet.config import load_config, to_yaml  # lazy: see COMMANDS
+    from rlfleet.runs.placement import resolve_placement  # lazy: see COMMANDS
 
     cfg = load_config(args.recipe, args.overrides)
     resolve_placement(cfg)  # a placement this host cannot satisfy: one line, as `rlfleet train` says it
@@ -282,49 +161,18 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=_EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument(
-        "--log-level",
-        type=_log_level,
-        default=os.environ.get("RLFLEET_LOG_LEVEL") or "INFO",
-        help="DEBUG, INFO, WARNING or ERROR (default: $RLFLEET_LOG_LEVEL or INFO); other libraries "
-        "log at WARNING and above unless DEBUG",
-    )
-    p.add_argument(
-        "--log-format",
-        type=_log_format,
-        default=os.environ.get("RLFLEET_LOG_FORMAT") or "text",
-        help="text (default: $RLFLEET_LOG_FORMAT or text) or json: one JSON object per line "
-        "(time, level, logger, pid, role, message, extras)",
-    )
+    add_log_flags(p)
     sub = p.add_subparsers(dest="command", required=True)
 
     t = sub.add_parser("train", help="local mode: learner + inference server + actors on this host")
     t.add_argument("recipe", help="recipe name (see `rlfleet recipes`) or a YAML file")
     t.add_argument("overrides", nargs="*", help="key=value overrides, e.g. actor.num_envs=32")
     t.add_argument("--resume", action="store_true", help="continue from the run folder's last checkpoint")
-    _add_metrics_flags(t)  # local mode: learner PORT, inference PORT+1, actor i PORT+2+i
-    _add_security_flags(t)  # the spawned roles get them through RLFLEET_* variables
-    t.set_defaults(func=cmd_train)
+    add_metrics_flags(t)  # local mode: learner PORT, inference PORT+1, actor i PORT+2+i
+    add_security_flags(t)  # the spawned roles get them through RLFLEET_* variables
 
     lr = sub.add_parser("learner", help="start the learner role")
-    lr.add_argument("recipe", help="recipe name (see `rlfleet recipes`) or a YAML file")
-    lr.add_argument("overrides", nargs="*", help="key=value overrides, e.g. learner.batch_env_steps=8192")
-    lr.add_argument("--resume", action="store_true", help="continue from the run folder's last checkpoint")
-    lr.add_argument("--address-file", help="write the bound address here as JSON (used by `train`)")
-    lr.add_argument(
-        "--host",
-        default=os.environ.get("RLFLEET_HOST") or None,
-        help="bind address (default: $RLFLEET_HOST, else the recipe's learner.host); key=value overrides win",
-    )
-    lr.add_argument(
-        "--port",
-        type=_port,
-        default=os.environ.get("RLFLEET_LEARNER_PORT") or None,
-        help="gRPC port (default: $RLFLEET_LEARNER_PORT, else the recipe's learner.port)",
-    )
-    _add_metrics_flags(lr)
-    _add_security_flags(lr)
-    lr.set_defaults(func=cmd_learner)
+    add_arguments_of_learner(lr)
 
     inf = sub.add_parser("inference", help="start an inference server that follows a learner's weights")
     _address_flag(inf, "--learner", "RLFLEET_LEARNER", "the learner's gRPC address")
@@ -335,13 +183,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     inf.add_argument(
         "--grpc-port",
-        type=_port,
+        type=port,
         default=os.environ.get("RLFLEET_GRPC_PORT") or "0",
         help="gRPC port (default: $RLFLEET_GRPC_PORT, 0 = any free port)",
     )
     inf.add_argument(
         "--zmq-port",
-        type=_port,
+        type=port,
         default=os.environ.get("RLFLEET_ZMQ_PORT") or "0",
         help="ZeroMQ port (default: $RLFLEET_ZMQ_PORT, 0 = any free port)",
     )
@@ -355,9 +203,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     inf.add_argument("--threads", type=int, default=1, help="torch threads for the policy")
     inf.add_argument("--address-file", help='write {"inference": HOST:PORT, "zmq": ...} here once serving')
-    _add_metrics_flags(inf)
-    _add_security_flags(inf)
-    inf.set_defaults(func=cmd_inference)
+    add_metrics_flags(inf)
+    add_security_flags(inf)
 
     ac = sub.add_parser("actor", help="start an actor (env workers) feeding a learner")
     _address_flag(ac, "--learner", "RLFLEET_LEARNER", "the learner's gRPC address")
@@ -370,9 +217,8 @@ def build_parser() -> argparse.ArgumentParser:
     ac.add_argument("--index", type=int, help="actor index (env seeds/tasks); default: assigned by the learner")
     ac.add_argument("--id", help="client id (default: host-pid-random)")
     ac.add_argument("--transport", choices=["shm", "zmq", "grpc"], help="override actor.transport")
-    _add_metrics_flags(ac)
-    _add_security_flags(ac)
-    ac.set_defaults(func=cmd_actor)
+    add_metrics_flags(ac)
+    add_security_flags(ac)
 
     ev = sub.add_parser("eval", help="evaluate a checkpoint folder: success by task, difficulty and ML45 split")
     ev.add_argument(
@@ -398,8 +244,14 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument(
         "--seed",
         type=int,
-        help="first episode seed (default: the run's eval.seed for a run's checkpoint, else the one its "
-        "config.json records, else 10000)",
+        help="first episode seed (default: the split's first seed, eval.seed or eval.validation_seed, of the "
+        "checkpoint's run, else the one its config.json records, else the default of rlfleet.envs.api)",
+    )
+    ev.add_argument(
+        "--split",
+        choices=["test", "validation"],
+        help="held-out split to play (default: the run's eval.split, else test): test is what results report, "
+        "validation is where choices made by looking at success are made (report in CHECKPOINT/eval_validation)",
     )
     ev.add_argument("--out", help="report folder (default: CHECKPOINT/eval; for hf:// eval/ORG--NAME)")
     ev.add_argument("--video", action="store_true", help="write MP4s of the first episode of each task")
@@ -422,7 +274,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="tiny_oft's deterministic action from its bin distributions: argmax, median or mean "
         "(default: the checkpoint's policy.decode)",
     )
-    ev.set_defaults(func=cmd_eval)
 
     co = sub.add_parser("collect", help="record scripted-expert demonstrations to a dataset folder")
     co.add_argument(
@@ -446,7 +297,6 @@ def build_parser() -> argparse.ArgumentParser:
         default=1,
         help="envs per task stepped together in one batch (more: faster collection, more memory)",
     )
-    co.add_argument("--workers", type=int, default=None, help=argparse.SUPPRESS)  # old scripts: warned, ignored
     co.add_argument("--seed", type=int, default=0, help="seed block (demo seeds never overlap eval seeds)")
     co.add_argument("--keep-failed", action="store_true", help="also write failed expert episodes, flagged")
     co.add_argument("--overwrite", action="store_true", help="replace an existing --out folder")
@@ -457,7 +307,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="rlfleet (npz episodes) or lerobot (LeRobot v3: parquet + mp4, the [lerobot] extra); docs/datasets.md",
     )
     co.add_argument("--fps", type=float, default=10.0, help="frames per second a LeRobot dataset records")
-    co.set_defaults(func=cmd_collect)
 
     sf = sub.add_parser("sft", help="behaviour cloning of the recipe's policy on demos (see `rlfleet collect`)")
     sf.add_argument("recipe", help="recipe whose policy/env/sft settings to use")
@@ -471,7 +320,6 @@ def build_parser() -> argparse.ArgumentParser:
     sf.add_argument("--out", required=True, help="checkpoint folder to write")
     sf.add_argument("--eval-episodes", type=int, default=0, help="evaluate the result (episodes per task)")
     sf.add_argument("--overwrite", action="store_true", help="replace an existing checkpoint at --out")
-    sf.set_defaults(func=cmd_sft)
 
     es = sub.add_parser("env-server", help="serve a simulator over gRPC (EnvService) for env.name=remote://HOST:PORT")
     es.add_argument("--env", required=True, help="registered env name, e.g. metaworld")
@@ -486,16 +334,14 @@ def build_parser() -> argparse.ArgumentParser:
     es.add_argument("--port", type=int, default=0, help="0: any free port (see --address-file)")
     es.add_argument("--address-file", help='write {"env": "HOST:PORT"} here once serving')
     es.add_argument("overrides", nargs="*", help="EnvConfig key=value, e.g. max_episode_steps=100 image_size=64")
-    _add_metrics_flags(es)
-    _add_security_flags(es)
-    es.set_defaults(func=cmd_env_server)
+    add_metrics_flags(es)
+    add_security_flags(es)
 
     ex = sub.add_parser("export", help="write a Hub-ready folder (safetensors, config, norm stats, model card)")
     ex.add_argument("checkpoint", help="checkpoint folder, run folder (its latest checkpoint) or hf://ORG/NAME[@REV]")
     ex.add_argument("out", help="folder to write (created; files of the same names are replaced)")
     ex.add_argument("--repo-id", help="ORG/NAME the model card's usage lines name (default: a placeholder)")
     ex.add_argument("--merge-adapters", action="store_true", help=_MERGE_HELP)
-    ex.set_defaults(func=cmd_export)
 
     pu = sub.add_parser("push", help="export a checkpoint and upload it to the Hugging Face Hub")
     pu.add_argument("checkpoint", help="checkpoint folder or run folder (its latest checkpoint)")
@@ -504,7 +350,6 @@ def build_parser() -> argparse.ArgumentParser:
     pu.add_argument("--revision", help="branch to push to (created if missing; default: main)")
     pu.add_argument("--message", help="commit message (default: names the checkpoint)")
     pu.add_argument("--merge-adapters", action="store_true", help=_MERGE_HELP)
-    pu.set_defaults(func=cmd_push)
 
     av = sub.add_parser("average", help="average the weights of a run's last checkpoints into one checkpoint")
     av.add_argument(
@@ -523,29 +368,14 @@ def build_parser() -> argparse.ArgumentParser:
     av.add_argument(
         "--out", help="checkpoint folder to write (default: RUN/checkpoints/average, evaluated as the run's own)"
     )
-    av.set_defaults(func=cmd_average)
 
-    rc = sub.add_parser("recipes", help="list the built-in recipes: name, CPU or GPU sizing, description")
-    rc.set_defaults(func=cmd_recipes)
+    sub.add_parser("recipes", help="list the built-in recipes: name, CPU or GPU sizing, description")
     cf = sub.add_parser("config", help="print a recipe's fully resolved config (after key=value overrides)")
     cf.add_argument("recipe", help="recipe name (see `rlfleet recipes`) or a YAML file")
     cf.add_argument("overrides", nargs="*", help="key=value overrides, e.g. actor.num_envs=32")
-    cf.set_defaults(func=cmd_config)
     for parser in sub.choices.values():
         parser.formatter_class = _RoleHelpFormatter
     return p
-
-
-def parse_command_line(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
-    """Like parse_args, but key=value overrides may also follow the options (`rlfleet sft RECIPE
-    --demos D --out O sft.steps=500`): argparse stops filling a positional list at the first option."""
-    args, extra = parser.parse_known_args(argv)
-    late = [e for e in extra if "=" in e and not e.startswith("-")]
-    if late and hasattr(args, "overrides") and len(late) == len(extra):
-        args.overrides = [*args.overrides, *late]
-    elif extra:
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    return args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -553,44 +383,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_command_line(parser, argv)
     args.command_line = shlex.join(["rlfleet", *(sys.argv[1:] if argv is None else argv)])
     _check_addresses(parser, args)
-    _setup_logging(args.log_level, args.log_format, args.command)
-    try:
-        if hasattr(args, "token_file"):
-            _configure_auth(args)
-        return args.func(args)
-    except KeyboardInterrupt:  # Ctrl-C outside a command's own handling (which says more, e.g. the checkpoint)
-        print("interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    except (
-        FileNotFoundError,
-        FileExistsError,
-        ValueError,
-        ConnectionError,
-        TimeoutError,
-    ) as exc:  # e.g. an env server gone
-        logging.getLogger("rlfleet").error("%s", exc)
-        return EXIT_BAD_INPUT
-    except Exception as exc:
-        if type(exc).__name__ == "RemoteEnvError":  # a bad env server: its message says which and how
-            logging.getLogger("rlfleet").error("%s", exc)
-            return EXIT_BAD_INPUT
-        if type(exc).__name__ == "FleetError":  # rlfleet.runs.launcher: the role's own log has its traceback
-            logging.getLogger("rlfleet").error("%s", exc)
-            # a role that refused its input (exit 2) makes the run's input bad too: one rule for all commands
-            return EXIT_BAD_INPUT if getattr(exc, "exit_code", 1) == EXIT_BAD_INPUT else EXIT_FAILED
-        if not _unauthenticated(exc):
-            raise
-        logging.getLogger("rlfleet").error("a server refused this process's credentials: %s", exc.details())
-        return EXIT_BAD_INPUT
-
-
-def _unauthenticated(exc: Exception) -> bool:
-    """A gRPC UNAUTHENTICATED error: one clear line instead of a traceback."""
-    return (
-        isinstance(exc, grpc.RpcError)
-        and callable(getattr(exc, "code", None))
-        and exc.code() == grpc.StatusCode.UNAUTHENTICATED
-    )
+    setup_logging(args.log_level, args.log_format, args.command)
+    return run_command(command(args.command), args)
 
 
 if __name__ == "__main__":

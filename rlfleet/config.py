@@ -21,8 +21,15 @@ from omegaconf.errors import OmegaConfBaseException
 from rlfleet.algorithms.dagger import DAggerConfig
 from rlfleet.algorithms.ppo import PPOConfig
 from rlfleet.data.demos import DEMO_SEED_BASE
-from rlfleet.envs.api import EnvConfig, observation_spec
-from rlfleet.envs.registry import check_env_name, make_env, require_env_extra
+from rlfleet.envs.api import (
+    EVAL_SPLITS,
+    SPLIT_POOL,
+    TEST_SEED_BASE,
+    VALIDATION_SEED_BASE,
+    EnvConfig,
+    observation_spec,
+)
+from rlfleet.envs.registry import check_env_name, check_held_out_splits, make_env, require_env_extra
 from rlfleet.policies.checkpoint_io import is_hub_path, parse_hub_path, pin_hub_settings, pin_model_path, run_folder
 from rlfleet.policies.registry import check_policy_config, policy_classes
 from rlfleet.telemetry.trackers import check_backends, logger_backends
@@ -107,7 +114,9 @@ class DistributedConfig:
 class LearnerConfig:
     host: str = "127.0.0.1"
     port: int = 0
-    batch_env_steps: int = 4096  # samples per PPO update
+    # samples per update, each a chunk of up to env.chunk_size env steps (fewer where an episode
+    # ends mid-chunk: env steps count the substeps simulated)
+    batch_samples: int = 4096
     ingest_queue_size: int = 16  # segments
     reward_scale: float = 1.0
     device: str = "cpu"
@@ -135,7 +144,11 @@ class EvalConfig:
     at_end: bool = True
     task: str = ""  # task or task set to evaluate on; empty: the training tasks (ML45: "ML45_test")
     before: bool = False  # also evaluate the starting policy, for a before/after table
-    seed: int = 10_000  # episode seeds start here: held out from training and demos (see eval_seed_range)
+    # Which held-out split evaluations play: "test" (what results report) or "validation" (where
+    # every choice made by looking at success is made): rlfleet.envs.api.EVAL_SPLITS.
+    split: str = "test"
+    seed: int = TEST_SEED_BASE  # test episode seeds start here: held out from training and demos (eval_seed_range)
+    validation_seed: int = VALIDATION_SEED_BASE  # validation episode seeds start here, apart from the test ones
     video_cfg: VideoConfig = field(default_factory=VideoConfig)  # MP4s of eval episodes (RLinf's names)
     # Periodic evaluation during RL on the same held-out seeds, written to TensorBoard as eval/*
     # (success curves for every run); 0 turns each trigger off, both set: whichever comes first.
@@ -377,20 +390,23 @@ def load_config(recipe: str | None, overrides: list[str] | None = None) -> DictC
         raise ConfigError(str(exc)) from None
     _check_policy(cfg)
     _check_budget(cfg)
+    if cfg.eval.split not in EVAL_SPLITS:
+        raise ConfigError(f"eval.split must be one of {', '.join(EVAL_SPLITS)}, got {cfg.eval.split!r}")
     return cfg
 
 
 def _check_budget(cfg: DictConfig) -> None:
     """A PPO run whose env-step budget ends before its first update would train nothing and report
     the untrained policy as its result: refused in one line (an only-eval or DAgger run has no update).
-    An update takes `learner.batch_env_steps` samples, one per chunk of `env.chunk_size` env steps."""
+    An update takes `learner.batch_samples` samples, one per chunk of up to `env.chunk_size` env
+    steps (fewer where an episode ends mid-chunk); a budget under a full chunk per sample is refused."""
     if cfg.runner.only_eval or cfg.dagger.enabled:
         return
-    total, batch, chunk = cfg.runner.total_env_steps, cfg.learner.batch_env_steps, cfg.env.chunk_size
+    total, batch, chunk = cfg.runner.total_env_steps, cfg.learner.batch_samples, cfg.env.chunk_size
     if batch < 1 or total < batch * chunk:
         raise ConfigError(
-            f"runner.total_env_steps={total} is less than one update ({batch * chunk} env steps: "
-            f"learner.batch_env_steps={batch} samples of env.chunk_size={chunk}): no update would run"
+            f"runner.total_env_steps={total} is less than one update (up to {batch * chunk} env steps: "
+            f"learner.batch_samples={batch} samples of env.chunk_size={chunk}): no update would run"
         )
 
 
@@ -429,6 +445,12 @@ def _unknown_key_message(key: str, known: list[str], source: str) -> str:
     )
 
 
+# Keys a release renamed: the old name gets one line saying the new one (and what it counts).
+_RENAMED = {
+    "learner.batch_env_steps": "learner.batch_samples: it counts samples (chunks of env.chunk_size "
+    "env steps) per update, not env steps",
+}
+
 _CONVERT = re.compile(r"Value '(.*)' of type '(\w+)' could not be converted to (\w+)", re.S)
 
 
@@ -438,6 +460,8 @@ def _merge(cfg: DictConfig, layer: DictConfig, source: str) -> DictConfig:
     except OmegaConfBaseException as exc:
         key = getattr(exc, "full_key", "") or ""
         if isinstance(exc, KeyError):  # ConfigKeyError: a key the schema does not have
+            if key in _RENAMED:
+                raise ConfigError(f"{key} was renamed to {_RENAMED[key]} ({source})") from None
             raise ConfigError(_unknown_key_message(key, config_keys(cfg), source)) from None
         if not key and source.startswith("override "):
             key = source.split(" ", 1)[1].split("=", 1)[0]
@@ -537,20 +561,33 @@ def policy_settings(cfg: DictConfig) -> dict[str, Any]:
     return {k: v for k, v in as_dict(cfg.policy).items() if k != "model_path"}
 
 
-def held_out_env(env: EnvConfig, task: str = "") -> EnvConfig:
-    """`env` as evaluation runs it: on `task` when given (held-out tasks), with held-out episodes
-    where the env keeps them apart (CALVIN's eval chain pool) and the env's own per-subtask budget
-    (a training-only `env.subtask_steps` never shortens evaluation)."""
-    env = dataclasses.replace(env, pool="eval", subtask_steps=0)
+def held_out_env(env: EnvConfig, task: str = "", split: str = "test") -> EnvConfig:
+    """`env` as evaluation runs it: on `task` when given (held-out tasks), with the `split`'s
+    held-out episodes where the env keeps them apart (CALVIN's chain pools, RoboTwin's seed files:
+    `EnvConfig.pool`) and the env's own per-subtask budget (a training-only `env.subtask_steps`
+    never shortens evaluation)."""
+    if split not in SPLIT_POOL:
+        raise ValueError(f"evaluation split must be one of {', '.join(EVAL_SPLITS)}, got {split!r}")
+    env = dataclasses.replace(env, pool=SPLIT_POOL[split], subtask_steps=0)
     return dataclasses.replace(env, task=task) if task else env
 
 
-def eval_env_config(cfg: DictConfig) -> EnvConfig:
-    """The env a run's evaluation runs in: its training env, or `eval.task` on it, held out."""
-    return held_out_env(EnvConfig(**as_dict(cfg.env)), cfg.eval.task)
+def eval_env_config(cfg: DictConfig, split: str | None = None) -> EnvConfig:
+    """The env a run's evaluation runs in: its training env, or `eval.task` on it, held out
+    (`split`, default `eval.split`)."""
+    return held_out_env(EnvConfig(**as_dict(cfg.env)), cfg.eval.task, split or cfg.eval.split)
 
 
-EVALUATION_KEYS = ("task", "seed", "episodes_per_task")  # what config.json records of a recipe's `eval`
+def split_seed(evaluation: Any, split: str | None = None) -> int:
+    """The first episode seed of a held-out split (default the section's `split`) of an `eval`
+    section: a run's, or the EvalConfig a checkpoint records."""
+    split = split or evaluation.split
+    if split not in EVAL_SPLITS:
+        raise ValueError(f"evaluation split must be one of {', '.join(EVAL_SPLITS)}, got {split!r}")
+    return int(evaluation.seed if split == "test" else evaluation.validation_seed)
+
+
+EVALUATION_KEYS = ("task", "seed", "validation_seed", "episodes_per_task")  # what config.json records of `eval`
 
 
 def evaluation_record(cfg: DictConfig) -> dict[str, Any]:
@@ -572,19 +609,34 @@ def checkpoint_run_config(checkpoint: str | Path) -> DictConfig | None:
     return config_from_yaml((run / "config.yaml").read_text()) if run else None
 
 
-def eval_seed_range(cfg: DictConfig, num_tasks: int) -> range:
-    """The episode seeds evaluation uses (`rlfleet.eval.episodes.evaluate_policy`: seed + j * tasks + i).
+def eval_seed_range(cfg: DictConfig, num_tasks: int, split: str | None = None) -> range:
+    """The episode seeds evaluation on `split` (default `eval.split`) uses
+    (`rlfleet.eval.episodes.evaluate_policy`: seed + j * tasks + i), after the start check.
 
-    Held out by construction: demo seeds start at DEMO_SEED_BASE, above this range (checked here),
-    and training envs draw episodes from their own streams (`rlfleet.envs.core.TRAIN_STREAM`), or
-    after a resume from integer seeds at or above `RESUMED_SEED_BASE`, so no training run replays them."""
+    Held out by construction: demo seeds start at DEMO_SEED_BASE, above both splits' ranges
+    (checked here), and training envs draw episodes from their own streams
+    (`rlfleet.envs.core.TRAIN_STREAM`), or after a resume from integer seeds at or above
+    `RESUMED_SEED_BASE`, so no training run replays them. The test and validation ranges must not
+    meet (checked here), nor the env's own held-out sets (CALVIN's chain pools, RoboTwin's seed
+    files: `ChunkedEnv.check_held_out_splits`); each refusal is one line (ValueError)."""
     episodes = max(cfg.eval.episodes_per_task, cfg.eval.periodic_episodes_per_task)
-    seeds = range(cfg.eval.seed, cfg.eval.seed + episodes * num_tasks)
-    if cfg.eval.seed < 0 or seeds.stop > DEMO_SEED_BASE:
+    ranges = {}
+    for name in EVAL_SPLITS:
+        start = split_seed(cfg.eval, name)
+        ranges[name] = seeds = range(start, start + episodes * num_tasks)
+        if seeds.start < 0 or seeds.stop > DEMO_SEED_BASE:
+            raise ValueError(
+                f"{name} eval seeds {seeds.start}..{seeds.stop - 1} must lie in [0, {DEMO_SEED_BASE}) "
+                "where no demo episode starts"
+            )
+    test, val = ranges["test"], ranges["validation"]
+    if test.start < val.stop and val.start < test.stop:
         raise ValueError(
-            f"eval seeds {seeds.start}..{seeds.stop - 1} must lie in [0, {DEMO_SEED_BASE}) where no demo episode starts"
+            f"validation eval seeds {val.start}..{val.stop - 1} overlap the test eval seeds "
+            f"{test.start}..{test.stop - 1}: set eval.validation_seed apart from eval.seed"
         )
-    return seeds
+    check_held_out_splits(eval_env_config(cfg, "test"), test, val)
+    return ranges[split or cfg.eval.split]
 
 
 def run_observation_spec(cfg: DictConfig) -> dict[str, tuple[tuple[int, ...], str]]:

@@ -80,7 +80,7 @@ def _run_actor(
     restarts: int,
 ) -> ActorStats:
     a = cfg.actor
-    E, S, K = a.num_envs, a.pipeline_stage_num, cfg.env.chunk_size
+    E, S = a.num_envs, a.pipeline_stage_num
     schedule = episode_schedule(cfg.algorithm, cfg.env, a)  # segment length, groups of envs reset alike
     T = schedule.segment_len
     stop_event = stop_event or threading.Event()
@@ -140,8 +140,7 @@ def _run_actor(
             if nxt != s:
                 launch(nxt)  # queued in the workers behind stage s: they never idle
             pool.step_wait(s)
-            builders[s].record_step(pool.slots)
-            steps += (rows[s][1] - rows[s][0]) * K
+            steps += builders[s].record_step(pool.slots)  # simulated substeps, the same count segments carry
             counters.env_steps = steps
             learner.env_steps = steps
             learner.env_faults = pool.env_faults

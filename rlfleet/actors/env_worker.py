@@ -112,6 +112,7 @@ def _write_step(slots: SharedArrays, sl: EnvSlice, res, keys: list[str]) -> None
     slots["episode_return"][rows] = res.episode_return
     slots["episode_length"][rows] = res.episode_length
     slots["episode_success_once"][rows] = res.episode_success_once
+    slots["substeps"][rows] = res.substeps
 
 
 def worker_main(

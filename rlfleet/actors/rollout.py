@@ -50,6 +50,7 @@ class SegmentBuilder:
         self.terminated = np.zeros((T, B), bool)
         self.truncated = np.zeros((T, B), bool)
         self.versions = np.zeros((T,), np.int64)
+        self.env_steps = 0  # substeps simulated in this segment (a chunk cut by an episode end counts fewer)
 
     def record_policy(self, slots, version: int) -> None:
         t, r = self.t, slice(self.lo, self.hi)
@@ -62,8 +63,11 @@ class SegmentBuilder:
         self.values[t] = slots["values"][r]
         self.versions[t] = version
 
-    def record_step(self, slots) -> None:
+    def record_step(self, slots) -> int:
+        """Record the stage's chunk step; returns the env steps it simulated (see `Segment.env_steps`)."""
         t, lo, r = self.t, self.lo, slice(self.lo, self.hi)
+        ran = int(slots["substeps"][r].sum())
+        self.env_steps += ran
         self.rewards[t] = slots["rewards"][r].sum(axis=1)
         self.terminated[t] = slots["terminated"][r]
         self.truncated[t] = slots["truncated"][r]
@@ -85,6 +89,7 @@ class SegmentBuilder:
                 )
             )
         self.t += 1
+        return ran
 
     @property
     def full(self) -> bool:
@@ -93,7 +98,6 @@ class SegmentBuilder:
     def finish(self, slots) -> Segment:
         """Package the T recorded steps; the current observation becomes the bootstrap one."""
         eps, r = self._episodes, slice(self.lo, self.hi)
-        K = self.actions.shape[2]
         seg = Segment(  # the filled buffers themselves: _alloc gives the builder new ones
             obs=self.obs,
             actions=self.actions,
@@ -106,7 +110,7 @@ class SegmentBuilder:
             next_obs={k: np.array(slots[k][r]) for k in self.obs_keys},
             versions=self.versions,
             task_ids=np.array(slots["task_ids"][r]),
-            env_steps=np.array(self.T * (self.hi - self.lo) * K, np.int64),
+            env_steps=np.array(self.env_steps, np.int64),
             ep_returns=np.array([e[0] for e in eps], np.float32),
             ep_lengths=np.array([e[1] for e in eps], np.int32),
             ep_success=np.array([e[2] for e in eps], bool),

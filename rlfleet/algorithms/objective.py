@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlfleet.algorithms.estimators import CRITIC_FREE, SELF_NORMALISED, estimator_name
+from rlfleet.algorithms.estimators import estimator_name, spec
 from rlfleet.algorithms.ppo import PPOConfig
 
 
@@ -36,11 +36,11 @@ class Objective:
 
 def objective(cfg: PPOConfig) -> Objective:
     """The run's objective from ``algorithm.adv_type``, ``off_policy``, ``norm_adv[_per_task]`` and ``kl_beta``."""
-    name = estimator_name(cfg)
+    est = spec(estimator_name(cfg))
     return Objective(
-        estimator=name,
-        critic=name not in CRITIC_FREE,
-        normalize_advantages=cfg.norm_adv and not cfg.norm_adv_per_task and name not in SELF_NORMALISED,
-        normalize_per_task=cfg.norm_adv and cfg.norm_adv_per_task and name not in SELF_NORMALISED,
+        estimator=est.name,
+        critic=est.critic,
+        normalize_advantages=cfg.norm_adv and not cfg.norm_adv_per_task and not est.normalised,
+        normalize_per_task=cfg.norm_adv and cfg.norm_adv_per_task and not est.normalised,
         kl_to_reference=cfg.kl_beta > 0,
     )

@@ -5,7 +5,7 @@ optimization"): the PPO ratio is taken against the learner's *pre-update*
 ("proximal") policy pi_old, and the gap between pi_old and the behaviour policy
 mu that actually generated the sample is corrected by a truncated importance
 weight min(pi_old/mu, rho_bar) (V-trace style truncation, Espeholt et al.
-2018, "IMPALA").  Samples whose policy lag is too large are dropped.
+2018, "IMPALA").  Samples whose policy lag is too large are masked out of the update.
 """
 
 from __future__ import annotations

@@ -61,7 +61,7 @@ class PPOConfig:
     # The value head's own learning rate (None: `lr`). A fresh head on an SFT policy's frozen
     # features learns slowly at the actor's small fine-tuning lr, and its errors are the advantages.
     critic_lr: float | None = None
-    max_policy_lag: int = 4  # drop samples older than this many learner updates
+    max_policy_lag: int = 4  # samples older than this many learner updates are masked out
     rho_bar: float = 1.0  # truncated importance-weight cap
     critic_warmup_updates: int = 0  # first updates train only the critic (a fresh value head on an SFT policy)
     # The learning rate ramps linearly from lr/N to lr over the first N policy updates (after the
@@ -108,27 +108,17 @@ class PPOConfig:
             raise ValueError(f"critic_warmup_updates must be >= 0, got {self.critic_warmup_updates}")
         if self.update_epochs < 1 or self.num_minibatches < 1:
             raise ValueError("update_epochs and num_minibatches must be >= 1")
-        if self.norm_adv_per_task and (not self.norm_adv or self.adv_type == "grpo"):
-            raise ValueError("norm_adv_per_task needs norm_adv and adv_type 'gae' (GRPO normalises per group)")
-        if self.adv_type not in ("gae", "grpo"):
-            raise ValueError(f"adv_type must be 'gae' or 'grpo', got {self.adv_type!r}")
-        if self.off_policy not in ("truncated_is", "vtrace"):
-            raise ValueError(f"off_policy must be 'truncated_is' or 'vtrace', got {self.off_policy!r}")
         if self.kl_beta < 0.0:
             raise ValueError(f"kl_beta must be >= 0, got {self.kl_beta}")
         if self.vtrace_c_bar <= 0.0:
             raise ValueError(f"vtrace_c_bar must be > 0, got {self.vtrace_c_bar}")
-        if self.adv_type == "grpo":
-            if self.group_size < 2:
-                raise ValueError(f"group_size must be >= 2 for GRPO, got {self.group_size}")
-            if self.off_policy == "vtrace":
-                raise ValueError("off_policy=vtrace needs a critic; GRPO has none (use truncated_is)")
-            if self.critic_warmup_updates:
-                raise ValueError("critic_warmup_updates must be 0 with GRPO: there is no critic to warm up")
         if self.group_filter is not None:
             lo_hi = list(self.group_filter)
             if len(lo_hi) != 2 or not lo_hi[0] <= lo_hi[1]:
                 raise ValueError(f"group_filter must be [lo, hi] with lo <= hi, got {lo_hi}")
+        from rlfleet.algorithms.estimators import check_estimator  # it imports this module
+
+        check_estimator(self)
 
 
 def policy_loss(
@@ -163,27 +153,9 @@ def policy_loss(
     """
     if dual_clip is not None and dual_clip <= 1.0:
         raise ValueError(f"dual_clip must be > 1 (or None), got {dual_clip}")
-    logp_old = logp_old.detach()
-    advantages = _per_element(advantages.detach(), logp, "advantages")
-    if weights is not None:
-        weights = _per_element(weights, logp, "weights")
-
-    log_ratio = logp - logp_old
+    log_ratio = logp - logp_old.detach()
     ratio = torch.exp(log_ratio)
-    pg_loss_unclipped = -advantages * ratio
-    pg_loss_clipped = -advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
-    per_sample = torch.max(pg_loss_unclipped, pg_loss_clipped)
-
-    if dual_clip is not None:
-        dual_bound = -dual_clip * advantages  # > 0 where A < 0
-        negative_adv = advantages < 0
-        dual_active = negative_adv & (per_sample > dual_bound)
-        per_sample = torch.where(negative_adv, torch.min(per_sample, dual_bound), per_sample)
-    else:
-        dual_active = torch.zeros_like(ratio, dtype=torch.bool)
-
-    if weights is not None:
-        per_sample = weights.detach() * per_sample
+    per_sample, dual_active = clipped_surrogate(ratio, advantages, clip_low, clip_high, dual_clip, weights)
     loss = per_sample.mean()
 
     with torch.no_grad():
@@ -196,6 +168,54 @@ def policy_loss(
             "policy_loss": loss.item(),
         }
     return loss, stats
+
+
+def clipped_surrogate(
+    ratio: Tensor,
+    advantages: Tensor,
+    clip_low: float,
+    clip_high: float,
+    dual_clip: float | None = None,
+    weights: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    """The clipped surrogate per element, and where the dual clip is active (see :func:`policy_loss`):
+
+        L = max(-A * ratio, -A * clamp(ratio, 1 - clip_low, 1 + clip_high))
+        L = min(L, -c * A) where A < 0                        (dual clip c)
+        L = w * L                                             (truncated IS weights w, constants)
+
+    A per-sample advantage or weight ``[N]`` applies to each element of a ``[N, *P]`` ratio.
+    """
+    advantages = _per_element(advantages.detach(), ratio, "advantages")
+    pg_loss_unclipped = -advantages * ratio
+    pg_loss_clipped = -advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    per_sample = torch.max(pg_loss_unclipped, pg_loss_clipped)
+
+    def weighted(x: Tensor) -> Tensor:
+        return x if weights is None else _per_element(weights, ratio, "weights").detach() * x
+
+    if dual_clip is None:
+        return weighted(per_sample), torch.zeros_like(ratio, dtype=torch.bool)
+    dual_bound = -dual_clip * advantages  # > 0 where A < 0
+    negative_adv = advantages < 0
+    dual_active = negative_adv & (per_sample > dual_bound)
+    per_sample = torch.where(negative_adv, torch.min(per_sample, dual_bound), per_sample)
+    return weighted(per_sample), dual_active
+
+
+def clipped_value_error(
+    values: Tensor, values_old: Tensor, returns: Tensor, value_clip: float | None
+) -> tuple[Tensor, Tensor]:
+    """The squared value error per sample, clipped around the pre-update values (see
+    :func:`value_loss`), and where the clipped term is the larger."""
+    values_old = values_old.detach()
+    returns = returns.detach()
+    loss_unclipped = (values - returns) ** 2
+    if value_clip is None:
+        return loss_unclipped, torch.zeros_like(loss_unclipped, dtype=torch.bool)
+    values_clipped = values_old + torch.clamp(values - values_old, -value_clip, value_clip)
+    loss_clipped = (values_clipped - returns) ** 2
+    return torch.max(loss_unclipped, loss_clipped), loss_clipped > loss_unclipped
 
 
 def value_loss(
@@ -214,34 +234,23 @@ def value_loss(
     Stats: ``value_clip_ratio`` = fraction where the clipped term is strictly
     larger (0.0 when not clipping), ``value_loss``.
     """
-    values_old = values_old.detach()
-    returns = returns.detach()
-    loss_unclipped = (values - returns) ** 2
-    if value_clip is None:
-        loss = 0.5 * loss_unclipped.mean()
-        clip_ratio = 0.0
-    else:
-        values_clipped = values_old + torch.clamp(values - values_old, -value_clip, value_clip)
-        loss_clipped = (values_clipped - returns) ** 2
-        loss = 0.5 * torch.max(loss_unclipped, loss_clipped).mean()
-        clip_ratio = _fraction(loss_clipped > loss_unclipped)
+    error, clipped = clipped_value_error(values, values_old, returns, value_clip)
+    loss = 0.5 * error.mean()
+    clip_ratio = 0.0 if value_clip is None else _fraction(clipped)
     return loss, {"value_clip_ratio": clip_ratio, "value_loss": loss.item()}
 
 
-def explained_variance(values: Tensor, returns: Tensor) -> float:
-    """EV = 1 - Var[R - V] / Var[R]  (1: perfect critic, 0: as good as a constant,
-    < 0: worse than a constant).  Population variances.
+def explained_variance(returns_var: float, residual_var: float) -> float:
+    """EV = 1 - Var[R - V] / Var[R] from the two population variances (1: perfect critic, 0: as
+    good as a constant, < 0: worse than a constant). Taking variances, not tensors, lets the
+    learner pass moments reduced over all ranks.
 
-    Returns NaN when Var[R] == 0 (EV is undefined; same convention as
-    CleanRL / Stable-Baselines3), so callers should log it with a nan-aware
-    aggregate.
+    NaN when Var[R] == 0 (EV is undefined; the convention of CleanRL / Stable-Baselines3), so
+    callers log it with a nan-aware aggregate.
     """
-    v = values.detach().flatten().double()
-    r = returns.detach().flatten().double()
-    var_r = r.var(unbiased=False).item() if r.numel() > 0 else 0.0
-    if var_r == 0.0 or math.isnan(var_r):
+    if returns_var == 0.0 or math.isnan(returns_var):
         return float("nan")
-    return 1.0 - (r - v).var(unbiased=False).item() / var_r
+    return 1.0 - residual_var / returns_var
 
 
 KL_LOG_RATIO_CLAMP = 20.0

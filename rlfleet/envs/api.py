@@ -20,6 +20,18 @@ from typing import Any
 
 import numpy as np
 
+# Held-out evaluation splits, the one place their seeds start. `test` is what results report;
+# `validation` is what every choice made by looking at success (decoders, hyperparameters, demo
+# counts, checkpoints) is made on, so the test episodes stay unseen. Seed-keyed envs (MetaWorld,
+# gymnasium, the bench env, plugins) play a split's episode j of task i from reset seed
+# base + j * tasks + i (`eval.seed` / `eval.validation_seed`, defaults below); envs with their own
+# held-out sets also get `EnvConfig.pool` (SPLIT_POOL: CALVIN's chain pools, RoboTwin's seed files).
+# Demo seeds start at rlfleet.data.demos.DEMO_SEED_BASE (1_000_000), above both ranges.
+EVAL_SPLITS = ("test", "validation")
+TEST_SEED_BASE = 10_000
+VALIDATION_SEED_BASE = 500_000
+SPLIT_POOL = {"test": "eval", "validation": "validation"}
+
 
 @dataclass
 class EnvConfig:
@@ -49,7 +61,9 @@ class EnvConfig:
     # in `main_images`; 0: as the task ships it (a 1.5-2 cm red dot, a pixel or two at 64 px).
     # Only the frames change: sites never collide, and rewards and success ignore their size.
     goal_marker_size: float = 0.0
-    pool: str = "train"  # CALVIN chains: "train" or the disjoint held-out "eval" pool (others ignore it)
+    # Held-out episodes: "train" (training), "eval" (the test split) or "validation" (SPLIT_POOL), for
+    # envs with their own held-out sets (CALVIN's chain pools, RoboTwin's seed files; others ignore it)
+    pool: str = "train"
     # Chained envs (CALVIN): env steps the current subtask may take before the episode is truncated;
     # 0: the env's own budget (CALVIN's 360). Training only: `rlfleet.config.eval_env_config` sets it
     # back to 0, so held-out evaluation keeps the benchmark's budget. A shorter training budget stops
@@ -69,8 +83,8 @@ class EnvConfig:
     # every process that makes the env; other envs refuse a non-empty mapping (they would ignore it).
     gym_kwargs: dict[str, Any] = field(default_factory=dict)
     # gymnasium MuJoCo envs rendering `main_images`: "fast" turns the scene's shadow maps and
-    # multisampling off (a CPU renderer spends most of a frame on them: SO-101's 2 shadowed lights
-    # at 4096 px and 8x MSAA took 0.7 s a frame on Mesa llvmpipe); "env": as the env ships it.
+    # multisampling off (a CPU renderer spends most of a frame on them: docs/simulators.md);
+    # "env": as the env ships it.
     gym_render_quality: str = "fast"
 
 
@@ -192,6 +206,9 @@ class StepResult:
     episode_length: np.ndarray  # [B] int32: env steps of the finished episode
     episode_success_once: np.ndarray  # [B] bool: success at any step of the finished episode
     final_obs: dict  # the tensor keys of `obs` ([B,...] each): last observation of the finished episode
+    # [B] int32: substeps simulated in this chunk: K, or fewer where the episode ended mid-chunk
+    # (the rest of the chunk is skipped). Env steps count these, never K per chunk.
+    substeps: np.ndarray
 
 
 class ChunkedEnv(abc.ABC):
@@ -215,6 +232,13 @@ class ChunkedEnv(abc.ABC):
     # Raised when a fix changes the demos collected for the same seeds (their frames, or the
     # expert's actions), so cached demos (rlfleet.runs.bootstrap) are collected again, not reused.
     DEMOS_REVISION: int = 0
+
+    @classmethod
+    def check_held_out_splits(cls, cfg: "EnvConfig", test_seeds: range, validation_seeds: range) -> None:
+        """A one-line ValueError if the env's own validation episodes (played from `validation_seeds`,
+        pool "validation") meet its test or training ones. Nothing to check by default: a seed-keyed
+        env's splits are their seed ranges, which `rlfleet.config.eval_seed_range` checks."""
+        return None
 
     @staticmethod
     def task_groups() -> dict[str, list[str]]:

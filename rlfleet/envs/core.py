@@ -239,6 +239,7 @@ class EpisodeEnv(ChunkedEnv):
         ep_return = np.zeros(B, np.float32)
         ep_length = np.zeros(B, np.int32)
         ep_success = np.zeros(B, bool)
+        substeps = np.full(B, K, np.int32)  # simulated: fewer where an episode ends mid-chunk
         final_obs = self._blank_obs()
 
         for i in range(B):
@@ -276,6 +277,7 @@ class EpisodeEnv(ChunkedEnv):
                         final_obs["wrist_images"][i] = self.render_wrist_one(i)
                     self.episode_finished(i)
                     self._begin(i, None)
+                    substeps[i] = k + 1
                     if labels is not None and executed is not None:  # skipped substeps: pad
                         labels[i, k + 1 :] = labels[i, k]
                         executed[i, k + 1 :] = executed[i, k]
@@ -293,6 +295,7 @@ class EpisodeEnv(ChunkedEnv):
             episode_length=ep_length,
             episode_success_once=ep_success,
             final_obs=final_obs,
+            substeps=substeps,
         )
 
     def _obs(self) -> dict:

@@ -28,6 +28,9 @@ STEP_FIELDS: dict[str, tuple[str, tuple[str, ...]]] = {
     "episode_length": ("int32", ()),
     "episode_success_once": ("bool", ()),
 }
+# Optional in a reply (servers written before it leave it out; the client then derives it from
+# episode_length, see RemoteEnv): substeps [B] int32, the substeps simulated in this chunk.
+SUBSTEPS = "substeps"
 
 
 def spec_reply(spec: EnvSpec, task_list: list[str], obs_spec: ObsSpec, env_name: str) -> env_pb2.EnvSpecReply:
@@ -95,7 +98,7 @@ def reset_reply(obs: Mapping[str, object], scenes: list[int] | None = None) -> e
 
 def step_reply(result: StepResult) -> env_pb2.StepReply:
     """A StepResult as a StepReply: step fields plus `final_<key>` for each final observation."""
-    step = {name: getattr(result, name) for name in STEP_FIELDS}
+    step = {name: getattr(result, name) for name in (*STEP_FIELDS, SUBSTEPS)}
     step.update({FINAL_PREFIX + k: v for k, v in result.final_obs.items() if isinstance(v, np.ndarray)})
     return env_pb2.StepReply(obs=obs_map(result.obs), step=codec.encode_map(step))
 
@@ -107,11 +110,17 @@ def decode_obs(msg: tensor_pb2.TensorMap) -> dict:
 
 def decode_step(msg: tensor_pb2.TensorMap, num_envs: int, chunk_size: int, finite: bool = True) -> tuple[dict, dict]:
     """(StepResult fields, final_obs) from StepReply.step, every field checked for dtype and shape
-    (and NaN/inf unless `finite=False`: the remote client checks those per env)."""
+    (and NaN/inf unless `finite=False`: the remote client checks those per env). `substeps` is
+    among the fields only when the reply has it."""
     raw = decode_obs(msg)
     fields = {}
     for name, (dtype, tail) in STEP_FIELDS.items():
         shape = [num_envs, *(chunk_size if d == "K" else d for d in tail)]
         fields[name] = codec.require(raw, name, dtype, shape, finite=finite)
+    if SUBSTEPS in raw:
+        sub = codec.require(raw, SUBSTEPS, "int32", [num_envs])
+        if ((sub < 0) | (sub > chunk_size)).any():
+            raise codec.WireFormatError(f"substeps {sub.tolist()} outside 0..{chunk_size}", reason="bad_substeps")
+        fields[SUBSTEPS] = sub
     final_obs = {k[len(FINAL_PREFIX) :]: v for k, v in raw.items() if k.startswith(FINAL_PREFIX)}
     return fields, final_obs

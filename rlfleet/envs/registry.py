@@ -125,6 +125,14 @@ def task_groups(name: str) -> dict[str, list[str]]:
     return dict(groups()) if callable(groups) else {}
 
 
+def check_held_out_splits(cfg: EnvConfig, test_seeds: range, validation_seeds: range) -> None:
+    """The env's own check that its validation episodes meet no test or training ones
+    (ChunkedEnv.check_held_out_splits; a one-line ValueError)."""
+    check = getattr(env_factory(cfg.name), "check_held_out_splits", None)
+    if callable(check):
+        check(cfg, test_seeds, validation_seeds)
+
+
 def gripper_action_dims(name: str) -> tuple[int, ...] | None:
     """The absolute gripper dims of an env's actions (see ChunkedEnv.GRIPPER_ACTION_DIMS); None
     when the env does not declare them or is unknown."""

@@ -35,13 +35,18 @@ from rlfleet.envs.env_messages import decode_obs, decode_step, spec_from_reply
 from rlfleet.wire import codec
 from rlfleet.wire.gen import env_pb2, env_pb2_grpc
 from rlfleet.wire.grpc_server import make_channel
+from rlfleet.wire.join import EXIT_BAD_INPUT, CommandError
 
 log = logging.getLogger(__name__)
 SCHEME = "remote"
 
 
-class RemoteEnvError(RuntimeError):
-    """The env server failed or sent something that is not a valid answer."""
+class RemoteEnvError(CommandError):
+    """The env server failed or sent something that is not a valid answer: bad input to a command
+    (exit 2), its message says which server and how."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, EXIT_BAD_INPUT)
 
 
 @dataclass(frozen=True)
@@ -377,6 +382,7 @@ class RemoteEnv(ChunkedEnv):
                 for k, v in obs.items()
                 if isinstance(v, np.ndarray) and k != "task_ids"
             },
+            substeps=np.zeros(B, np.int32),  # the lost session's chunk: no simulated step came back
         )
         self._start_episodes(obs)
         return result
@@ -390,6 +396,9 @@ class RemoteEnv(ChunkedEnv):
         except codec.WireFormatError as exc:
             raise RemoteEnvError(f"env server {self._target.address} sent a bad step result: {exc}") from exc
         final_obs = self._checked_final(final_obs, obs)
+        if "substeps" not in fields:  # a server that does not say: a finished episode's length tells
+            ran = np.where(fields["episode_done"], fields["episode_length"] - self._ep_length, K)
+            fields["substeps"] = np.clip(ran, 0, K).astype(np.int32)
         bad = np.zeros(B, bool)
         for name in ("rewards", "episode_return"):
             rows = ~np.isfinite(fields[name].reshape(B, -1)).all(axis=1)
@@ -411,8 +420,8 @@ class RemoteEnv(ChunkedEnv):
         if bad.any():
             self._end_bad_episodes(bad, bad_obs, fields, obs, final_obs)
         self._bad_streak = np.where(bad_obs, self._bad_streak + 1, 0)
-        # episodes in flight, to end them ourselves if the server is lost
         done = fields["episode_done"]
+        # episodes in flight, to end them ourselves if the server is lost
         self._ep_return = np.where(done, 0, self._ep_return + fields["rewards"].sum(axis=1)).astype(np.float32)
         self._ep_length = np.where(done, 0, self._ep_length + K).astype(np.int32)
         self._ep_success = np.where(done, False, self._ep_success | fields["success"])

@@ -21,9 +21,12 @@ from rlfleet.config import (
     checkpoint_eval_config,
     checkpoint_run_config,
     eval_env_config,
+    eval_seed_range,
     held_out_env,
+    split_seed,
 )
-from rlfleet.envs.api import EnvConfig
+from rlfleet.envs.api import EVAL_SPLITS, EnvConfig
+from rlfleet.envs.registry import task_list
 from rlfleet.eval.episodes import evaluate_policy, report_evaluation
 from rlfleet.eval.paired import (
     EPISODES_FILE,
@@ -55,7 +58,13 @@ def evaluate_checkpoint(args: Namespace) -> dict:
     decode = getattr(args, "decode", None)
     # a run folder names its latest checkpoint; hf:// stays as given (its report folder is named after it)
     checkpoint = args.checkpoint if is_hub_path(args.checkpoint) else str(checkpoint_folder(args.checkpoint))
-    out = Path(args.out or _default_eval_dir(checkpoint))
+    split = getattr(args, "split", None)
+    if split is not None and split not in EVAL_SPLITS:
+        raise ValueError(f"--split must be one of {', '.join(EVAL_SPLITS)}, got {split!r}")
+    default_out = _default_eval_dir(checkpoint)
+    if split == "validation":  # a validation report never overwrites the test one
+        default_out = default_out.with_name(default_out.name + "_validation")
+    out = Path(args.out or default_out)
     if is_run_folder(out):  # refused before any download or episode
         raise ValueError(
             f"--out {out} is a run folder: its episodes.jsonl is the run's final evaluation (pass another --out)"
@@ -73,11 +82,14 @@ def evaluate_checkpoint(args: Namespace) -> dict:
     # X:eval scenes), so its final evaluation replays here episode by episode; any other checkpoint
     # as its config.json says its recipe evaluates it (an SFT cache, a Hub copy), else the defaults.
     run_eval = run_cfg.eval if run_cfg is not None else checkpoint_eval_config(meta)
-    seed = args.seed if args.seed is not None else run_eval.seed
+    split = split or getattr(run_eval, "split", "test")  # the held-out split: test unless asked
+    if run_cfg is not None and args.seed is None:  # the run's start check: splits apart, held out
+        eval_seed_range(run_cfg, len(task_list(eval_env_config(run_cfg, split))), split)
+    seed = args.seed if args.seed is not None else split_seed(run_eval, split)
     episodes = args.episodes if args.episodes is not None else run_eval.episodes_per_task
     if not args.task and not args.env_address:
         if run_cfg is not None:
-            env = dataclasses.asdict(eval_env_config(run_cfg))
+            env = dataclasses.asdict(eval_env_config(run_cfg, split))
             print(f"evaluating on the run's evaluation env: {env['name']} {env['task']}", flush=True)
         elif env and run_eval.task:
             env["task"] = run_eval.task
@@ -94,7 +106,8 @@ def evaluate_checkpoint(args: Namespace) -> dict:
         env["task"] = args.task
     if not env:
         raise SystemExit("the checkpoint does not name its env: pass --task")
-    env_cfg = held_out_env(EnvConfig(**env))  # a checkpoint's own env, evaluated as a run evaluates it
+    env_cfg = held_out_env(EnvConfig(**env), split=split)  # a checkpoint's own env, evaluated as a run evaluates it
+    print(f"held-out split: {split} (episode seeds from {seed})", flush=True)
     other = None
     if args.compare:  # a bad path fails before any episode runs
         other = read_episodes(args.compare)
@@ -117,7 +130,7 @@ def evaluate_checkpoint(args: Namespace) -> dict:
         episode_records=records,
     )
     mode = evaluation_mode(meta["policy"], args.sample)
-    table = report_evaluation(out, records, success, env_cfg, seed, mode, checkpoint)
+    table = report_evaluation(out, records, success, env_cfg, seed, mode, checkpoint, split)
     json_path, md_path = out / "eval.json", out / "eval.md"
     if other is not None:  # after the report is written, so a failed pairing loses no episode
         table["paired"] = {"against": str(args.compare), **paired_comparison(records, other)}

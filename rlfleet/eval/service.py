@@ -24,7 +24,7 @@ from typing import Any, Protocol
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from rlfleet.config import eval_env_config
+from rlfleet.config import eval_env_config, split_seed
 from rlfleet.envs.chains import chain_report
 from rlfleet.envs.registry import scored_chain_length
 from rlfleet.eval.episodes import evaluate_policy, returns_by_task
@@ -155,8 +155,9 @@ def kept_before(run_dir: Path) -> tuple[dict[str, float], dict | None] | None:
 
 
 class EvaluationService(LoopObserver):
-    """A run's evaluations on `eval_env_config(cfg)` from `eval.seed`: `before` (eval.before),
-    `periodic` (as `periodic` schedules it; None: none), `final` (eval.at_end).
+    """A run's evaluations on `eval_env_config(cfg)`, from the `eval.split` split's first seed
+    (`split_seed`; test: `eval.seed`): `before` (eval.before), `periodic` (as `periodic` schedules
+    it; None: none), `final` (eval.at_end).
 
     `evaluate_start`: `on_start` evaluates the loop's policy when it has not trained yet (DAgger,
     which trains in this process); otherwise it reads the start's evaluation that `before` kept in
@@ -198,7 +199,7 @@ class EvaluationService(LoopObserver):
                 policy,
                 self.env,
                 episodes,
-                seed=self.cfg.eval.seed,
+                seed=split_seed(self.cfg.eval),
                 video_cfg=OmegaConf.to_object(self.cfg.eval.video_cfg) if video else None,
                 out_dir=out_dir,
                 deterministic=deterministic,
@@ -278,10 +279,12 @@ class EvaluationService(LoopObserver):
     def final(self, policy: nn.Module, step: int = 0, writer: MetricsLogger | None = None) -> dict[str, Any]:
         """The final evaluation (eval.episodes_per_task) in the run folder: episodes.jsonl, videos,
         eval_chain.md for chained envs, and to the trackers at `step` with the start beside it.
-        Returns its summary fields: eval_success, eval_success_mean, eval_mean_return, eval_chain."""
+        Returns its summary fields: eval_success, eval_success_mean, eval_split, eval_mean_return,
+        eval_chain."""
         t0 = time.time()
         ev = self.play(policy, self.cfg.eval.episodes_per_task, self.run_dir)
         fields: dict[str, Any] = {"eval_success": ev.success, "eval_success_mean": ev.mean}
+        fields["eval_split"] = self.cfg.eval.split  # test unless a run measures on validation (a choice's probe)
         mean_return = mean_returns(ev.returns)
         if mean_return:  # envs judged by return (gym:...)
             fields["eval_mean_return"] = mean_return

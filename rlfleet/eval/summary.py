@@ -3,8 +3,8 @@ loop or of an evaluation-only run) and its lines on the terminal.
 
 The fields: the training loop's own counters (updates, env steps, throughput, checkpoint, ...),
 then the evaluation service's (`rlfleet.eval.service`): `eval_success`, `eval_success_mean`,
-`eval_mean_return`, `eval_chain` (the final evaluation), `eval_before`, `eval_before_mean`,
-`eval_chain_before` (the starting policy's).
+`eval_split`, `eval_mean_return`, `eval_chain` (the final evaluation), `eval_before`,
+`eval_before_mean`, `eval_chain_before` (the starting policy's).
 """
 
 from __future__ import annotations

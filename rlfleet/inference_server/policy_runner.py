@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from rlfleet.inference_server.batcher import InferenceRequest
-from rlfleet.policies.checkpoint_io import load_state_dict_bytes, load_tensors
+from rlfleet.policies.checkpoint_io import load_tensors
 from rlfleet.wire.codec import WireFormatError
 from rlfleet.wire.slots import ObsSpec
 
@@ -63,10 +63,6 @@ class PolicyRunner:
         if not rows:
             raise WireFormatError("empty observation batch", reason="bad_shape")
         return out
-
-    def load_weights(self, version: int, data: bytes) -> None:
-        load_state_dict_bytes(self.policy, data)
-        self.version = version
 
     def offload(self) -> None:
         """Weights to host memory while idle, so a learner rank on the same GPU has the memory."""

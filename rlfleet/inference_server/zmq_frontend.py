@@ -77,8 +77,12 @@ class ZmqFrontend:
         self._outbox_addr = f"inproc://rlfleet-outbox-{id(self)}"
         self.outbox = ctx.socket(zmq.PULL)
         self.outbox.bind(self._outbox_addr)
-        self._local = threading.local()
-        self._pushers: list[zmq.Socket] = []
+        # One socket for every other thread's answers, used under a lock: one per thread (as
+        # before) left a socket and its eventfd behind for every Act stream ever opened.
+        self._pusher = ctx.socket(zmq.PUSH)
+        self._pusher.setsockopt(zmq.LINGER, 0)
+        self._pusher.connect(self._outbox_addr)
+        self._push_lock = threading.Lock()
         self.blocks: dict[bytes, _Attached] = {}  # by connection identity; touched by the pumping thread only
         self.released_blocks = 0  # blocks unmapped after a detach, re-attach, owner gone, or eviction
         self.errors = 0  # every error answer, batch-stage failures (overload, policy) included
@@ -135,8 +139,8 @@ class ZmqFrontend:
             self._retire(ident)
         self.router.close()
         self.outbox.close()
-        for sock in self._pushers:
-            sock.close()
+        with self._push_lock:
+            self._pusher.close()
 
     def _reply(self, frames: list) -> None:
         """On the pumping thread the answer leaves at once; another thread queues it for the pump."""
@@ -146,13 +150,8 @@ class ZmqFrontend:
             self._push(frames)
 
     def _push(self, frames: list) -> None:
-        sock = getattr(self._local, "push", None)
-        if sock is None:
-            sock = self._local.push = self.ctx.socket(zmq.PUSH)
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.connect(self._outbox_addr)
-            self._pushers.append(sock)
-        sock.send_multipart(frames, copy=False)
+        with self._push_lock:
+            self._pusher.send_multipart(frames, copy=False)
 
     def _error(self, ident, req_id: bytes, msg: str, reason: str = "protocol") -> None:
         self.errors += 1

@@ -14,7 +14,7 @@ import torch
 
 from rlfleet.config import as_dict, config_from_yaml
 from rlfleet.learner.distributed import DDPRanks, Ranks
-from rlfleet.learner.trainer import PPOTrainer, ppo_config
+from rlfleet.learner.trainer import Trainer, ppo_config
 from rlfleet.policies.checkpoint_io import policy_from_config, reference_policy
 
 log = logging.getLogger(__name__)
@@ -34,7 +34,7 @@ def run_follower(ranks: Ranks) -> int:
     policy = policy_from_config(
         as_dict(cfg.policy), dims.state_dim, dims.action_dim, cfg.env.chunk_size, cfg.env.image_size
     )
-    trainer = PPOTrainer(
+    trainer = Trainer(
         policy,
         ppo_config(cfg.algorithm),
         cfg.learner.reward_scale,
@@ -46,7 +46,7 @@ def run_follower(ranks: Ranks) -> int:
     updates = 0
     while (received := ranks.receive_update()) is not None:
         segments, version = received
-        trainer.update(segments, version)
+        trainer.step(segments, version)
         updates += 1
     log.info("learner rank %d done: %d updates", ranks.rank, updates)
     return updates

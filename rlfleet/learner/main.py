@@ -44,7 +44,7 @@ from rlfleet.learner.ingest import IngestQueue
 from rlfleet.learner.losses import LossLedger
 from rlfleet.learner.metrics import EpisodeWindow, MetricsWriter, TrainProgress
 from rlfleet.learner.service import LearnerServicer, segment_byte_limit
-from rlfleet.learner.trainer import PPOTrainer, ppo_config
+from rlfleet.learner.trainer import Trainer, ppo_config
 from rlfleet.learner.weight_publisher import WeightPublisher, tensor_digests
 from rlfleet.policies.base import Policy
 from rlfleet.policies.checkpoint_io import cpu_state_dict, model_config, policy_from_config, reference_policy
@@ -122,7 +122,7 @@ class Learner:
         # their copy from the run's config (a model_path checkpoint's settings the recipe leaves out)
         model_path = cfg.policy.get("model_path")
         cfg.policy = {**self.model_config["policy"], **({"model_path": model_path} if model_path else {})}
-        self.trainer = PPOTrainer(
+        self.trainer = Trainer(
             self.policy,
             ppo_config(cfg.algorithm),
             cfg.learner.reward_scale,
@@ -247,7 +247,7 @@ class Learner:
     def _gather(self, progress: TrainProgress) -> list[Segment] | None:
         """Segments until one update's worth of samples; None when asked to stop first."""
         segments, samples = [], 0
-        while samples < self.cfg.learner.batch_env_steps:
+        while samples < self.cfg.learner.batch_samples:
             if self.stop_event.is_set() or self._out_of_time():
                 return None
             item = self.ingest.get(timeout=0.2)
@@ -257,7 +257,8 @@ class Learner:
             seg = item.segment
             segments.append(seg)
             samples += seg.num_steps * seg.num_envs
-            self.counters.env_steps += int(seg.env_steps)
+            self.counters.samples += seg.num_steps * seg.num_envs  # chunk samples: one per chunk step and env
+            self.counters.env_steps += int(seg.env_steps)  # simulated substeps: fewer where episodes ended mid-chunk
             self.losses.counted(self.counters.env_steps)
             self.episodes.add(seg)
             progress.update(self.counters.env_steps)
@@ -320,7 +321,7 @@ class Learner:
                     if cfg.learner.consume_only:
                         continue
                     self.ranks.send_update(segments, self.counters.version)  # ranks > 0 train on them too
-                    stats = self.trainer.update(segments, self.counters.version)
+                    stats = self.trainer.step(segments, self.counters.version)
                     self.counters.version += 1
                     self.counters.update += 1
                     self._publish()
@@ -366,7 +367,8 @@ class Learner:
         summary = {
             "version": self.counters.version,
             "updates": self.counters.update,
-            "env_steps": self.counters.env_steps,
+            "env_steps": self.counters.env_steps,  # simulated substeps (docs/usage.md, "Env steps")
+            "chunk_samples": self.counters.samples,  # training samples: one per chunk step and env
             "train_seconds": round(t_end - self._t_start, 1),  # this process's life
             "train_seconds_all_lives": round(self.counters.wall_seconds, 1),  # with the lives before a --resume
             # from the first full batch on; 0 when the run stopped before one (t_first unset)
@@ -456,7 +458,8 @@ def run_learner(
 
 
 def main(args: Namespace) -> int:
-    """`rlfleet learner RECIPE [overrides]` (parsed by rlfleet.cli)."""
+    """`rlfleet learner RECIPE [overrides]` (rlfleet.learner.arguments); the run's evaluation is
+    `run_learner`'s `EvaluationService`."""
     bind = ([f"learner.host={args.host}"] if args.host else []) + (
         [f"learner.port={args.port}"] if args.port is not None else []
     )

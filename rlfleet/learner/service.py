@@ -16,8 +16,10 @@ import numpy as np
 from rlfleet.learner.ingest import IngestedSegment, IngestQueue
 from rlfleet.learner.weight_publisher import WeightPublisher
 from rlfleet.wire import codec
+from rlfleet.wire.auth import AuthConfig, identity_of, identity_table, resolve
 from rlfleet.wire.gen import learner_pb2, learner_pb2_grpc, tensor_pb2
 from rlfleet.wire.grpc_decoding import UndecodableRequest
+from rlfleet.wire.grpc_limits import PeerRate, peer_host
 from rlfleet.wire.rejections import RejectionCounter
 from rlfleet.wire.segment import Segment
 
@@ -30,6 +32,10 @@ FORGET_CLIENT_S = 600.0  # a client silent this long is dropped from the table
 MAX_CLIENTS = 4096
 MAX_FAULT_LIVES = 4096  # actor lives whose env fault counts are kept apart (older ones are folded)
 MAX_FAULT_KINDS = 32  # per heartbeat; a kind is at most 64 characters
+# New client ids one peer host may register: a burst, then a rate. With ids forgotten after
+# FORGET_CLIENT_S, one host holds at most 256 + 4 * 600 = 2,656 of the MAX_CLIENTS entries.
+REGISTER_BURST = 256
+REGISTER_PER_S = 4.0
 MAX_CLIENT_ID_BYTES = 128  # a longer id is refused: ids are kept in the client table and the loss ledger
 
 
@@ -64,6 +70,7 @@ class ClientInfo:
     life_ended: bool = False
     registrations: int = 0  # Register calls under this id: a restarted process registers again
     exited: bool = False  # reported its own death (HeartbeatRequest.exit_cause): its index is free
+    identity: str = ""  # the token identity that registered it ("" without several identities)
 
 
 def _abort(context: Any, code: grpc.StatusCode, details: str) -> NoReturn:
@@ -85,7 +92,9 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
         max_segment_bytes: int = MAX_SEGMENT_BYTES,
         on_life_ended: Callable[..., int] | None = None,
         on_refused_push: Callable[[str, int], None] | None = None,
+        auth: AuthConfig | None = None,
     ):
+        self.auth = auth  # None: the process's settings (its token identities share the client table)
         self.config_yaml = config_yaml
         self.run_id = run_id
         self.ingest = ingest
@@ -108,6 +117,7 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
         # so an actor that could not start leaves no hole in the fleet's env seeds and tasks.
         self._free_index: dict[str, list[int]] = {}
         self._lock = threading.Lock()
+        self.register_rate = PeerRate(REGISTER_BURST, REGISTER_PER_S)
 
     # ---- membership -------------------------------------------------------------------------
     def _forget_silent(self) -> None:
@@ -175,8 +185,31 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
     def Register(self, request, context):
         self._check_client_id(request.client_id, context)
         with self._lock:
+            known = request.client_id in self._clients
+        who, quota = self._identity_quota(context)
+        if not known and who:
+            with self._lock:
+                held = sum(1 for c in self._clients.values() if c.identity == who)
+            if held >= quota:
+                self.other_rejections.count("identity_clients")
+                _abort(
+                    context,
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"identity {who!r} already has its {quota} of the {MAX_CLIENTS} client entries",
+                )
+        peer = peer_host(context.peer() if hasattr(context, "peer") else "")
+        if not known and not self.register_rate.allow(peer):
+            self.other_rejections.count("register_rate")
+            _abort(
+                context,
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"too many new client ids from {peer}: {REGISTER_BURST} at once, then {REGISTER_PER_S:g} a second",
+            )
+        with self._lock:
             info = self._client(request.client_id, request.role)
             before = 0
+            if info is not None and who and not known:
+                info.identity = who
             if info is not None:
                 self._revive(info)
                 before, info.registrations = info.registrations, info.registrations + 1
@@ -193,6 +226,14 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
             heartbeat_interval_ms=self.heartbeat_ms,
             registrations=before,
         )
+
+    def _identity_quota(self, context: Any) -> tuple[str, int]:
+        """The caller's token identity and its share of the client table, where a server has several
+        identities ("" otherwise: one identity, the whole table)."""
+        table = identity_table(resolve(self.auth))
+        if len(table) < 2 or not hasattr(context, "invocation_metadata"):
+            return "", MAX_CLIENTS
+        return identity_of(context.invocation_metadata(), self.auth), MAX_CLIENTS // len(table)
 
     def Heartbeat(self, request, context):
         self._check_client_id(request.client_id, context)

@@ -1,88 +1,97 @@
 """Which rows of an update each learner rank trains on under DDP (torchrun).
 
-Every rank receives the same segments. A rank prepares only its share of the env columns
+Every rank receives the same segments. The one-process batch is every row of every segment,
+(segment j, step t, env b) at offset_j + t * B_j + b, with a validity mask (young enough, kept by
+the estimator) that every rank computes alike. A rank prepares only its share of the env columns
 (:func:`shard_rows`, :func:`segment_envs`): columns keep their time steps together, which GAE and
-V-trace run along. Minibatches are drawn over the *one-process* row order (the order one learner
-process would use), so each minibatch is split exactly between the ranks
-(:func:`minibatch_rows`), and each rank scales its loss by its share of the minibatch
-(:func:`loss_share`): DDP's average of the ranks' gradients is then the one-process gradient.
+V-trace run along. Minibatches are drawn over the one-process valid rows, so each is split
+exactly between the ranks (:func:`minibatch_rows`); each rank's loss divides its sum over its rows
+by the one-process minibatch size over world_size (:class:`MinibatchMean`), so DDP's average of
+the ranks' gradients is the one-process gradient.
 
-A rank whose share of a minibatch is empty (fewer env columns than ranks, or all its rows too
-old) still runs a forward and backward pass, with weight zero, on a *stand-in* row
-(:func:`stand_in_columns`): every rank must join every gradient all-reduce, or DDP hangs.
+A rank with no row in a minibatch (fewer env columns than ranks, or its rows all too old) still
+steps with the others (every rank must join every gradient all-reduce, or DDP hangs): it runs one
+of its rows with weight zero. A rank with no env column at all holds column 0 of the first
+segment for that, every row masked (row id -1).
 
 Nothing here talks to other ranks; the collectives are in :mod:`rlfleet.learner.distributed`.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 
-from rlfleet.algorithms import lag_mask, policy_lag
 from rlfleet.wire.segment import Segment
 
 
 @dataclass
 class RowShard:
     """One rank's share of an update: the env columns of each segment it prepares, and where its
-    rows sit in the one-process batch order, so minibatches drawn over that order split exactly."""
+    rows sit in the one-process batch, so minibatches drawn over that order split exactly."""
 
     parts: list[tuple[int, np.ndarray]]  # (segment index, env columns), columns ascending
-    row_ids: np.ndarray  # [local rows] int64: position of each local row in the one-process batch
-    num_rows: int  # rows kept on all ranks together
+    row_ids: torch.Tensor  # [local rows] long: each local row's one-process position (-1: held, not trained)
+    valid: torch.Tensor  # [one-process rows] bool: rows to train on (the same on every rank)
+    world_size: int
+    task_range: tuple[int, int]  # lowest and highest task id of every segment's envs (every rank's)
 
-    def local_positions(self, device: str | torch.device = "cpu") -> torch.Tensor | None:
+    @property
+    def num_rows(self) -> int:
+        """Rows trained on, all ranks together."""
+        return int(self.valid.sum())
+
+    def local_valid(self) -> torch.Tensor:
+        """[local rows] bool: this rank's rows to train on."""
+        held = self.row_ids >= 0
+        return held & self.valid[self.row_ids.clamp(min=0)]
+
+    def local_positions(self) -> torch.Tensor | None:
         """where[i]: the local position of one-process row i, or -1 where another rank holds it.
         None when this rank holds every row in order (one process): positions are the row ids."""
-        if len(self.row_ids) == self.num_rows and np.array_equal(self.row_ids, np.arange(self.num_rows)):
+        n = len(self.valid)
+        if len(self.row_ids) == n and torch.equal(self.row_ids, torch.arange(n, device=self.row_ids.device)):
             return None
-        where = torch.full((self.num_rows,), -1, dtype=torch.long, device=device)
-        where[torch.as_tensor(self.row_ids, device=device)] = torch.arange(len(self.row_ids), device=device)
+        where = torch.full((n,), -1, dtype=torch.long, device=self.valid.device)
+        held = (self.row_ids >= 0).nonzero().squeeze(-1)
+        where[self.row_ids[held]] = held
         return where
 
 
-def kept_steps(seg: Segment, version: int, max_policy_lag: int) -> np.ndarray:
-    """Time steps young enough to train on (the trainer drops whole steps, all envs at once)."""
-    lags = policy_lag(version, torch.tensor(np.asarray(seg.versions)))
-    return np.flatnonzero(lag_mask(lags, max_policy_lag).numpy())
+def whole_batch(valid: torch.Tensor, task_ids: torch.Tensor) -> RowShard:
+    """One process's shard of a prepared batch: every row, in order (``task_ids``: the batch's)."""
+    task_range = (int(task_ids.min()), int(task_ids.max())) if len(task_ids) else (0, 0)
+    return RowShard([], torch.arange(len(valid), device=valid.device), valid, 1, task_range)
 
 
-def shard_rows(
-    segments: list[Segment],
-    version: int,
-    max_policy_lag: int,
-    rank: int,
-    world_size: int,
-    row_masks: list[np.ndarray] | None = None,
-) -> RowShard:
+def shard_rows(segments: list[Segment], valid: torch.Tensor, rank: int, world_size: int) -> RowShard:
     """Env column g (counted over all segments in order) goes to rank g % world_size.
 
     Splitting by env keeps each column's time steps together (GAE runs along them) and balances
-    the ranks to within one column per segment. The one-process batch is the segments' kept steps
-    in order, each step's envs in order, so row (segment j, k-th kept step, env b) sits at
-    offset_j + k * B_j + b. ``row_masks`` ([T, B] bool per segment; GRPO's valid steps of kept
-    groups) drop single rows as well; the order stays step-major over the rows kept.
+    the ranks to within one column per segment. ``valid`` ([rows of all segments] bool, step-major
+    per segment) marks the rows to train on.
     """
     parts, ids, offset, env_offset = [], [], 0, 0
     for j, seg in enumerate(segments):
-        B = seg.num_envs
-        keep = np.zeros((seg.num_steps, B), bool)
-        keep[kept_steps(seg, version, max_policy_lag)] = True
-        if row_masks is not None:
-            keep &= np.asarray(row_masks[j], bool)
-        kept = np.flatnonzero(keep.reshape(-1))  # one-process order: step-major, envs ascending
+        T, B = seg.num_steps, seg.num_envs
         cols = np.flatnonzero((env_offset + np.arange(B)) % world_size == rank)
         if len(cols):
             parts.append((j, cols))
-            ids.append(offset + np.flatnonzero(np.isin(kept % B, cols)))
-        offset += len(kept)
+            ids.append((offset + np.arange(T)[:, None] * B + cols[None, :]).reshape(-1))
+        offset += T * B
         env_offset += B
+    if len(valid) != offset:
+        raise ValueError(f"valid has {len(valid)} rows, the segments {offset}")
+    if not parts and segments:  # no column here: hold one, masked, so that this rank steps too
+        parts, ids = [(0, np.arange(1))], [np.full(segments[0].num_steps, -1)]
     row_ids = np.concatenate(ids).astype(np.int64) if ids else np.zeros(0, np.int64)
-    return RowShard(parts, row_ids, offset)
+    tasks = [s.task_ids for s in segments if s.num_envs]
+    task_range = (min(int(t.min()) for t in tasks), max(int(t.max()) for t in tasks)) if tasks else (0, 0)
+    return RowShard(parts, torch.as_tensor(row_ids, device=valid.device), valid, world_size, task_range)
 
 
 def segment_envs(seg: Segment, cols: np.ndarray) -> Segment:
@@ -110,36 +119,62 @@ def segment_envs(seg: Segment, cols: np.ndarray) -> Segment:
     )
 
 
-def stand_in_columns() -> np.ndarray:
-    """The env columns (of the first segment) a rank prepares as its zero-weight stand-in row: the
-    loss must reach every parameter on every rank, so any row of the right shapes will do."""
-    return np.arange(1)
-
-
 def minibatch_size(num_rows: int, num_minibatches: int) -> int:
     """Rows per minibatch (at least one); a remainder of num_rows is left out of the epoch."""
     return max(1, num_rows // num_minibatches)
 
 
-def minibatch_rows(where: torch.Tensor | None, perm: torch.Tensor, mb_size: int) -> Iterator[torch.Tensor]:
-    """This rank's local rows of each minibatch of one epoch.
+def minibatch_rows(shard: RowShard, order: torch.Tensor, mb_size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """One epoch: this rank's (local rows, weight) of each minibatch.
 
-    ``perm`` orders the one-process rows (the same on every rank); minibatch m is its slice
-    [m * mb_size, (m + 1) * mb_size), and each rank keeps the rows it holds (``where`` from
-    :meth:`RowShard.local_positions`). Every rank yields the same number of minibatches, some
-    possibly empty. ``where`` None (the rank holds every row): the slices of ``perm`` themselves.
+    ``order`` permutes the one-process valid rows (the same on every rank); minibatch m is its
+    slice [m * mb_size, (m + 1) * mb_size), and each rank takes the rows it holds. Every rank
+    yields the same number of minibatches; one with no row of a minibatch yields its first row
+    with weight False (it must still step with the others).
     """
-    for start in range(0, len(perm) - mb_size + 1, mb_size):
-        rows = perm[start : start + mb_size]
-        if where is None:
-            yield rows
-            continue
-        local = where[rows]
-        yield local[local >= 0]
+    valid_ids = shard.valid.nonzero().squeeze(-1)
+    where = shard.local_positions()
+    for start in range(0, len(order) - mb_size + 1, mb_size):
+        rows = valid_ids[order[start : start + mb_size]]
+        if where is not None:
+            rows = where[rows]
+            rows = rows[rows >= 0]
+        if len(rows):
+            yield rows, torch.ones(len(rows), dtype=torch.bool, device=rows.device)
+        else:
+            yield (
+                torch.zeros(1, dtype=torch.long, device=rows.device),
+                torch.zeros(1, dtype=torch.bool, device=rows.device),
+            )
 
 
-def loss_share(world_size: int, local_rows: int, mb_size: int) -> float:
-    """Factor on a rank's mean loss over its ``local_rows`` of a ``mb_size``-row minibatch: DDP
-    averages gradients over ranks, so world_size * local_rows / mb_size makes that average the
-    gradient of the mean over the whole minibatch."""
-    return world_size * local_rows / mb_size
+class MinibatchMean:
+    """The means one minibatch step takes on this rank's rows ([n, *P] per-row or per-element values).
+
+    ``weight`` [n] marks the rows that count (False: a row this rank runs only to step with the
+    others); ``loss_rows`` is the one-process minibatch size over world_size, so the loss mean,
+    summed over a rank's rows and averaged by DDP over ranks, is the one-process mean.
+    """
+
+    def __init__(self, weight: torch.Tensor, loss_rows: float):
+        self.weight, self.loss_rows = weight, loss_rows
+        self.rows = int(weight.sum())
+
+    def _masked_sum(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.where(self.weight.reshape(-1, *[1] * (x.dim() - 1)), x, 0.0).sum()
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """The loss's mean: this rank's share of the mean over the whole minibatch."""
+        return self._masked_sum(x) / (self.loss_rows * _elements_per_row(x))
+
+    def local(self, x: torch.Tensor) -> torch.Tensor:
+        """The mean over this rank's counted rows (statistics)."""
+        return self._masked_sum(x) / (self.rows * _elements_per_row(x))
+
+    def fraction(self, flags: torch.Tensor) -> float:
+        """The exact fraction of this rank's counted elements that are True."""
+        return int(self._masked_sum(flags).item()) / (self.rows * _elements_per_row(flags))
+
+
+def _elements_per_row(x: torch.Tensor) -> int:
+    return math.prod(x.shape[1:])

@@ -1,29 +1,30 @@
-"""The learner's update over a batch of trajectory segments: decoupled PPO for a stale fleet,
-with the advantage estimator chosen by name (GAE, V-trace or GRPO).
+"""The learner's update: decoupled PPO for a stale fleet, with the advantage estimator registered
+in rlfleet.algorithms.estimators (GAE, V-trace or GRPO). `Trainer.step` runs one learner step in
+two readable parts:
 
-`PPOTrainer.update` reads top to bottom like the algorithm:
-
-1. whole-segment advantages for a critic-free estimator (GRPO's groups), before any sharding;
-2. prepare this rank's rows with the pre-update policy: old log-probs, values, the reference
-   policy's log-probs, the policy-lag correction, then the registered estimator
-   (rlfleet.algorithms.estimators: one `Advantages` structure for every estimator);
-3. epochs x minibatches of one optimiser step on `update_loss` (rlfleet.algorithms.ppo: clipped
-   policy loss, value loss, entropy bonus, KL to the reference);
-4. move the observation normalisation, reduce the metrics over ranks.
+1. `prepare`: a fixed-shape batch of every received row, prepared once with the pre-update policy
+   (policy lag, old log-probs and values, the reference policy's log-probs, the estimator's
+   advantages and returns) and a validity mask: rows older than `max_policy_lag` or left out by
+   the estimator (GRPO: steps after an episode's end, filtered groups) are masked, not dropped;
+2. `update(batch)`: epochs x minibatches of the clipped objective (Schulman et al. 2017; CleanRL's
+   update is the model): ratio, clipped surrogate, value loss, entropy, KL to the reference, one
+   optimiser step, every mean a masked one.
 
 What differs between algorithms is chosen once, in `rlfleet.algorithms.objective.objective`;
-the methods ask the resulting `Objective` (which estimator, whether a critic trains) rather than
+the trainer asks the resulting `Objective` (which estimator, whether a critic trains) rather than
 test the algorithm's name.
 
-Under torchrun (rlfleet.learner.distributed) every rank runs the same update on its share of the
-env columns (rlfleet.learner.sharding): minibatches are drawn over the one-process row order and
-each rank's loss is scaled by its share of the minibatch, so DDP's gradient average equals the
-one-process gradient.
+Under torchrun (rlfleet.learner.distributed) every rank runs the same step on its share of the
+env columns (rlfleet.learner.sharding). DDP reaches `update` only as a weight mask and a loss
+divisor per minibatch (`sharding.MinibatchMean`): each rank's loss is its sum over its rows of a
+one-process minibatch divided by that minibatch's size over world_size, so DDP's gradient
+average equals the one-process gradient.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -35,30 +36,29 @@ from torch import nn
 from rlfleet.algorithms import (
     PPOConfig,
     bootstrap_next_values,
+    explained_variance,
     group_mean_var,
     kl_to_reference,
     lag_mask,
     normalize_advantages,
     normalize_advantages_per_task,
     policy_lag,
-    policy_loss,
     truncated_importance_weights,
-    value_loss,
 )
 from rlfleet.algorithms.estimators import AdvantageInputs, Advantages, advantage_stats, estimate
 from rlfleet.algorithms.objective import objective
-from rlfleet.algorithms.ppo import update_loss
+from rlfleet.algorithms.ppo import clipped_surrogate, clipped_value_error, update_loss
 from rlfleet.algorithms.vtrace import chunk_log_ratio
 from rlfleet.learner.distributed import Ranks, SingleRank, global_mean_var
 from rlfleet.learner.metrics import policy_lag_counts
 from rlfleet.learner.sharding import (
+    MinibatchMean,
     RowShard,
-    loss_share,
     minibatch_rows,
     minibatch_size,
     segment_envs,
     shard_rows,
-    stand_in_columns,
+    whole_batch,
 )
 from rlfleet.policies.base import Policy
 from rlfleet.policies.gaussian_mlp import RunningNorm
@@ -69,7 +69,8 @@ Obs = dict[str, torch.Tensor]
 
 @dataclass
 class Batch:
-    """Flattened [N] samples ready for minibatching (log-probs [N, *logprob_shape])."""
+    """Flattened [N] rows, fixed shape: every received row of this rank's env columns
+    (log-probs [N, *logprob_shape]); ``valid`` marks the rows to train on."""
 
     obs: Obs
     actions: torch.Tensor
@@ -82,6 +83,7 @@ class Batch:
     lags: torch.Tensor
     logp_ref: torch.Tensor  # the reference (SFT) policy's log-prob; zeros without a KL penalty
     task_ids: torch.Tensor  # [N] the task of each row's env
+    valid: torch.Tensor  # [N] bool: young enough (lag <= max_policy_lag) and kept by the estimator
 
     def __len__(self) -> int:
         return int(self.actions.shape[0])
@@ -125,11 +127,6 @@ def _cat(xs: list[Any]) -> Any:
 def _flat(x: torch.Tensor) -> torch.Tensor:
     """[T, B, ...] -> [T*B, ...]"""
     return x.reshape(x.shape[0] * x.shape[1], *x.shape[2:])
-
-
-def _broadcast(adv: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """A chunk's advantage applies to each of its per-action or per-token log-probs."""
-    return adv.reshape(adv.shape[0], *([1] * (like.dim() - 1)))
 
 
 # Per-minibatch statistics, averaged over minibatches (weighted by rows, so across ranks too).
@@ -218,7 +215,9 @@ def _adam(groups: list[dict[str, Any]], lr: float) -> torch.optim.Adam:
     return torch.optim.Adam(groups, lr=lr, eps=1e-5, fused=fused or None)
 
 
-class PPOTrainer:
+class Trainer:
+    """The learner's update for PPO with GAE, PPO with V-trace and GRPO (module docstring)."""
+
     # Forward passes over a whole update's samples run in pieces of this many rows, so pixel
     # policies do not hold activations for thousands of images at once.
     EVAL_ROWS = 512
@@ -235,7 +234,7 @@ class PPOTrainer:
     ):
         self.policy = policy.to(device)
         # A policy that starts from a checkpoint (SFT) keeps its observation statistics: moving
-        # them moves every action (measured: KL 800 per step to the SFT MLP on RoboTwin).
+        # them moves every action (docs/algorithms.md).
         self.freeze_normalization = freeze_normalization
         self.cfg = cfg
         # The one place the algorithm's pieces are chosen: estimator, critic or none, KL penalty.
@@ -350,13 +349,44 @@ class PPOTrainer:
         rewards = self._t(seg.rewards) * self.reward_scale
         return AdvantageInputs(rewards, terminated, truncated, values, next_values)
 
-    # --- rows to train on -----------------------------------------------------------------------
+    # --- prepare: a fixed-shape batch of every received row ---------------------------------------
+
+    def valid_rows(
+        self, segments: list[Segment], lags: list[torch.Tensor], advantages: list[Advantages] | None
+    ) -> torch.Tensor:
+        """[rows of all segments] bool, step-major per segment: young enough (lag <= max_policy_lag)
+        and kept by a whole-segment estimator (GRPO: valid steps of kept groups)."""
+        parts = []
+        for j, (seg, lag) in enumerate(zip(segments, lags)):
+            keep = lag_mask(lag, self.cfg.max_policy_lag).repeat_interleave(seg.num_envs)
+            parts.append(keep if advantages is None else keep & advantages[j].keep.reshape(-1))
+        return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.bool, device=self.device)
+
+    def prepare(self, segments: list[Segment], version: int) -> Batch:
+        """One process's batch: every row of the segments, `valid` masking the rows to train on."""
+        lags = [policy_lag(version, self._t(s.versions)) for s in segments]
+        advantages = self.segment_advantages(segments)
+        shard = shard_rows(segments, self.valid_rows(segments, lags, advantages), 0, 1)
+        return self._prepare(segments, lags, advantages, shard)
+
+    def _prepare(
+        self, segments: list[Segment], lags: list[torch.Tensor], advantages: list[Advantages] | None, shard: RowShard
+    ) -> Batch:
+        """The shard's rows (its env columns of every segment, in one-process order), masked by the
+        shard. ``lags``: each segment's step lags; ``advantages``: whole-segment estimates (None: the
+        estimator runs here, on the pre-update policy's values)."""
+        parts = []
+        for j, cols in shard.parts:
+            est = None if advantages is None else advantages[j].columns(cols)
+            parts.append(self._prepare_segment(segment_envs(segments[j], cols), lags[j], est))
+        batch = Batch.cat(parts)
+        batch.valid = shard.local_valid()
+        return batch
 
     @torch.no_grad()
-    def _prepare_segment(self, seg: Segment, version: int, est: Advantages | None = None) -> tuple[Batch, torch.Tensor]:
-        """Every row of one segment, and the estimator's rows to keep ([T*B] bool). ``est``: the
-        segment's advantages when estimated before (whole segments); else the registered estimator
-        runs here on the pre-update policy's values."""
+    def _prepare_segment(self, seg: Segment, step_lags: torch.Tensor, est: Advantages | None) -> Batch:
+        """Every row of one segment. ``est``: the segment's advantages when estimated before (whole
+        segments); else the registered estimator runs here on the pre-update policy's values."""
         T, B = seg.num_steps, seg.num_envs
         obs = self._obs(seg.obs)
         actions = _flat(self._t(seg.actions))
@@ -367,7 +397,7 @@ class PPOTrainer:
         # are what a forward pass here would give (the learner's recomputation equals them,
         # tests/integration/test_pixel_fleet.py), so only lagged rows run the pre-update policy.
         # Their importance weight is then exactly 1; lagged ones get min(pi_old / mu, rho_bar).
-        lags = policy_lag(version, self._t(seg.versions)).repeat_interleave(B)
+        lags = step_lags.repeat_interleave(B)
         logp_old = behaviour_logp.clone()
         values = _flat(self._t(seg.values)).float()
         stale = (lags != 0).nonzero().squeeze(-1)
@@ -385,16 +415,14 @@ class PPOTrainer:
             if self.reference is not None
             else torch.zeros_like(logp_old)
         )
-        inputs = self._critic_inputs(seg, values) if est is None else None
         is_weights = truncated_importance_weights(logp_old, behaviour_logp, self.cfg.rho_bar)
-
-        if inputs is not None:
+        if est is None:
+            inputs = self._critic_inputs(seg, values)
             inputs.log_rhos = chunk_log_ratio(logp_old, behaviour_logp).reshape(T, B)
             est = estimate(self.objective.estimator, inputs, self.cfg)
-        assert est is not None  # given, or estimated just above
         if est.importance_in_advantage:  # V-trace: rho_s is inside the advantage, so no weight
             is_weights = torch.ones_like(is_weights)
-        batch = Batch(
+        return Batch(
             obs,
             actions,
             extras,
@@ -406,57 +434,110 @@ class PPOTrainer:
             lags,
             logp_ref,
             self._t(seg.task_ids).repeat(T),  # row t*B + b is env b's
+            est.keep.reshape(-1),  # the shard's mask replaces it (`_prepare`)
         )
-        return batch, est.keep.reshape(-1)
 
-    def prepare(self, segments: list[Segment], version: int, advantages: list[Advantages] | None = None) -> Batch:
-        """Kept rows of the segments: lag <= max_policy_lag and kept by the estimator (GRPO: valid
-        steps of kept groups). ``advantages``: one per segment when estimated before; a critic-free
-        estimator runs here on the given segments when not."""
-        if advantages is None:
-            advantages = self.segment_advantages(segments)
-        parts = [
-            self._prepare_segment(seg, version, None if advantages is None else advantages[j])
-            for j, seg in enumerate(segments)
+    # --- update: epochs x minibatches of the clipped objective -----------------------------------
+
+    def update(self, batch: Batch, shard: RowShard | None = None) -> dict[str, float]:
+        """Epochs x minibatches of one optimiser step on the clipped objective (Schulman et al. 2017).
+        ``shard``: this rank's place in the one-process batch (None: one process, all of ``batch``)."""
+        cfg, model = self.cfg, self._training_model()
+        warmup = self.updates < cfg.critic_warmup_updates
+        train_actor, train_critic = self.objective.trains(warmup)
+        lr = self._set_lr()
+        self.updates += 1
+        stats = RowWeightedMeans()
+        for mb, mean in self._minibatches(batch, shard or whole_batch(batch.valid, batch.task_ids)):
+            logp, entropy, values = model(mb.obs, mb.actions, mb.extras, train_actor, train_critic)
+            # policy: the clipped surrogate of the ratio to the pre-update policy, weighted by the
+            # truncated importance weight of the stale behaviour policy (decoupled PPO)
+            log_ratio = logp - mb.logp_old
+            ratio = torch.exp(log_ratio)
+            low, high = cfg.clip_ratio_low, cfg.clip_ratio_high
+            pg, dual = clipped_surrogate(ratio, mb.advantages, low, high, cfg.dual_clip, mb.is_weights)
+            # value: regression to the estimator's returns, clipped around the pre-update values
+            v_error, v_clipped = clipped_value_error(values, mb.values_old, mb.returns, cfg.value_clip)
+            kl = kl_to_reference(logp, mb.logp_ref) if self.reference is not None else None
+            kl_ref = mean(kl) if kl is not None else None
+            loss = update_loss(mean(pg), 0.5 * mean(v_error), mean(entropy), kl_ref, cfg, train_actor, train_critic)
+            grad_norm = self._optimizer_step(loss)
+            if grad_norm is not None and mean.rows:  # a skipped step (non-finite gradient) is not counted
+                step = (mean, ratio, log_ratio, pg, dual, entropy, kl, v_error, v_clipped)
+                stats.add(self._step_stats(*step, grad_norm), mean.rows)
+        return {**stats.reduce(self.ranks, self.device), "train/critic_warmup": float(warmup), "train/lr": lr}
+
+    @torch.no_grad()
+    def _step_stats(
+        self,
+        mean: MinibatchMean,
+        ratio: torch.Tensor,
+        log_ratio: torch.Tensor,
+        pg: torch.Tensor,
+        dual: torch.Tensor,
+        entropy: torch.Tensor,
+        kl: torch.Tensor | None,
+        v_error: torch.Tensor,
+        v_clipped: torch.Tensor,
+        grad_norm: float,
+    ) -> dict[str, float]:
+        """One step's statistics over this rank's counted rows (approx_kl: Schulman's k3 estimator)."""
+        outside = (ratio < 1.0 - self.cfg.clip_ratio_low) | (ratio > 1.0 + self.cfg.clip_ratio_high)
+        stats = {
+            "train/actor/policy_loss": mean.local(pg).item(),
+            "train/actor/approx_kl": mean.local((ratio - 1.0) - log_ratio).item(),
+            "train/actor/clip_fraction": mean.fraction(outside),
+            "train/actor/dual_clip_fraction": mean.fraction(dual),
+            "train/actor/grad_norm": grad_norm,
+            "train/actor/entropy": mean.local(entropy).item(),
+        }
+        if kl is not None:
+            stats["train/actor/kl_ref"] = mean.local(kl).item()
+        if self.objective.critic:
+            stats["train/critic/value_loss"] = (0.5 * mean.local(v_error)).item()
+            stats["train/critic/value_clip_ratio"] = mean.fraction(v_clipped)
+        return stats
+
+    def _minibatches(self, batch: Batch, shard: RowShard) -> Iterator[tuple[Batch, MinibatchMean]]:
+        """Each epoch's minibatches of this rank's rows, advantages whitened, with the mean its loss
+        takes (every rank the same collectives: rank 0 draws each epoch's row order)."""
+        task_stats = self._task_advantage_stats(batch, shard) if self.objective.normalize_per_task else None
+        mb_size = minibatch_size(shard.num_rows, self.cfg.num_minibatches)
+        for _ in range(self.cfg.update_epochs):
+            order = self._shared_permutation(shard.num_rows)
+            for rows, weight in minibatch_rows(shard, order, mb_size):
+                mb = batch.select(rows)
+                mb.advantages = self._whiten(mb, weight, task_stats)
+                yield mb, MinibatchMean(weight, mb_size / shard.world_size)
+
+    def _whiten(self, mb: Batch, weight: torch.Tensor, task_stats: TaskStats | None) -> torch.Tensor:
+        """Advantages whitened with their task's statistics over the whole update, or with the
+        whole minibatch's (all ranks), as the objective says."""
+        if task_stats is not None:
+            lo, task_mean, task_std = task_stats
+            return normalize_advantages_per_task(mb.advantages, mb.task_ids - lo, stats=(task_mean, task_std))
+        if self.objective.normalize_advantages:
+            ((mean, var),) = global_mean_var(self.ranks, mb.advantages[weight])
+            return normalize_advantages(mb.advantages, stats=(mean, var**0.5))
+        return mb.advantages
+
+    def _optimizer_step(self, loss: torch.Tensor) -> float | None:
+        """Backward, clip, step; the first group's gradient norm, or None when a non-finite
+        gradient made it skip the step."""
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        # Each group on its own: a separate critic group (critic_lr) must not be left unclipped, nor
+        # shrink the actor's step when the value loss is large.
+        norms = [
+            float(nn.utils.clip_grad_norm_(g["params"], self.cfg.max_grad_norm)) for g in self.optimizer.param_groups
         ]
-        batch = Batch.cat([b for b, _ in parts])
-        keep = lag_mask(batch.lags, self.cfg.max_policy_lag) & _cat([k for _, k in parts])
-        if bool(keep.all()):  # the usual case: every row kept, nothing to copy
-            return batch
-        return batch.select(keep.nonzero().squeeze(-1))
-
-    def _prepare_shard(
-        self, segments: list[Segment], shard: RowShard, version: int, advantages: list[Advantages] | None = None
-    ) -> tuple[Batch, Batch]:
-        """This rank's rows, and one row to run through the model with zero weight when a
-        minibatch has none of them (the loss must still reach every parameter, for DDP).
-        ``advantages``: the whole segments' from `segment_advantages` (None: each rank estimates its own)."""
-        parts = [segment_envs(segments[j], cols) for j, cols in shard.parts]
-        sub = None if advantages is None else [advantages[j].columns(cols) for j, cols in shard.parts]
-        batch = self.prepare(parts, version, sub) if parts else None
-        if batch is not None and len(batch) != len(shard.row_ids):
-            raise RuntimeError(f"rank {self.ranks.rank} prepared {len(batch)} rows, its shard has {len(shard.row_ids)}")
-        first = torch.zeros(1, dtype=torch.long, device=self.device)
-        if batch is not None and len(batch):
-            return batch, batch.select(first)
-        # No rows here (fewer env columns than ranks, or all too old): any row of the right shapes.
-        cols = stand_in_columns()
-        est = None if advantages is None else advantages[0].columns(cols)
-        stand_in, _ = self._prepare_segment(segment_envs(segments[0], cols), version, est)
-        return (batch if batch is not None else stand_in.select(first[:0])), stand_in.select(first)
-
-    def _kept_obs(self, segments: list[Segment], version: int, advantages: list[Advantages] | None = None) -> Obs:
-        """Observations of every kept row, in one-process order (rank 0's normalisation update)."""
-        parts = []
-        for j, seg in enumerate(segments):
-            lags = policy_lag(version, self._t(seg.versions)).repeat_interleave(seg.num_envs)
-            keep = lag_mask(lags, self.cfg.max_policy_lag)
-            if advantages is not None:
-                keep &= advantages[j].keep.reshape(-1)
-            parts.append(_index(self._obs(seg.obs), keep.nonzero().squeeze(-1)))
-        return _cat(parts)
-
-    # --- the update -----------------------------------------------------------------------------
+        if not all(math.isfinite(n) for n in norms):  # a NaN/inf loss must never reach the weights (the
+            # norm is of DDP's all-reduced gradients, so every rank skips the same steps)
+            self.optimizer.zero_grad(set_to_none=True)
+            self.nonfinite_steps += 1
+            return None
+        self.optimizer.step()
+        return norms[0]
 
     def _shared_permutation(self, n: int) -> torch.Tensor:
         """Rank 0 draws the minibatch order (from its RNG, as one process would) and every rank uses it."""
@@ -466,110 +547,63 @@ class PPOTrainer:
             perm = torch.empty(n, dtype=torch.long, device=self.device)
         return self.ranks.broadcast_(perm)
 
-    def _minibatch_step(
-        self,
-        mb: Batch,
-        mb_size: int,
-        warmup: bool,
-        sums: dict[str, list[float]],
-        stand_in: Batch,
-        task_stats: TaskStats | None = None,
-    ) -> None:
-        """One optimiser step on this rank's rows of a minibatch of `mb_size` rows (all ranks).
-        ``task_stats``: whiten the advantages with their task's statistics over the whole update."""
-        n = len(mb)
-        adv = mb.advantages
-        if task_stats is not None:
-            lo, task_mean, task_std = task_stats
-            adv = normalize_advantages_per_task(adv, mb.task_ids - lo, stats=(task_mean, task_std))
-        elif self.objective.normalize_advantages:  # over the whole minibatch, all ranks
-            ((mean, var),) = global_mean_var(self.ranks, adv)
-            adv = normalize_advantages(adv, stats=(mean, var**0.5))
-        train_actor, train_critic = self.objective.trains(warmup)
-        rows = mb if n else stand_in
-        logp, entropy, values = self._training_model()(
-            rows.obs, rows.actions, rows.extras, train_actor=train_actor, train_critic=train_critic
-        )
-        if n == 0:  # still a backward pass: DDP needs every rank in every gradient all-reduce
-            loss = 0.0 * (logp.sum() + entropy.sum() + values.sum())
-        else:
-            pg_loss, pg_stats = policy_loss(
-                logp,
-                mb.logp_old,
-                _broadcast(adv, logp),
-                self.cfg.clip_ratio_low,
-                self.cfg.clip_ratio_high,
-                self.cfg.dual_clip,
-                weights=mb.is_weights,
-            )
-            v_loss, v_stats = value_loss(values, mb.values_old, mb.returns, self.cfg.value_clip)
-            kl_ref = kl_to_reference(logp, mb.logp_ref).mean() if self.reference is not None else None
-            loss = update_loss(pg_loss, v_loss, entropy, kl_ref, self.cfg, train_actor, train_critic)
-            # A mean over this rank's n rows, weighted by its share: DDP's average over ranks is
-            # then the mean over the whole minibatch.
-            loss = loss * loss_share(self.ranks.world_size, n, mb_size)
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        # Each group on its own: a separate critic group (critic_lr) must not be left unclipped, nor
-        # shrink the actor's step when the value loss is large. The first group's norm is reported.
-        norms = [
-            float(nn.utils.clip_grad_norm_(g["params"], self.cfg.max_grad_norm)) for g in self.optimizer.param_groups
-        ]
-        if not all(math.isfinite(n) for n in norms):  # a NaN/inf loss must never reach the weights (the
-            # norm is of DDP's all-reduced gradients, so every rank skips the same steps)
-            self.optimizer.zero_grad(set_to_none=True)
-            self.nonfinite_steps += 1
-            return
-        if n:
-            stats = {
-                "train/actor/policy_loss": pg_loss.item(),
-                "train/actor/approx_kl": pg_stats["approx_kl"],
-                "train/actor/clip_fraction": pg_stats["clip_fraction"],
-                "train/actor/dual_clip_fraction": pg_stats.get("dual_clip_fraction", 0.0),
-                "train/actor/grad_norm": norms[0],
-                "train/actor/entropy": entropy.mean().item(),
-            }
-            if self.objective.critic:
-                stats["train/critic/value_loss"] = v_loss.item()
-                stats["train/critic/value_clip_ratio"] = v_stats["value_clip_ratio"]
-            if kl_ref is not None:
-                stats["train/actor/kl_ref"] = kl_ref.item()
-            for key, val in stats.items():
-                acc = sums.setdefault(key, [0.0, 0.0])
-                acc[0] += val * n
-                acc[1] += n
-        self.optimizer.step()
+    # --- one learner step ---------------------------------------------------------------------------
 
-    def _reduce_stats(self, sums: dict[str, list[float]]) -> dict[str, float]:
-        flat = torch.tensor(
-            [x for k in MINIBATCH_STATS for x in sums.get(k, [0.0, 0.0])], dtype=torch.float64, device=self.device
-        )
-        totals = self.ranks.all_reduce_(flat).tolist()
-        return {k: totals[2 * i] / totals[2 * i + 1] for i, k in enumerate(MINIBATCH_STATS) if totals[2 * i + 1] > 0}
+    def step(self, segments: list[Segment], version: int) -> dict[str, float]:
+        """One learner step on the given segments: prepare this rank's batch, update on it, move
+        the observation normalisation; returns metrics.
+
+        Under torchrun every rank calls it with the same segments (rank 0 broadcasts them) and
+        trains on its shard; the returned metrics cover all ranks.
+        """
+        lags = [policy_lag(version, self._t(s.versions)) for s in segments]  # per step, once
+        received = self._lag_stats(segments, lags)
+        # Critic-free estimators (GRPO) run on whole segments, before sharding (every rank has them all).
+        advantages = self.segment_advantages(segments)
+        received.update(advantage_stats(advantages or [], [self._t(s.group_ids) for s in segments]))
+        valid = self.valid_rows(segments, lags, advantages)
+        shard = shard_rows(segments, valid, self.ranks.rank, self.ranks.world_size)
+        total = len(valid)
+        if shard.num_rows == 0:
+            return {"train/dropped_samples": float(total), **received}
+        self._training_model()  # before prepare: a resumed run's weights reach every rank first
+        batch = self._prepare(segments, lags, advantages, shard)
+        out = self.update(batch, shard)
+        # Whitening stats move after the update, so the log-probs above were computed with the
+        # same normalisation the behaviour policy used (lag-0 ratios start at exactly 1).
+        self._update_normalization(segments, batch, shard)
+        out.update(self._batch_stats(batch))
+        out.update(received)
+        out["train/dropped_samples"] = float(total - shard.num_rows)
+        out["train/nonfinite_steps"] = float(self.nonfinite_steps)
+        norm = getattr(self.policy, "obs_norm", None)
+        if isinstance(norm, RunningNorm):  # outliers kept out of the statistics
+            out["train/obs_norm_rejected_rows"] = float(norm.rejected_rows)
+            out["train/obs_norm_clipped_values"] = float(norm.clipped_values)
+        out["train/samples"] = float(shard.num_rows)
+        return out
 
     def _batch_stats(self, batch: Batch) -> dict[str, float]:
-        """Rollout statistics over the whole update's kept rows (all ranks)."""
-        returns, values = batch.returns.double(), batch.values_old.double()
+        """Rollout statistics over the whole update's valid rows (all ranks)."""
+        v = batch.valid
+        returns, values = batch.returns[v].double(), batch.values_old[v].double()
         (r_mean, r_var), (_, res_var), (adv_mean, _), (w_mean, _) = global_mean_var(
-            self.ranks, returns, returns - values, batch.advantages, batch.is_weights
+            self.ranks, returns, returns - values, batch.advantages[v], batch.is_weights[v]
         )
-        # 1 - Var[R - V] / Var[R] (see algorithms.explained_variance): undefined when Var[R] = 0
-        ev = float("nan") if r_var == 0.0 or np.isnan(r_var) else 1.0 - res_var / r_var
+        ev = explained_variance(r_var, res_var)
         out = {"train/critic/explained_variance": ev} if self.objective.critic else {}  # no critic: nothing explained
         out.update(
             {"rollout/returns_mean": r_mean, "rollout/advantages_mean": adv_mean, "rollout/is_weight_mean": w_mean}
         )
         return out
 
-    def _lag_stats(self, segments: list[Segment], version: int) -> dict[str, float]:
+    def _lag_stats(self, segments: list[Segment], lags: list[torch.Tensor]) -> dict[str, float]:
         """Policy lag over every received sample, the dropped ones included."""
-        lags = torch.cat(
-            [policy_lag(version, self._t(s.versions)).repeat_interleave(s.num_envs) for s in segments]
-        ).float()
+        rows = torch.cat([lag.repeat_interleave(s.num_envs) for s, lag in zip(segments, lags)]).float()
         return {
-            "throughput/policy_lag": lags.mean().item(),
-            "throughput/policy_lag_max": lags.max().item(),
-            **policy_lag_counts(lags.long().cpu().numpy(), self.cfg.max_policy_lag),
+            "throughput/policy_lag": rows.mean().item(),
+            "throughput/policy_lag_max": rows.max().item(),
+            **policy_lag_counts(rows.long().cpu().numpy(), self.cfg.max_policy_lag),
         }
 
     def lr_scale(self, update: int) -> float:
@@ -584,69 +618,40 @@ class PPOTrainer:
             group["lr"] = self.cfg.critic_lr if group.get("name") == "critic" else lr  # no name: saved before critic_lr
         return lr
 
-    def update(self, segments: list[Segment], version: int) -> dict[str, float]:
-        """One update (epochs x minibatches) on the given segments; returns metrics.
-
-        Under torchrun every rank calls it with the same segments (rank 0 broadcasts them) and
-        trains on its shard; the returned metrics cover all ranks.
-        """
-        total = sum(s.num_steps * s.num_envs for s in segments)
-        received = self._lag_stats(segments, version)
-        # Critic-free estimators (GRPO) run on whole segments, before sharding (every rank has them all).
-        advantages = self.segment_advantages(segments)
-        received.update(advantage_stats(advantages or [], [self._t(s.group_ids) for s in segments]))
-        row_masks = None if advantages is None else [a.keep.cpu().numpy() for a in advantages]
-        shard = shard_rows(
-            segments, version, self.cfg.max_policy_lag, self.ranks.rank, self.ranks.world_size, row_masks
-        )
-        if shard.num_rows == 0:
-            return {"train/dropped_samples": float(total), **received}
-        self._training_model()  # before prepare: a resumed run's weights reach every rank first
-        batch, stand_in = self._prepare_shard(segments, shard, version, advantages)
-        task_stats = self._task_advantage_stats(batch, segments) if self.objective.normalize_per_task else None
-        mb_size = minibatch_size(shard.num_rows, self.cfg.num_minibatches)
-        where = shard.local_positions(self.device)
-        warmup = self.updates < self.cfg.critic_warmup_updates
-        lr = self._set_lr()
-        self.updates += 1
-        sums: dict[str, list[float]] = {}
-        for _ in range(self.cfg.update_epochs):
-            perm = self._shared_permutation(shard.num_rows)
-            for local in minibatch_rows(where, perm, mb_size):
-                self._minibatch_step(batch.select(local), mb_size, warmup, sums, stand_in, task_stats)
-        # Whitening stats move after the update, so the log-probs above were computed with the
-        # same normalisation the behaviour policy used (lag-0 ratios start at exactly 1).
-        self._update_normalization(segments, batch, version, advantages)
-        out = self._reduce_stats(sums)
-        out.update(self._batch_stats(batch))
-        out.update(received)
-        out["train/dropped_samples"] = float(total - shard.num_rows)
-        out["train/critic_warmup"] = float(warmup)
-        out["train/lr"] = lr
-        out["train/nonfinite_steps"] = float(self.nonfinite_steps)
-        norm = getattr(self.policy, "obs_norm", None)
-        if isinstance(norm, RunningNorm):  # outliers kept out of the statistics
-            out["train/obs_norm_rejected_rows"] = float(norm.rejected_rows)
-            out["train/obs_norm_clipped_values"] = float(norm.clipped_values)
-        out["train/samples"] = float(shard.num_rows)
-        return out
-
-    def _task_advantage_stats(self, batch: Batch, segments: list[Segment]) -> TaskStats:
-        """Each task's advantage mean and std over the whole update, every rank's rows (all ranks
-        call it). Every rank holds the same segments, so the task numbering (shifted to 0) agrees."""
-        ids = [s.task_ids for s in segments if s.num_envs]
-        lo, hi = min(int(t.min()) for t in ids), max(int(t.max()) for t in ids)
-        mean, var = group_mean_var(batch.advantages, batch.task_ids - lo, hi - lo + 1, self.ranks.all_reduce_)
+    def _task_advantage_stats(self, batch: Batch, shard: RowShard) -> TaskStats:
+        """Each task's advantage mean and std over the whole update's valid rows, every rank's
+        (all ranks call it). Every rank holds the same segments' task ids, so the numbering agrees."""
+        v = batch.valid
+        lo, hi = shard.task_range
+        mean, var = group_mean_var(batch.advantages[v], batch.task_ids[v] - lo, hi - lo + 1, self.ranks.all_reduce_)
         return lo, mean, var.sqrt()
 
-    def _update_normalization(
-        self, segments: list[Segment], batch: Batch, version: int, advantages: list[Advantages] | None
-    ) -> None:
+    def _update_normalization(self, segments: list[Segment], batch: Batch, shard: RowShard) -> None:
+        """Rank 0 moves the statistics over every valid row, in one-process order; the others copy them."""
         if self.freeze_normalization:
             return
-        if self.ranks.world_size == 1:
-            _as_policy(self.policy).update_normalization(batch.obs)
-            return
         if self.ranks.is_main:
-            _as_policy(self.policy).update_normalization(self._kept_obs(segments, version, advantages))
+            whole = shard.world_size == 1  # the batch holds every row: no second copy of the observations
+            obs = batch.obs if whole else _cat([self._obs(s.obs) for s in segments])
+            rows = shard.valid.nonzero().squeeze(-1)
+            _as_policy(self.policy).update_normalization(obs if len(rows) == len(shard.valid) else _index(obs, rows))
         self.ranks.broadcast_buffers(self.policy)
+
+
+class RowWeightedMeans:
+    """Per-minibatch statistics, averaged over minibatches weighted by rows (so over ranks too)."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, list[float]] = {}
+
+    def add(self, values: dict[str, float], rows: int) -> None:
+        for key, val in values.items():
+            acc = self.sums.setdefault(key, [0.0, 0.0])
+            acc[0] += val * rows
+            acc[1] += rows
+
+    def reduce(self, ranks: Ranks, device: str) -> dict[str, float]:
+        """The means over every rank's steps (one all-reduce, the same keys on every rank)."""
+        sums = [x for k in MINIBATCH_STATS for x in self.sums.get(k, [0.0, 0.0])]
+        totals = ranks.all_reduce_(torch.tensor(sums, dtype=torch.float64, device=device)).tolist()
+        return {k: totals[2 * i] / totals[2 * i + 1] for i, k in enumerate(MINIBATCH_STATS) if totals[2 * i + 1] > 0}

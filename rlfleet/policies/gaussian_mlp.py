@@ -141,8 +141,7 @@ class GaussianMLPPolicy(nn.Module):
             self.obs_keys = ("states", "instructions")
             self.tokenizer = WordTokenizer(cfg.instruction_vocab, cfg.instruction_max_words)
             # mode "mean" leaves padding_idx out of the mean: the embedding of the words alone. Actor
-            # and critic share it, so the value loss trains it too (critic warm-up included): the
-            # setting calvin_d_d_ppo_mlp_cpu was measured with.
+            # and critic share it, so the value loss trains it too (critic warm-up included).
             self.word_embed = nn.EmbeddingBag(cfg.instruction_vocab, cfg.instruction_dim, mode="mean", padding_idx=0)
         width = state_dim + cfg.instruction_dim
         self.actor = _mlp([width, *hidden, out], cfg.activation, out_gain=0.01)

@@ -222,10 +222,6 @@ def _write_episode(tmp: Path, ep_id: int, task: str, seed: int, attempt: int, ar
 
 def main(args: Namespace) -> int:
     """`rlfleet collect --tasks T --out DIR`: record scripted-expert demonstrations (the SFT data)."""
-    if getattr(args, "workers", None) is not None:
-        logging.getLogger("rlfleet").warning(
-            "--workers is ignored: one env batch steps every expert in lockstep (see --envs-per-task)"
-        )
     cfg = EnvConfig(
         name=args.env,
         task=args.tasks,

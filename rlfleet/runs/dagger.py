@@ -106,7 +106,7 @@ class RolloutBatch:
     expert_chunks: int  # ... of which the expert executed
     gated_chunks: int  # ... of which the HG-DAgger gate fired
     action_gap: float  # mean ||a_student[0] - a_expert|| at the chunk starts
-    env_steps: int
+    env_steps: int  # substeps simulated (a chunk cut by an episode end counts those that ran)
     episode_success: list[bool]  # success_once of every finished episode
     episode_tasks: list[str]
 
@@ -127,7 +127,7 @@ def collect_rollouts(
     obs = env.reset(seeds)
     kept_obs: dict[str, list[np.ndarray]] = {k: [] for k in policy.obs_keys}
     kept_labels: list[np.ndarray] = []
-    n_expert = n_gated = 0
+    n_expert = n_gated = env_steps = 0
     gaps: list[np.ndarray] = []
     successes: list[bool] = []
     tasks: list[str] = []
@@ -152,6 +152,7 @@ def collect_rollouts(
         kept_labels.append(labels[keep])
         n_expert += int(use_expert.sum())
         n_gated += int(gated.sum())
+        env_steps += int(res.substeps.sum())
         for i in np.flatnonzero(res.episode_done):
             successes.append(bool(res.episode_success_once[i]))
             tasks.append(names[i])
@@ -163,7 +164,7 @@ def collect_rollouts(
         expert_chunks=n_expert,
         gated_chunks=n_gated,
         action_gap=float(np.mean(np.concatenate(gaps))),
-        env_steps=steps * B * K,
+        env_steps=env_steps,
         episode_success=successes,
         episode_tasks=tasks,
     )

@@ -45,7 +45,7 @@ from rlfleet.runs.dagger import run_dagger
 from rlfleet.runs.placement import PlacementPlan, resolve_placement
 from rlfleet.runs.supervisor import ActorSupervisor, RestartPolicy, last_error_line
 from rlfleet.wire.auth import current as current_auth
-from rlfleet.wire.join import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED
+from rlfleet.wire.join import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, CommandError
 
 
 def _die_with_parent() -> None:
@@ -107,18 +107,14 @@ def _inference_addresses(addresses: list[str], actor_index: int) -> str:
     return ",".join(addresses[k:] + addresses[:k])
 
 
-class FleetError(RuntimeError):
+class FleetError(CommandError):
     """A role of the local fleet stopped the run (it exited before it was ready, or every actor
     crashed): the message says which and where its log is, so `rlfleet train` prints it as one line.
     `exit_code` is the command's: 2 when the role refused its input (exited 2), else 1."""
 
-    def __init__(self, message: str, exit_code: int = EXIT_FAILED) -> None:
-        super().__init__(message)
-        self.exit_code = exit_code
-
 
 # A role's start-up (imports, policy and reference build, a probe env for the model's dimensions)
-# took over 180 s on 2 cores shared with two other training runs: wait long while it is alive.
+# can take minutes on a small, busy host: wait long while it is alive.
 ROLE_START_TIMEOUT_S = 900.0
 
 

@@ -22,7 +22,15 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from rlfleet.config import SFTConfig, as_dict, eval_env_config, evaluation_record, load_config, policy_settings
+from rlfleet.config import (
+    SFTConfig,
+    as_dict,
+    eval_env_config,
+    evaluation_record,
+    load_config,
+    policy_settings,
+    split_seed,
+)
 from rlfleet.data.demos import IMAGE_KEYS, DemoEpisode, drop_noop_frames, load_demos
 from rlfleet.data.lerobot import is_lerobot_path
 from rlfleet.envs.api import EnvConfig
@@ -305,10 +313,11 @@ def main(args: Namespace) -> int:
         policy, meta = load_checkpoint(args.out)
         records: list[dict] = []
         env = eval_env_config(cfg)
-        success = evaluate_policy(policy, env, args.eval_episodes, seed=cfg.eval.seed, episode_records=records)
+        seed = split_seed(cfg.eval)
+        success = evaluate_policy(policy, env, args.eval_episodes, seed=seed, episode_records=records)
         summary.update(eval_success=success, eval_success_mean=sum(success.values()) / len(success))
         mode = evaluation_mode(meta["policy"], sample=False)
-        report_evaluation(Path(args.out) / "eval", records, success, env, cfg.eval.seed, mode, str(args.out))
+        report_evaluation(Path(args.out) / "eval", records, success, env, seed, mode, str(args.out), cfg.eval.split)
         print_summary(summary)
     Console().print({k: summary[k] for k in ("samples", "episodes", "steps", "final_loss", "train_seconds")})
     print(f"checkpoint: {args.out}")

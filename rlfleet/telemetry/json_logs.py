@@ -7,9 +7,12 @@ written with str()), and a traceback goes in `exc_info`.
 
 from __future__ import annotations
 
+import argparse
 import datetime as dt
 import json
 import logging
+import os
+import sys
 
 FORMAT_ENV = "RLFLEET_LOG_FORMAT"
 FORMATS = ("text", "json")
@@ -51,3 +54,47 @@ def make_formatter(fmt: str, role: str = "") -> logging.Formatter:
     if fmt == "text":
         return logging.Formatter(TEXT_FORMAT)
     raise ValueError(f"unknown log format {fmt!r}: choose one of {', '.join(FORMATS)}")
+
+
+def setup_logging(level: str = "INFO", fmt: str = "text", role: str = "") -> None:
+    """Text for people, or one JSON object per line (`--log-format json`) for log shippers."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(make_formatter(fmt, role))
+    # Other libraries' INFO (PyOpenGL's "No OpenGL_accelerate module", absl, httpx, ...) stays out of
+    # the console unless asked for with --log-level DEBUG: the root logger holds them at WARNING.
+    numeric = logging.getLevelName(level.upper()) if isinstance(level, str) else level
+    numeric = numeric if isinstance(numeric, int) else logging.INFO
+    logging.basicConfig(level=numeric if numeric < logging.INFO else max(numeric, logging.WARNING), handlers=[handler])
+    for name in ("rlfleet", "__main__"):  # our own loggers (`python -m rlfleet.cli` logs as __main__)
+        logging.getLogger(name).setLevel(numeric)
+
+
+def _log_format(text: str) -> str:
+    if text not in FORMATS:  # also checks $RLFLEET_LOG_FORMAT, which `choices` would not
+        raise argparse.ArgumentTypeError(f"{text!r}: choose text or json")
+    return text
+
+
+def _log_level(text: str) -> str:
+    level = text.strip().upper()
+    if level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+        raise argparse.ArgumentTypeError(f"{text!r}: choose DEBUG, INFO, WARNING or ERROR")
+    return level
+
+
+def add_log_flags(p: argparse.ArgumentParser) -> None:
+    """--log-level and --log-format (RLFLEET_LOG_LEVEL / RLFLEET_LOG_FORMAT), for `setup_logging`."""
+    p.add_argument(
+        "--log-level",
+        type=_log_level,
+        default=os.environ.get("RLFLEET_LOG_LEVEL") or "INFO",
+        help="DEBUG, INFO, WARNING or ERROR (default: $RLFLEET_LOG_LEVEL or INFO); other libraries "
+        "log at WARNING and above unless DEBUG",
+    )
+    p.add_argument(
+        "--log-format",
+        type=_log_format,
+        default=os.environ.get(FORMAT_ENV) or "text",
+        help="text (default: $RLFLEET_LOG_FORMAT or text) or json: one JSON object per line "
+        "(time, level, logger, pid, role, message, extras)",
+    )

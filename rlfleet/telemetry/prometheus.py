@@ -211,7 +211,7 @@ class ActorCollector(Collector):
 
     def collect(self) -> Iterator[CounterMetricFamily]:
         c = self.counters
-        yield _counter("rlfleet_actor_env_steps", "env steps taken (chunk steps x chunk size)", c.env_steps)
+        yield _counter("rlfleet_actor_env_steps", "env steps simulated (substeps that ran)", c.env_steps)
         yield _counter("rlfleet_actor_segments", "trajectory segments handed to the learner link", c.segments)
         yield _counter("rlfleet_actor_episodes", "episodes finished", c.episodes)
         yield _counter("rlfleet_actor_successful_episodes", "finished episodes with success_once", c.successes)

@@ -27,10 +27,12 @@ import hmac
 import ipaddress
 import logging
 import os
+import re
 import stat
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 import grpc
@@ -47,6 +49,9 @@ ENV_TLS_KEY = "RLFLEET_TLS_KEY"
 ENV_TLS_CA = "RLFLEET_TLS_CA"
 ENV_TLS_SERVER_NAME = "RLFLEET_TLS_SERVER_NAME"
 ENV_MAX_MESSAGE_BYTES = "RLFLEET_MAX_MESSAGE_BYTES"
+ENV_IDENTITIES_FILE = "RLFLEET_IDENTITIES_FILE"
+FLEET_IDENTITY = "fleet"  # the identity of the shared token (RLFLEET_TOKEN / --token-file)
+_IDENTITY_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 
 class AuthError(ValueError):
@@ -63,6 +68,9 @@ class AuthConfig:
     tls_ca: str = ""  # root certificate(s) clients trust (PEM); set on a client to connect over TLS
     tls_server_name: str = ""  # name to check the server certificate against when the address is an IP
     max_message_bytes: int = MAX_MESSAGE_BYTES
+    # servers: more tokens, one per identity (`NAME TOKEN` lines); each identity gets its own share
+    # of the stream budget and the learner's client table
+    identities_file: str = ""
 
     def __post_init__(self) -> None:
         if bool(self.tls_cert) != bool(self.tls_key):
@@ -96,6 +104,7 @@ class AuthConfig:
             tls_ca=env.get(ENV_TLS_CA, ""),
             tls_server_name=env.get(ENV_TLS_SERVER_NAME, ""),
             max_message_bytes=max_bytes,
+            identities_file=env.get(ENV_IDENTITIES_FILE, ""),
         )
 
     def child_env(self) -> dict[str, str]:
@@ -107,6 +116,7 @@ class AuthConfig:
             ENV_TLS_CA: self.tls_ca,
             ENV_TLS_SERVER_NAME: self.tls_server_name,
             ENV_MAX_MESSAGE_BYTES: str(self.max_message_bytes),
+            ENV_IDENTITIES_FILE: self.identities_file,
         }
         return {k: v for k, v in pairs.items() if v}
 
@@ -123,6 +133,57 @@ def read_token_file(path: str) -> str:
     if p.stat().st_mode & (stat.S_IRWXG | stat.S_IRWXO):
         log.warning("token file %s is readable by other users; chmod 600 it", path)
     return token
+
+
+def read_identities(path: str) -> dict[str, str]:
+    """`NAME TOKEN` per line (blank lines and `#` comments skipped) -> {name: token}."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise AuthError(f"cannot read the identities file {path}: {exc.strerror}") from exc
+    if p.stat().st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+        log.warning("identities file %s is readable by other users; chmod 600 it", path)
+    out: dict[str, str] = {}
+    for n, line in enumerate(text.splitlines(), 1):
+        parts = line.split("#", 1)[0].split()
+        if not parts:
+            continue
+        if len(parts) != 2 or not _IDENTITY_NAME.fullmatch(parts[0]):
+            raise AuthError(f"{path}:{n}: expected 'NAME TOKEN' (a name of letters, digits, _ . -)")
+        if parts[0] in out or parts[0] == FLEET_IDENTITY or parts[1] in out.values():
+            raise AuthError(f"{path}:{n}: identity {parts[0]!r} or its token given twice (or named {FLEET_IDENTITY!r})")
+        out[parts[0]] = parts[1]
+    return out
+
+
+@lru_cache(maxsize=16)
+def identity_table(cfg: AuthConfig) -> dict[bytes, str]:
+    """{expected authorization header: identity} for a server with these settings; empty without a token."""
+    if not cfg.token:
+        return {}
+    table = {f"Bearer {cfg.token}".encode(): FLEET_IDENTITY}
+    if cfg.identities_file:
+        for name, token in read_identities(cfg.identities_file).items():
+            table[f"Bearer {token}".encode()] = name
+    return table
+
+
+def identity_of(metadata, auth: AuthConfig | None = None) -> str:
+    """The identity a call's token names ("" without a token set, or for a call without a valid token)."""
+    return _match(metadata, identity_table(resolve(auth)))
+
+
+def _match(metadata, table: Mapping[bytes, str]) -> str:
+    for key, value in metadata or ():
+        if key == "authorization":
+            got = value.encode() if isinstance(value, str) else bytes(value)
+            found = ""
+            for expected, name in table.items():  # every one compared: the time does not say which
+                if hmac.compare_digest(got, expected):
+                    found = name
+            return found
+    return ""
 
 
 def load_auth(token_file: str | None = None, env: Mapping[str, str] | None = None, **flags) -> AuthConfig:
@@ -213,20 +274,22 @@ def _deny_handler(handler: grpc.RpcMethodHandler | None) -> grpc.RpcMethodHandle
 class TokenAuthInterceptor(grpc.ServerInterceptor):
     """Lets a call through only with the right bearer token (health checks excepted); counts refusals."""
 
-    def __init__(self, token: str, open_prefixes: Sequence[str] = (HEALTH_METHOD_PREFIX,)):
+    def __init__(
+        self,
+        token: str,
+        open_prefixes: Sequence[str] = (HEALTH_METHOD_PREFIX,),
+        identities: Mapping[bytes, str] | None = None,
+    ):
         if not token:
             raise AuthError("TokenAuthInterceptor needs a non-empty token")
-        self._expected = f"Bearer {token}".encode()
+        # {expected header: identity}: the shared token and any named ones
+        self._table = dict(identities or {f"Bearer {token}".encode(): FLEET_IDENTITY})
         self._open = tuple(open_prefixes)
         self._lock = threading.Lock()
         self.rejected = 0
 
     def _authorized(self, metadata) -> bool:
-        for key, value in metadata or ():
-            if key == "authorization":
-                got = value.encode() if isinstance(value, str) else bytes(value)
-                return hmac.compare_digest(got, self._expected)
-        return False
+        return bool(_match(metadata, self._table))
 
     def intercept_service(self, continuation, handler_call_details):
         method = handler_call_details.method
@@ -241,7 +304,7 @@ class TokenAuthInterceptor(grpc.ServerInterceptor):
 
 def server_interceptors(auth: AuthConfig | None = None) -> list[grpc.ServerInterceptor]:
     cfg = resolve(auth)
-    return [TokenAuthInterceptor(cfg.token)] if cfg.token else []
+    return [TokenAuthInterceptor(cfg.token, identities=identity_table(cfg))] if cfg.token else []
 
 
 def _read(path: str, what: str) -> bytes:

@@ -21,6 +21,7 @@ import os
 import threading
 import time
 import weakref
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -97,9 +98,20 @@ class _Reaper:
 class StreamBudget(grpc.ServerInterceptor):
     """Admits streaming calls up to the budget and cancels request streams that went silent."""
 
-    def __init__(self, limits: StreamLimits, on_refused: Callable[[str], None] | None = None):
+    def __init__(
+        self,
+        limits: StreamLimits,
+        on_refused: Callable[[str], None] | None = None,
+        identify: Callable[[object], str] | None = None,
+        identities: int = 1,
+    ):
         self.limits = limits
         self._slots = threading.BoundedSemaphore(limits.max_streams)
+        # With several token identities, each may hold its share of the budget and no more, so one
+        # cannot take the streams another needs. `identify(metadata)` names a call's identity.
+        self._identify = identify if identities > 1 else None
+        self.identity_share = max(1, limits.max_streams // identities) if identities > 1 else limits.max_streams
+        self._held: dict[str, int] = {}
         self._open_slots = threading.BoundedSemaphore(max(limits.max_open_streams, 1))
         self._on_refused = on_refused or (lambda reason: None)
         self._lock = threading.Lock()
@@ -138,9 +150,22 @@ class StreamBudget(grpc.ServerInterceptor):
             yield msg
 
     # ---- the budget ----------------------------------------------------------------------
-    def _admit(self, context, open_method: bool) -> None:
+    def _admit(self, context, open_method: bool, who: str) -> None:
+        if who:
+            with self._lock:
+                over = self._held.get(who, 0) >= self.identity_share
+                if not over:
+                    self._held[who] = self._held.get(who, 0) + 1
+            if over:
+                self.refused += 1
+                self._on_refused("identity_streams")
+                context.abort(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"identity {who!r} holds its {self.identity_share} streams: try again later",
+                )
         slots = self._open_slots if open_method else self._slots
         if not slots.acquire(blocking=False):
+            self._leave_identity(who)
             self.refused += 1
             self._on_refused("too_many_open_streams" if open_method else "too_many_streams")
             most = max(self.limits.max_open_streams, 1) if open_method else self.limits.max_streams
@@ -149,7 +174,17 @@ class StreamBudget(grpc.ServerInterceptor):
         with self._lock:
             self.open_streams += 1
 
-    def _leave(self, open_method: bool) -> None:
+    def _leave_identity(self, who: str) -> None:
+        if who:
+            with self._lock:
+                left = self._held.get(who, 0) - 1
+                if left > 0:
+                    self._held[who] = left
+                else:
+                    self._held.pop(who, None)
+
+    def _leave(self, open_method: bool, who: str) -> None:
+        self._leave_identity(who)
         with self._lock:
             self.open_streams -= 1
         (self._open_slots if open_method else self._slots).release()
@@ -166,22 +201,60 @@ class StreamBudget(grpc.ServerInterceptor):
         behavior = getattr(handler, kind)
         watch = handler.request_streaming
         open_method = handler_call_details.method.startswith(OPEN_METHOD_PREFIXES)
+        identify = self._identify
+        who = "" if open_method or identify is None else identify(handler_call_details.invocation_metadata)
 
         if handler.response_streaming:
 
             def call(request, context):
-                self._admit(context, open_method)
+                self._admit(context, open_method, who)
                 try:
                     yield from behavior(self._watched(request, context) if watch else request, context)
                 finally:
-                    self._leave(open_method)
+                    self._leave(open_method, who)
         else:
 
             def call(request, context):
-                self._admit(context, open_method)
+                self._admit(context, open_method, who)
                 try:
                     return behavior(self._watched(request, context) if watch else request, context)
                 finally:
-                    self._leave(open_method)
+                    self._leave(open_method, who)
 
         return handler._replace(**{kind: call})
+
+
+def peer_host(peer: str) -> str:
+    """The host part of a gRPC peer string ('ipv4:1.2.3.4:5', 'ipv6:[::1]:5', 'unix:/p')."""
+    kind, _, rest = peer.partition(":")
+    if kind in ("ipv4", "ipv6") and ":" in rest:
+        return rest.rsplit(":", 1)[0]
+    return peer
+
+
+class PeerRate:
+    """A token bucket per peer host: `burst` at once, then `per_s` a second; refusals counted.
+
+    Bounds what one host can add to a table whose entries are forgotten after `forget_s`: at most
+    `burst + per_s * forget_s` live entries per host. The buckets themselves are bounded
+    (`max_peers`, least recently used dropped, which only gives that host a full bucket back).
+    """
+
+    def __init__(self, burst: int, per_s: float, max_peers: int = 1024):
+        self.burst, self.per_s, self.max_peers = burst, per_s, max_peers
+        self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()  # host -> (tokens, at)
+        self._lock = threading.Lock()
+        self.refused = 0
+
+    def allow(self, host: str) -> bool:
+        now = time.monotonic()
+        with self._lock:
+            tokens, at = self._buckets.pop(host, (float(self.burst), now))
+            tokens = min(float(self.burst), tokens + (now - at) * self.per_s)
+            ok = tokens >= 1.0
+            self._buckets[host] = (tokens - 1.0 if ok else tokens, now)
+            while len(self._buckets) > self.max_peers:
+                self._buckets.popitem(last=False)
+            if not ok:
+                self.refused += 1
+            return ok

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from concurrent import futures
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -15,11 +14,14 @@ from rlfleet.wire.auth import (
     add_server_port,
     check_bind_host,
     grpc_options,
+    identity_of,
+    identity_table,
     resolve,
     secure_channel,
     server_interceptors,
 )
 from rlfleet.wire.grpc_limits import StreamBudget, StreamLimits
+from rlfleet.wire.worker_pool import ShrinkingThreadPool
 
 __all__ = ["MAX_MESSAGE_BYTES", "check_bind_host", "make_channel", "start_grpc_server"]
 
@@ -44,9 +46,11 @@ def start_grpc_server(
     cfg = resolve(auth)
     check_bind_host(host, cfg)
     limits = limits or StreamLimits.from_env()
-    budget = StreamBudget(limits, on_refused)
+    table = identity_table(cfg)
+    budget = StreamBudget(limits, on_refused, lambda md: identity_of(md, cfg), identities=len(table))
     server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=max_workers + limits.max_streams + limits.max_open_streams),
+        # threads idle 10 s end: a burst of calls does not leave hundreds behind for good
+        ShrinkingThreadPool(max_workers + limits.max_streams + limits.max_open_streams, idle_s=10.0),
         interceptors=[*server_interceptors(cfg), budget],
         options=[*grpc_options(cfg), *limits.options(), ("grpc.so_reuseport", 0)],
     )

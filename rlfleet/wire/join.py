@@ -20,6 +20,15 @@ from rlfleet.wire.grpc_server import make_channel
 EXIT_DONE, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
+class CommandError(RuntimeError):
+    """A failure whose message says it all (which role or server, where its log is): a command
+    prints it as one line and exits with `exit_code` (rlfleet.wire.role_args.run_command)."""
+
+    def __init__(self, message: str, exit_code: int = EXIT_FAILED) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
 def register(
     address: str, client_id: str, role: str, num_envs: int = 0, timeout_s: float = 120.0
 ) -> learner_pb2.RegisterReply:

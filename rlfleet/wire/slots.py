@@ -53,6 +53,7 @@ def slot_layout(
             "episode_return": ArraySpec((E,), "float32"),
             "episode_length": ArraySpec((E,), "int32"),
             "episode_success_once": ArraySpec((E,), "bool"),
+            "substeps": ArraySpec((E,), "int32"),  # simulated in the last chunk (env steps count these)
         }
     )
     return layout

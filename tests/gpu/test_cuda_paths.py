@@ -22,7 +22,7 @@ from rlfleet.config import SFTConfig
 from rlfleet.envs.api import EnvConfig, encode_instructions, observation_spec
 from rlfleet.inference_server.batcher import InferenceRequest
 from rlfleet.inference_server.policy_runner import PolicyRunner
-from rlfleet.learner.trainer import PPOTrainer
+from rlfleet.learner.trainer import Trainer
 from rlfleet.policies import GaussianMLPPolicy, PolicyConfig
 from rlfleet.policies.registry import make_policy
 from rlfleet.runs.sft import SFTData, train_sft
@@ -45,8 +45,8 @@ def test_ppo_update_on_cuda_matches_the_cpu_update():
     cfg = PPOConfig(update_epochs=3, num_minibatches=1, lr=1e-3)
     results = []
     for policy, device in ((cpu_policy, "cpu"), (gpu_policy, "cuda")):
-        trainer = PPOTrainer(policy, cfg, device=device)
-        results.append(trainer.update(segments, version=0))
+        trainer = Trainer(policy, cfg, device=device)
+        results.append(trainer.step(segments, version=0))
     assert next(gpu_policy.parameters()).device.type == "cuda"
     for (name, p_cpu), (_, p_gpu) in zip(cpu_policy.named_parameters(), gpu_policy.named_parameters(), strict=True):
         torch.testing.assert_close(p_gpu.cpu(), p_cpu, rtol=1e-4, atol=1e-5, msg=name)
@@ -135,7 +135,7 @@ def test_pixel_training_on_cuda_through_real_processes_then_cpu_eval(tmp_path):
         "actor.num_workers=1",
         "actor.pipeline_stage_num=2",
         "actor.rollout_len=4",
-        "learner.batch_env_steps=16",
+        "learner.batch_samples=16",
         "runner.total_env_steps=512",
         "runner.max_wall_seconds=0",
         "runner.checkpoint_every=2",
@@ -171,7 +171,7 @@ def test_state_training_with_every_role_placed_on_the_gpu(tmp_path):
         "actor.num_envs=4",
         "actor.num_workers=1",
         "actor.rollout_len=8",
-        "learner.batch_env_steps=64",
+        "learner.batch_samples=64",
         "runner.total_env_steps=640",
         "runner.max_wall_seconds=0",
         "eval.episodes_per_task=2",

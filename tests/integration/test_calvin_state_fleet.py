@@ -23,7 +23,7 @@ def test_state_calvin_recipe_runs_from_bootstrap_to_chain_metrics(tmp_path):
         "actor.num_envs=2",
         "actor.num_workers=1",
         "actor.rollout_len=4",
-        "learner.batch_env_steps=32",
+        "learner.batch_samples=32",
         "algorithm.critic_warmup_updates=0",  # the actor's update runs too
         "runner.total_env_steps=512",
         "runner.max_wall_seconds=0",

@@ -36,7 +36,7 @@ def test_a_tiny_ceiling_point_reports_per_role_cpu_and_inference_stats(tmp_path)
             "",
             "--out",
             str(out),
-            "learner.batch_env_steps=64",
+            "learner.batch_samples=64",
             "actor.rollout_len=8",
         ],
         capture_output=True,

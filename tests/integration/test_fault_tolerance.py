@@ -319,3 +319,64 @@ def test_local_mode_restarts_a_killed_actor_and_counts_every_segment_once(tmp_pa
     assert len(lives) == 2, lives
     assert set(summary["lost_env_steps"]) <= {"actor_crashed", "actor_stopped", "unconsumed_at_end"}, summary
     assert sum(lives) == summary["env_steps"] + sum(summary["lost_env_steps"].values()), (lives, summary)
+
+
+@pytest.mark.slow  # 60-120 s: an env server, a learner run out by wall time, an actor
+def test_env_server_killed_for_good_near_the_end_leaves_the_loss_identity_whole(roles, tmp_path, monkeypatch):
+    """Was (issue 51, case 5): the C++ env server killed for good ~26 s before the end left the actor
+    inside its 60 s reconnect, unable to report in the learner's 10 s end wait; 1,568 and 1,440 steps
+    taken appeared neither in env_steps nor in lost_env_steps. Now the learner reads the actor's
+    ledger file (RUN/ledgers) it was not sent, and steps taken == env_steps + lost_env_steps."""
+    import socket
+
+    run = tmp_path / "run"
+    ledgers = run / "ledgers"
+    monkeypatch.setenv("RLFLEET_ACTOR_LEDGER_DIR", str(ledgers))  # where local mode puts them
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        eport = s.getsockname()[1]
+    env_proc = roles.start(
+        "env",
+        "env-server",
+        "--env",
+        "metaworld",
+        "--task",
+        "reach-v3",
+        "--port",
+        str(eport),
+        "--address-file",
+        str(tmp_path / "env.json"),
+        "max_episode_steps=20",
+        "image_size=0",
+    )
+    roles.wait_address("env", env_proc)
+    env_name = f"remote://127.0.0.1:{eport}?connect_timeout=120&timeout=60&reconnect_timeout=120"
+    wall = 90
+    learner, laddr = roles.learner(
+        run,
+        f"env.name={env_name}",
+        "eval.at_end=false",
+        "runner.total_env_steps=100000000",
+        f"runner.max_wall_seconds={wall}",
+    )
+    ends_at = time.monotonic() + wall  # about: the learner's clock started a little earlier
+    _, iaddr = roles.inference(laddr)
+    actor = roles.actor("steady", laddr, iaddr, "zmq")
+    logs = lambda: "\n".join(roles.log(n)[-1500:] for n in ("learner", "steady", "env"))  # noqa: E731
+    _wait_version(laddr, 2, 180, logs)
+    time.sleep(max(0.0, ends_at - 25 - time.monotonic()))  # near the end, as in the issue (~26 s)
+    roles.kill_group(env_proc)  # for good: the actor waits in its reconnect past the learner's end
+    env_proc.wait(10)
+    assert roles.wait(learner, "learner", 240) == 0, logs()
+    assert actor.poll() is None, logs()  # still inside its reconnect: it could not report in time
+    roles.kill_group(actor)
+    actor.wait(30)
+
+    summary = json.loads((run / "summary.json").read_text())
+    lives = {p.name: taken_by_ledger(p) for p in ledgers.iterdir()}
+    assert list(lives) == [n for n in lives if n.endswith(".reported")] and len(lives) == 1, lives
+    assert "from its ledger file (it never reported)" in roles.log("learner"), logs()
+    lost = summary["lost_env_steps"]
+    assert lost.get("actor_crashed", 0) > 0, summary  # what it took and never pushed, counted
+    assert sum(lives.values()) == summary["env_steps"] + sum(lost.values()), (lives, summary)
+    print(f"env server killed near the end: taken {sum(lives.values())}, env_steps {summary['env_steps']}, lost {lost}")

@@ -403,7 +403,8 @@ def test_learner_ingest_rejects_every_malformed_push(learner):
 # ---- the storm: every service at once-over, >= 10,000 messages, then valid requests ------------
 
 STORM = int(os.environ.get("RLFLEET_FUZZ_STORM", "10000"))  # messages in all (seeded, bounded)
-FD_BOUND = 64  # open fds the storm may leave behind (sockets still closing)
+FD_BOUND = 16  # open fds the storm may leave behind (sockets still closing)
+THREAD_BOUND = 16  # threads likewise (idle gRPC workers end 10 s after their last call)
 RSS_BOUND_MB = 200  # resident memory it may add (allocator caches, gRPC buffers)
 EXPECTED_CODES = {
     grpc.StatusCode.INVALID_ARGUMENT,
@@ -506,6 +507,10 @@ def _fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
+def _threads() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
 @pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="measures /proc")
 def test_storm_on_every_service_leaves_them_serving(inference_server, learner, env_service):
     """>= STORM seeded messages over ZeroMQ (act and shared-memory attach), gRPC Act, LearnerService
@@ -522,7 +527,7 @@ def test_storm_on_every_service_leaves_them_serving(inference_server, learner, e
     sent = {"zmq": 0, "act": 0, "learner": 0, "env": 0}
     codes: dict[str, int] = {}
     share = {"zmq": 0.4, "act": 0.25, "learner": 0.15, "env": 0.2}
-    before_fds, before_rss = _fds(), _rss_mb()
+    before_fds, before_rss, before_threads = _fds(), _rss_mb(), _threads()
     try:
         # ZeroMQ: act frames and the shared-memory attach path, from several connections
         socks = [zmq.Context.instance().socket(zmq.DEALER) for _ in range(4)]
@@ -649,12 +654,18 @@ def test_storm_on_every_service_leaves_them_serving(inference_server, learner, e
         assert codec.decode_map(step.obs)["states"].shape == (2, 2)
     finally:
         blk.close()
-    deadline = time.monotonic() + 30  # closed connections are reaped by the I/O threads, soon
-    while _fds() - before_fds >= FD_BOUND and time.monotonic() < deadline:
+    deadline = time.monotonic() + 60  # closed connections are reaped soon, idle gRPC workers in 10 s
+    while (_fds() - before_fds >= FD_BOUND or _threads() - before_threads >= THREAD_BOUND) and (
+        time.monotonic() < deadline
+    ):
         time.sleep(0.1)
     assert _fds() - before_fds < FD_BOUND, (before_fds, _fds())
+    assert _threads() - before_threads < THREAD_BOUND, (before_threads, _threads())
     assert _rss_mb() - before_rss < RSS_BOUND_MB, (before_rss, _rss_mb())
-    print(f"storm: {sent} messages, fds {before_fds} -> {_fds()}, RSS {before_rss:.0f} -> {_rss_mb():.0f} MB")
+    print(
+        f"storm: {sent} messages, fds {before_fds} -> {_fds()}, threads {before_threads} -> {_threads()},"
+        f" RSS {before_rss:.0f} -> {_rss_mb():.0f} MB"
+    )
 
 
 # ---- the last holes: truncated blocks, tokenless stream floods, poisoned and oversized ledgers ------
@@ -753,7 +764,22 @@ def test_storm_of_truncated_blocks_poisoned_ledgers_huge_ids_and_tokenless_strea
                 )
             assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert all(len(c) <= MAX_CLIENT_ID_BYTES for c in learner.servicer._clients)
+        # a Register flood of random new ids from this host: a burst, then refusals counted
+        from rlfleet.learner.service import REGISTER_BURST
+
+        flood_refused = 0
+        for i in range(REGISTER_BURST + 300):
+            try:
+                stub.Register(
+                    learner_pb2.RegisterRequest(client_id=f"flood-{i}-{rng.integers(1 << 30)}", role="actor"),
+                    timeout=30,
+                )
+            except grpc.RpcError as exc:
+                assert exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, exc
+                flood_refused += 1
+        assert flood_refused > 0 and learner.servicer.rejected_calls().get("register_rate", 0) == flood_refused
         # registered: the module's earlier storms may have filled the table of ids adopted from heartbeats
+        time.sleep(1.0)  # a token of this host's Register rate back for one more new id
         stub.Register(learner_pb2.RegisterRequest(client_id="many", role="actor"), timeout=30)
         for life in range(1, 3001):
             stub.Heartbeat(

@@ -44,7 +44,7 @@ def test_a_few_updates_through_the_fleet(tmp_path) -> None:
     summary, mean_return = _train_and_eval(
         tmp_path,
         "runner.total_env_steps=1024",
-        "learner.batch_env_steps=256",
+        "learner.batch_samples=256",
         "actor.num_envs=4",
         "actor.rollout_len=16",
         "env.max_episode_steps=50",
@@ -123,7 +123,7 @@ def test_gym_kwargs_reach_every_process_and_the_task_is_named_by_its_id(tmp_path
         "env.success_key=done_ok",
         "env.max_episode_steps=10",
         "runner.total_env_steps=512",
-        "learner.batch_env_steps=256",
+        "learner.batch_samples=256",
         "actor.num_envs=4",
         "actor.rollout_len=16",
         "eval.episodes_per_task=2",
@@ -214,7 +214,7 @@ def test_ctrl_c_of_train_says_interrupted_and_where_the_last_checkpoint_is(tmp_p
     env = dict(os.environ, OMP_NUM_THREADS="1")
     train = subprocess.Popen(
         [sys.executable, "-m", "rlfleet.cli", "train", RECIPE, f"runner.logger.log_path={run}",
-         "runner.total_env_steps=10000000", "runner.checkpoint_every=1", "learner.batch_env_steps=256",
+         "runner.total_env_steps=10000000", "runner.checkpoint_every=1", "learner.batch_samples=256",
          "actor.num_envs=4", "actor.rollout_len=16", "eval.at_end=false"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
     )  # fmt: skip

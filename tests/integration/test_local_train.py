@@ -40,7 +40,7 @@ def test_train_local_then_eval(tmp_path):
 
     run_eval = yaml.safe_load((run / "config.yaml").read_text())["eval"]
     assert json.loads((ckpt / "config.json").read_text())["evaluation"] == {
-        key: run_eval[key] for key in ("task", "seed", "episodes_per_task")
+        key: run_eval[key] for key in ("task", "seed", "validation_seed", "episodes_per_task")
     }  # how the run evaluates, for a copy of the checkpoint away from its run (export, Hub)
     assert (run / "logs" / "actor0.log").exists() and (run / "logs" / "inference.log").exists()
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -110,3 +110,34 @@ def test_ctrl_c_stops_every_role_and_checkpoints(tmp_path):
     assert (run / "summary.json").exists()
     leftovers = subprocess.run(["pgrep", "-f", f"runner.logger.log_path={run}"], capture_output=True, text=True)
     assert leftovers.stdout.strip() == ""
+
+
+def test_env_steps_count_the_substeps_simulated(tmp_path):
+    """Episodes of 14 steps in chunks of 4 end mid-chunk (4+4+4+2 substeps): the run counts the 14
+    substeps simulated, not 16, and the loss identity holds with that count."""
+    import struct
+
+    run = tmp_path / "run"
+    res = _cli(
+        "train",
+        "metaworld_reach_ppo",
+        *TINY,
+        "env.max_episode_steps=14",
+        "env.chunk_size=4",
+        "env.terminate_on_success=false",
+        "runner.total_env_steps=1200",
+        f"runner.logger.log_path={run}",
+        "eval.at_end=false",
+        timeout=300,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    summary = json.loads((run / "summary.json").read_text())
+    ingest = summary["ingest"]
+    # a segment: 8 chunk steps x 2 envs (one stage) = 16 samples, 2 whole episodes per env = 56 substeps
+    assert ingest["consumed"] > 0 and ingest["consumed_env_steps"] == ingest["consumed"] * 56
+    assert summary["chunk_samples"] == ingest["consumed"] * 16
+    assert summary["env_steps"] == ingest["consumed_env_steps"] == summary["chunk_samples"] * 14 // 4
+    # taken (each actor life's ledger) == counted + lost, all in simulated substeps
+    taken = [struct.unpack("<qqq", p.read_bytes()[:24])[0] for p in (run / "ledgers").iterdir()]
+    assert taken
+    assert sum(taken) == summary["env_steps"] + sum(summary["lost_env_steps"].values()), (taken, summary)

@@ -24,7 +24,7 @@ def test_quickstart_like_run_writes_eval_curves_to_tensorboard(tmp_path):
         "actor.num_envs=4",
         "actor.num_workers=1",
         "actor.rollout_len=4",
-        "learner.batch_env_steps=32",
+        "learner.batch_samples=32",
         "runner.total_env_steps=640",
         "runner.max_wall_seconds=0",
         "runner.checkpoint_every=100",

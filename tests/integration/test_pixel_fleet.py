@@ -90,7 +90,7 @@ PIXEL_RUN = [
     "actor.num_workers=1",
     "actor.pipeline_stage_num=2",
     "actor.rollout_len=4",
-    "learner.batch_env_steps=16",
+    "learner.batch_samples=16",
     "runner.total_env_steps=512",
     "runner.max_wall_seconds=0",
     "runner.checkpoint_every=2",
@@ -152,7 +152,7 @@ def test_short_calvin_run_with_the_wrist_camera_through_real_processes(tmp_path)
         "actor.num_envs=2",
         "actor.num_workers=1",
         "actor.rollout_len=2",
-        "learner.batch_env_steps=8",  # samples: chunks of 8 env steps
+        "learner.batch_samples=8",  # samples: chunks of 8 env steps
         "runner.total_env_steps=256",
         "runner.max_wall_seconds=0",
         "eval.episodes_per_task=1",

@@ -1,9 +1,11 @@
-"""bench/reproduce.py end to end: two tiny training seeds, a results page and both plots."""
+"""bench/reproduce.py end to end: two tiny training seeds, each with its own SFT start, a results page, both plots."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -29,15 +31,43 @@ def _reproduce(out: Path, seeds: int, *args: str) -> subprocess.CompletedProcess
 @pytest.mark.slow
 def test_two_seeds_give_a_results_page_with_plots(tmp_path):
     out = tmp_path / "repro"
-    overrides = [*TINY, "runner.total_env_steps=640", "eval.every_updates=4"]
+    # each seed builds its own SFT start from the same (tiny) demos: a full repeat
+    sft = [
+        "demos.bootstrap=true",
+        "demos.episodes_per_task=2",
+        f"demos.cache_dir={tmp_path / 'cache'}",
+        "sft.steps=5",
+        "env.max_episode_steps=100",  # long enough for the scripted expert to succeed
+    ]
+    overrides = [*TINY, *sft, "runner.total_env_steps=640", "eval.every_updates=4"]
     res = _reproduce(out, 2, *overrides)
     assert res.returncode == 0, res.stderr[-3000:] + res.stdout[-2000:]
     page = (out / "results.md").read_text()
     assert "| reach-v3 |" in page and "| **mean** |" in page and "over 2 training seeds" in page
+    starts = []
     for seed in (0, 1):
-        assert f"runner.seed={seed} env.seed={seed} eval.before=true runner.logger.log_path={out}/seed{seed}" in page
+        assert (
+            f"runner.seed={seed} env.seed={seed} sft.seed={seed} eval.before=true "
+            f"runner.logger.log_path={out}/seed{seed}" in page
+        )
         summary = json.loads((out / f"seed{seed}" / "summary.json").read_text())
         assert "eval_before" in summary and "eval_success" in summary
+        starts.append(yaml.safe_load((out / f"seed{seed}" / "config.yaml").read_text())["policy"]["model_path"])
+    assert len(set(starts)) == 2 and all(Path(s).parent == tmp_path / "cache" for s in starts)
+    assert len(list((tmp_path / "cache").glob("demos-*"))) == 1  # the same demos for both
+    assert "Each seed is a full repeat: its own SFT start on the same demos" in page
+    assert "The binomial standard error of one evaluation" in page
+    # the folder's data goes into a results page's data folder and shows there by difficulty group
+    spec = importlib.util.spec_from_file_location("results_page", REPRODUCE.parent / "results_page.py")
+    results_page = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(results_page)
+    data = tmp_path / "data"
+    shutil.copytree(REPRODUCE.parents[1] / "docs" / "results", data, ignore=shutil.ignore_patterns("*.png"))
+    added = results_page.add_result(out, "metaworld_mt50", data, selected_on="test")
+    assert not list(added.rglob("*.safetensors")) and (added / "curves.json").exists()
+    section = results_page.build_page(data).split("## MetaWorld MT50")[1].split("\n## ")[0]
+    assert "| SFT start (ours) |" in section and "each a full repeat" in section
+    assert "`metaworld_reach_ppo`, 2 seeds" in section and "Policy `gaussian_mlp` on states" in section
     for png in ("metaworld_reach_ppo_steps.png", "metaworld_reach_ppo_seconds.png"):
         assert (out / png).read_bytes()[:4] == b"\x89PNG" and f"({png})" in page
     agg = json.loads((out / "results.json").read_text())

@@ -6,6 +6,8 @@ an idle limit and keepalive (`rlfleet.wire.grpc_limits`), so a server keeps answ
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 import threading
 import time
 
@@ -169,13 +171,37 @@ def test_a_silent_request_stream_is_closed_after_the_idle_limit():
         server.stop(grace=0)
 
 
-def test_unauthenticated_health_streams_cannot_spend_the_budget_of_authenticated_work():
-    """Was: with a token set, 260 tokenless health Watch streams took the whole 256-stream budget
-    and an authenticated PushTrajectory got RESOURCE_EXHAUSTED. Now health and reflection streams
-    have their own small budget (max_open_streams)."""
+@pytest.fixture(scope="module")
+def self_signed(tmp_path_factory):
+    """A throwaway certificate for 127.0.0.1 (the openssl CLI)."""
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl not installed")
+    d = tmp_path_factory.mktemp("tls")
+    cert, key = d / "cert.pem", d / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+        + ["-keyout", str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=localhost"]
+        + ["-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"],
+        check=True,
+        capture_output=True,
+    )
+    return str(cert), str(key)
+
+
+@pytest.mark.parametrize("tls", [False, True], ids=["plain", "tls"])
+def test_unauthenticated_health_streams_cannot_spend_the_budget_of_authenticated_work(tls, request):
+    """Was: with a token set (with and without TLS), 260 tokenless health Watch streams took the
+    whole 256-stream budget and an authenticated PushTrajectory got RESOURCE_EXHAUSTED. Now health
+    and reflection streams have their own small budget (max_open_streams)."""
     from rlfleet.wire.auth import AuthConfig
 
-    auth = AuthConfig(token="s3cret")
+    if tls:
+        cert, key = request.getfixturevalue("self_signed")
+        auth = AuthConfig(token="s3cret", tls_cert=cert, tls_key=key, tls_ca=cert)
+        with open(cert, "rb") as f:
+            stranger_creds = grpc.ssl_channel_credentials(root_certificates=f.read())
+    else:
+        auth = AuthConfig(token="s3cret")
     ingest, publisher = IngestQueue(maxsize=4), WeightPublisher()
     publisher.publish(0, b"weights")
     servicer = LearnerServicer("x: 1\n", "run", ingest, publisher)
@@ -190,7 +216,8 @@ def test_unauthenticated_health_streams_cannot_spend_the_budget_of_authenticated
         on_refused=servicer.other_rejections.count,
     )
     address = f"127.0.0.1:{port}"
-    stranger = grpc.insecure_channel(address)
+    # the stranger speaks TLS where the server does, but has no token
+    stranger = grpc.secure_channel(address, stranger_creds) if tls else grpc.insecure_channel(address)
     watches = [health_pb2_grpc.HealthStub(stranger).Watch(health_pb2.HealthCheckRequest()) for _ in range(20)]
     try:
         _wait_open(server, limits.max_open_streams)
@@ -218,5 +245,92 @@ def test_unauthenticated_health_streams_cannot_spend_the_budget_of_authenticated
         for w in watches:
             w.cancel()
         stranger.close()
+        publisher.finish()
+        server.stop(grace=0)
+
+
+def test_a_register_flood_cannot_fill_the_client_table(learner_server):
+    """Was: without a token, 4,090 Register calls in 2.8 s filled the 4,096-client table for 600 s.
+    Now new ids from one peer host are rate limited (a burst, then a rate) and refusals counted."""
+    from rlfleet.learner.service import FORGET_CLIENT_S, MAX_CLIENTS, REGISTER_BURST, REGISTER_PER_S
+
+    servicer, _, address = learner_server
+    with grpc.insecure_channel(address) as ch:
+        stub = learner_pb2_grpc.LearnerServiceStub(ch)
+        stub.Register(learner_pb2.RegisterRequest(client_id="mine", role="actor"), timeout=30)
+        t0 = time.monotonic()
+        admitted = refused = 0
+        for i in range(4090):
+            try:
+                stub.Register(learner_pb2.RegisterRequest(client_id=f"flood-{i}", role="actor"), timeout=30)
+                admitted += 1
+            except grpc.RpcError as exc:
+                assert exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, exc
+                refused += 1
+        elapsed = time.monotonic() - t0
+        # a known id re-registers whatever the flood did (an actor reconnecting)
+        again = stub.Register(learner_pb2.RegisterRequest(client_id="mine", role="actor"), timeout=30)
+    assert again.registrations == 1
+    assert admitted <= REGISTER_BURST + REGISTER_PER_S * elapsed + 1, (admitted, elapsed)
+    assert servicer.rejected_calls().get("register_rate") == refused == 4090 - admitted
+    # what one host can hold at most while entries live FORGET_CLIENT_S: well under the table
+    assert REGISTER_BURST + REGISTER_PER_S * FORGET_CLIENT_S < MAX_CLIENTS
+    print(f"register flood: {admitted} admitted, {refused} refused in {elapsed:.1f} s")
+
+
+def test_each_token_identity_has_its_share_of_streams_and_client_entries(tmp_path, monkeypatch):
+    """With several token identities (RLFLEET_IDENTITIES_FILE), one cannot exhaust the stream budget
+    or the client table another needs: each holds at most its share."""
+    from rlfleet.learner import service
+    from rlfleet.wire.auth import AuthConfig
+
+    monkeypatch.setattr(service, "MAX_CLIENTS", 12)
+    ids = tmp_path / "identities"
+    ids.write_text("# name token\nalice a-token\nbob b-token\n")
+    ids.chmod(0o600)
+    server_auth = AuthConfig(token="fleet-token", identities_file=str(ids))  # three identities
+    ingest, publisher = IngestQueue(maxsize=4), WeightPublisher()
+    publisher.publish(0, b"weights")
+    servicer = LearnerServicer("x: 1\n", "run", ingest, publisher, auth=server_auth)
+    server, port = start_grpc_server(
+        "127.0.0.1",
+        0,
+        [lambda s: learner_pb2_grpc.add_LearnerServiceServicer_to_server(servicer, s)],
+        ["rlfleet.v1.LearnerService"],
+        auth=server_auth,
+        limits=StreamLimits(max_streams=9, idle_s=600),
+        on_refused=servicer.other_rejections.count,
+    )
+    address, stop = f"127.0.0.1:{port}", threading.Event()
+    alice_ch = make_channel(address, AuthConfig(token="a-token"))
+    bob_ch = make_channel(address, AuthConfig(token="b-token"))
+    alice, bob = learner_pb2_grpc.LearnerServiceStub(alice_ch), learner_pb2_grpc.LearnerServiceStub(bob_ch)
+    held = [alice.PushTrajectory.future(_idle(stop)) for _ in range(3)]  # alice's share: 9 // 3
+    try:
+        _wait_open(server, 3)
+        with pytest.raises(grpc.RpcError) as err:  # a fourth is hers no more
+            alice.PushTrajectory(iter([]), timeout=30)
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "alice" in err.value.details()
+        ack = bob.PushTrajectory(
+            iter([learner_pb2.TrajectoryChunk(client_id="b", segment_id=1, num_chunks=1, payload=b"\xff")]),
+            timeout=30,
+        )
+        assert not ack.accepted and ack.error  # bob's push is answered (refused as undecodable)
+        # the client table: 12 // 3 entries each
+        for i in range(4):
+            alice.Register(learner_pb2.RegisterRequest(client_id=f"alice-{i}", role="actor"), timeout=30)
+        with pytest.raises(grpc.RpcError) as err:
+            alice.Register(learner_pb2.RegisterRequest(client_id="alice-4", role="actor"), timeout=30)
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        alice.Register(learner_pb2.RegisterRequest(client_id="alice-0", role="actor"), timeout=30)  # a known id
+        for i in range(4):
+            bob.Register(learner_pb2.RegisterRequest(client_id=f"bob-{i}", role="actor"), timeout=30)
+        assert servicer.rejected_calls() == {"identity_streams": 1, "identity_clients": 1}
+    finally:
+        stop.set()
+        for c in held:
+            c.cancel()
+        alice_ch.close()
+        bob_ch.close()
         publisher.finish()
         server.stop(grace=0)

@@ -413,3 +413,20 @@ def test_cli_addresses_come_from_flags_or_environment(monkeypatch, capsys):
     with pytest.raises(SystemExit):
         cli.build_parser().parse_args(["inference"])
     assert "not a port number" in capsys.readouterr().err
+
+
+def test_identities_file_names_tokens(tmp_path):
+    from rlfleet.wire.auth import FLEET_IDENTITY, identity_of, read_identities
+
+    f = tmp_path / "ids"
+    f.write_text("alice a1  # a comment\n\nbob b2\n")
+    assert read_identities(str(f)) == {"alice": "a1", "bob": "b2"}
+    cfg = AuthConfig(token=TOKEN, identities_file=str(f))
+    assert identity_of([("authorization", "Bearer b2")], cfg) == "bob"
+    assert identity_of([("authorization", f"Bearer {TOKEN}")], cfg) == FLEET_IDENTITY
+    assert identity_of([("authorization", "Bearer nope")], cfg) == "" and identity_of([], cfg) == ""
+    assert identity_of([("authorization", "Bearer b2")], AuthConfig()) == ""  # no token set: no identities
+    for bad in ("alice", "alice a b", "al/ce a", "alice a\nalice b", "fleet f"):
+        f.write_text(bad + "\n")
+        with pytest.raises(AuthError):
+            read_identities(str(f))

@@ -70,7 +70,7 @@ def test_log_level_is_checked():
 
 _LOGS = textwrap.dedent("""
     import logging, sys
-    from rlfleet.cli import _setup_logging
+    from rlfleet.telemetry.json_logs import setup_logging as _setup_logging
     _setup_logging(sys.argv[1])
     logging.getLogger("OpenGL.acceleratesupport").info("third-party info")
     logging.getLogger("absl").info("absl info")
@@ -92,6 +92,73 @@ def test_third_party_info_stays_off_the_console():
 def test_no_opengl_accelerate_line():
     """PyOpenGL logs "No OpenGL_accelerate module loaded" at INFO when it is imported (MuJoCo
     rendering imports it during evaluation)."""
-    code = "from rlfleet.cli import _setup_logging; _setup_logging('INFO'); import OpenGL.acceleratesupport"
+    code = "from rlfleet.telemetry.json_logs import setup_logging as s; s('INFO'); import OpenGL.acceleratesupport"
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert res.returncode == 0 and "OpenGL_accelerate" not in res.stderr
+
+
+def test_every_command_dispatches_through_the_table():
+    """COMMANDS names a function for every subcommand and nothing else; each imports and is callable."""
+    from rlfleet.cli import COMMANDS, command
+
+    assert set(COMMANDS) == set(_subparsers(build_parser()))
+    for name in ("recipes", "config", "export", "push"):  # the ones that import nothing heavy
+        assert callable(command(name))
+
+
+def test_the_learner_entries_take_the_same_arguments():
+    """`python -m rlfleet.learner` (torchrun's form) is the learner's own entry, not the CLI, and
+    parses what `rlfleet learner` parses."""
+    from rlfleet.learner.__main__ import entry  # noqa: F401  (imports: the entry exists)
+
+    cli = _subparsers(build_parser())["learner"]
+    res = subprocess.run(
+        [sys.executable, "-m", "rlfleet.learner", "--help"], capture_output=True, text=True, timeout=120
+    )
+    assert res.returncode == 0
+    for action in cli._actions:
+        for flag in action.option_strings:
+            assert flag in res.stdout, flag
+    res = subprocess.run(
+        [sys.executable, "-m", "rlfleet.learner", "no_such_recipe"], capture_output=True, text=True, timeout=120
+    )
+    assert res.returncode == 2 and "unknown recipe 'no_such_recipe'" in res.stderr and "Traceback" not in res.stderr
+
+
+@pytest.mark.parametrize(
+    "error, code",
+    [
+        (FileNotFoundError("no such file"), 2),
+        (ValueError("bad value"), 2),
+        (TimeoutError("no answer"), 2),
+        ("command", 1),
+        ("command_bad_input", 2),
+        ("remote_env", 2),
+        (KeyboardInterrupt(), 130),
+    ],
+)
+def test_errors_become_exit_codes_by_type(error, code):
+    from rlfleet.envs.remote import RemoteEnvError
+    from rlfleet.wire.join import EXIT_BAD_INPUT, CommandError
+    from rlfleet.wire.role_args import run_command
+
+    error = {
+        "command": CommandError("actor-0 exited"),
+        "command_bad_input": CommandError("learner refused its input", EXIT_BAD_INPUT),
+        "remote_env": RemoteEnvError("env server 127.0.0.1:1 sent a bad spec"),
+    }.get(error, error)
+
+    def fails(args):
+        raise error
+
+    assert run_command(fails, argparse.Namespace()) == code
+
+
+def test_a_bug_keeps_its_traceback():
+    from rlfleet.wire.role_args import run_command
+
+    def buggy(args):
+        raise RuntimeError("a bug")
+
+    with pytest.raises(RuntimeError, match="a bug"):
+        run_command(buggy, argparse.Namespace())

@@ -27,7 +27,7 @@ def test_every_recipe_loads_with_its_values(name):
     # the recipe's blocks (its defaults list, in order) then its own keys: the later file wins
     merged: dict = {}
     for path in recipe_files(name):
-        raw = yaml.safe_load(path.read_text())
+        raw = yaml.safe_load(path.read_text()) or {}  # a block may hold only comments (scale/cpu)
         merged.update({k: v for k, v in leaves(raw) if k not in ("defaults", "description")})
     checked = 0
     for key, value in merged.items():
@@ -99,12 +99,12 @@ def test_unknown_key_raises(override):
 
 @pytest.mark.parametrize("overrides", [["runner.total_env_steps=2000"], ["runner.total_env_steps=0"]])
 def test_a_budget_that_ends_before_the_first_update_is_refused(overrides):
-    with pytest.raises(ConfigError, match=r"runner.total_env_steps=\d+ is less than one update .*batch_env_steps=4096"):
+    with pytest.raises(ConfigError, match=r"runner.total_env_steps=\d+ is less than one update .*batch_samples=4096"):
         load_config("metaworld_reach_ppo", overrides)
     # a sample is a chunk: the quickstart's update takes 1600 samples of 8 env steps
-    with pytest.raises(ConfigError, match=r"less than one update \(12800 env steps: .*env.chunk_size=8\)"):
+    with pytest.raises(ConfigError, match=r"less than one update \(up to 12800 env steps: .*env.chunk_size=8\)"):
         load_config("metaworld_quickstart_tinyoft", ["runner.total_env_steps=5000"])
-    assert load_config("metaworld_reach_ppo", ["runner.total_env_steps=64", "learner.batch_env_steps=64"])
+    assert load_config("metaworld_reach_ppo", ["runner.total_env_steps=64", "learner.batch_samples=64"])
     assert load_config("metaworld_reach_ppo", ["runner.total_env_steps=0", "runner.only_eval=true"])
 
 
@@ -222,7 +222,7 @@ def test_every_block_is_valid_config():
     ]
     assert len(blocks) >= 12
     for block in blocks:
-        raw = yaml.safe_load(block.read_text())
+        raw = yaml.safe_load(block.read_text()) or {}  # scale/cpu: comments only
         # VLA settings (dim, proprio_dims, ...) are checked against a VLA policy when the block names none
         unnamed = "policy" in raw and "name" not in raw["policy"]
         cfg = load_config(str(block), ["policy.name=tiny_pi0"] if unnamed else [])  # bad keys/types fail here
@@ -244,3 +244,15 @@ def test_gym_kwargs_are_a_mapping_for_gym_envs_only():
     assert "gym_kwargs:\n    reset_noise_scale: 0.2" in to_yaml(cfg)
     with pytest.raises(ConfigError, match="env.gym_kwargs are gym.make arguments: only for env.name=gym:<id>"):
         load_config("metaworld_reach_ppo", ["env.gym_kwargs.reward_type=dense"])
+
+
+def test_renamed_key_says_its_new_name(tmp_path):
+    """learner.batch_env_steps counted samples, not env steps: the old key gets one line naming the new one."""
+    with pytest.raises(ConfigError) as err:
+        load_config("metaworld_reach_ppo", ["learner.batch_env_steps=64"])
+    assert str(err.value).startswith("learner.batch_env_steps was renamed to learner.batch_samples: ")
+    assert "\n" not in str(err.value)
+    recipe = tmp_path / "old.yaml"
+    recipe.write_text("defaults: [metaworld_reach_ppo]\nlearner:\n  batch_env_steps: 64\n")
+    with pytest.raises(ConfigError, match=r"^learner.batch_env_steps was renamed to learner.batch_samples: .*old.yaml"):
+        load_config(str(recipe))

@@ -293,6 +293,7 @@ class _FakeExpertEnv:
             episode_length=np.zeros(B, np.int32),
             episode_success_once=done & (np.arange(B) % 2 == 0),
             final_obs={},
+            substeps=np.full(B, K, np.int32),
         )
         return res, labels, labels
 

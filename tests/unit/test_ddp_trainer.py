@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 import torch
 
-from rlfleet.algorithms import PPOConfig
+from rlfleet.algorithms import PPOConfig, policy_lag
 from rlfleet.learner.distributed import backend_and_device, pack_segments, torchrun_ranks, unpack_segments
-from rlfleet.learner.sharding import segment_envs, shard_rows
-from rlfleet.learner.trainer import PPOTrainer
+from rlfleet.learner.sharding import shard_rows
+from rlfleet.learner.trainer import Trainer
 from rlfleet.policies import GaussianMLPPolicy, PolicyConfig
 from rlfleet.wire.segment import Segment
 
@@ -96,19 +96,19 @@ def update_segments(version: int, scenario: str = "gae_warmup") -> list[Segment]
 def starting_state(path: Path, scenario: str) -> None:
     """Weights and Adam moments after one update, as a resumed rank 0 would restore them."""
     policy = make_policy(0)
-    trainer = PPOTrainer(policy, PPOConfig(**{**vars(SCENARIOS[scenario]), "critic_warmup_updates": 0}))
+    trainer = Trainer(policy, PPOConfig(**{**vars(SCENARIOS[scenario]), "critic_warmup_updates": 0}))
     torch.manual_seed(7)
-    trainer.update(update_segments(0, scenario), 0)
+    trainer.step(update_segments(0, scenario), 0)
     torch.save({"policy": policy.state_dict(), "optimizer": trainer.optimizer.state_dict()}, path)
 
 
-def load_start(path: Path, trainer: PPOTrainer) -> None:
+def load_start(path: Path, trainer: Trainer) -> None:
     state = torch.load(path, weights_only=True)
     trainer.policy.load_state_dict(state["policy"])
     trainer.optimizer.load_state_dict(state["optimizer"])
 
 
-def train(trainer: PPOTrainer, scenario: str, ranks=None) -> list[dict[str, float]]:
+def train(trainer: Trainer, scenario: str, ranks=None) -> list[dict[str, float]]:
     torch.manual_seed(123)  # rank 0's RNG draws the minibatch order, as one process's does
     metrics = []
     for version in range(1, UPDATES + 1):
@@ -120,7 +120,7 @@ def train(trainer: PPOTrainer, scenario: str, ranks=None) -> list[dict[str, floa
         else:
             segments, got = ranks.receive_update()
             assert got == version
-        metrics.append(trainer.update(segments, version))
+        metrics.append(trainer.step(segments, version))
     if ranks is not None and ranks.is_main:
         ranks.send_stop()
     elif ranks is not None:
@@ -140,7 +140,7 @@ def rank_main(out: str) -> None:
     for scenario, cfg in SCENARIOS.items():
         # rank 1 starts from other weights and an empty optimiser: the first update must sync them
         policy = make_policy(0 if ranks.is_main else 1)
-        trainer = PPOTrainer(policy, cfg, device=ranks.device("cpu"), ranks=ranks)
+        trainer = Trainer(policy, cfg, device=ranks.device("cpu"), ranks=ranks)
         if ranks.is_main:
             load_start(Path(out) / f"{scenario}_start.pt", trainer)
         metrics = train(trainer, scenario, ranks)
@@ -195,7 +195,7 @@ def test_two_gloo_ranks_match_one_process(tmp_path):
     for scenario, cfg in SCENARIOS.items():
         start = tmp_path / f"{scenario}_start.pt"
         policy = make_policy(0)
-        reference = PPOTrainer(policy, cfg)
+        reference = Trainer(policy, cfg)
         load_start(start, reference)
         want_metrics = train(reference, scenario)
         want = policy.state_dict()
@@ -224,19 +224,26 @@ def test_two_gloo_ranks_match_one_process(tmp_path):
     assert warmups == [1.0, 0.0, 0.0]
 
 
+def valid_rows(segments: list[Segment], version: int, max_lag: int) -> torch.Tensor:
+    """Rows young enough to train on, in one-process order (every row of every segment)."""
+    lags = [version - torch.from_numpy(s.versions) for s in segments]
+    return torch.cat([(lag <= max_lag).repeat_interleave(s.num_envs) for s, lag in zip(segments, lags)])
+
+
 def test_shards_partition_the_one_process_rows():
     segments = update_segments(5)
     total_envs = sum(ENVS)
+    valid = valid_rows(segments, 5, 2)
     for world in (1, 2, 3, 9):
-        shards = [shard_rows(segments, 5, 2, r, world) for r in range(world)]
-        num_rows = shards[0].num_rows
-        assert num_rows == 4 * total_envs  # two of six steps are too old
-        ids = np.concatenate([s.row_ids for s in shards])
-        np.testing.assert_array_equal(np.sort(ids), np.arange(num_rows))  # disjoint, and all of them
-        sizes = [len(s.row_ids) for s in shards]
-        assert max(sizes) - min(sizes) <= 4 * len(ENVS)  # within a column per segment
-    empty = shard_rows(segments, 5, 2, 8, 9)  # 8 env columns, 9 ranks
-    assert empty.parts == [] and len(empty.row_ids) == 0 and empty.num_rows == num_rows
+        shards = [shard_rows(segments, valid, r, world) for r in range(world)]
+        assert shards[0].num_rows == 4 * total_envs  # two of six steps are too old
+        ids = torch.cat([s.row_ids[s.row_ids >= 0] for s in shards])
+        assert torch.equal(ids.sort().values, torch.arange(T * total_envs))  # disjoint, and all of them
+        sizes = [int(s.local_valid().sum()) for s in shards]
+        assert sum(sizes) == 4 * total_envs and max(sizes) - min(sizes) <= 4 * len(ENVS)  # within a column a segment
+    idle = shard_rows(segments, valid, 8, 9)  # 8 env columns, 9 ranks: it holds a column, every row masked
+    assert [(j, c.tolist()) for j, c in idle.parts] == [(0, [0])]
+    assert len(idle.row_ids) == T and not idle.local_valid().any() and idle.num_rows == 4 * total_envs
 
 
 class RecordingRanks:
@@ -277,9 +284,9 @@ def test_a_rank_without_rows_makes_the_same_collective_calls():
     calls, sent = [], []
     for rank in (0, 8):
         ranks = RecordingRanks(rank, 9, sent)
-        trainer = PPOTrainer(make_policy(0), SCENARIOS["gae_warmup"], ranks=ranks)
+        trainer = Trainer(make_policy(0), SCENARIOS["gae_warmup"], ranks=ranks)
         before = {k: v.clone() for k, v in trainer.policy.state_dict().items()}
-        metrics = trainer.update(segments, 5)
+        metrics = trainer.step(segments, 5)
         assert metrics["train/samples"] == 4 * sum(ENVS)
         calls.append(ranks.calls)
         if rank == 8:  # zero rows: zero gradients, and a fresh Adam does not move
@@ -291,14 +298,17 @@ def test_a_rank_without_rows_makes_the_same_collective_calls():
 
 def test_a_shard_prepares_the_same_rows_as_one_process():
     policy = make_policy(0)
-    trainer = PPOTrainer(policy, SCENARIOS["gae_warmup"])
+    trainer = Trainer(policy, SCENARIOS["gae_warmup"])
     segments = update_segments(4)
     full = trainer.prepare(segments, 4)
+    lags = [policy_lag(4, torch.from_numpy(s.versions)) for s in segments]
+    valid = valid_rows(segments, 4, 2)
+    assert torch.equal(full.valid, valid)
     for rank in range(2):
-        shard = shard_rows(segments, 4, 2, rank, 2)
-        part = trainer.prepare([segment_envs(segments[j], cols) for j, cols in shard.parts], 4)
-        idx = torch.from_numpy(shard.row_ids)
-        for field in ("advantages", "returns", "values_old", "logp_old", "is_weights", "lags"):
+        shard = shard_rows(segments, valid, rank, 2)
+        part = trainer._prepare(segments, lags, None, shard)
+        idx = shard.row_ids
+        for field in ("advantages", "returns", "values_old", "logp_old", "is_weights", "lags", "valid"):
             torch.testing.assert_close(getattr(part, field), getattr(full, field)[idx], rtol=1e-5, atol=1e-6, msg=field)
         torch.testing.assert_close(part.obs["states"], full.obs["states"][idx])
 

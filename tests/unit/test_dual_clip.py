@@ -1,6 +1,6 @@
 """Dual clip (Ye et al. 2020) is applied for per-token / per-action log-probs, not only per chunk:
 policy_loss against an element-wise reference on tiny_oft-shaped [N, K*D] log-probs, and through
-PPOTrainer.update with a real tiny_oft policy (RLinf ignores dual_clip for OFT and pi0)."""
+Trainer.update with a real tiny_oft policy (RLinf ignores dual_clip for OFT and pi0)."""
 
 import math
 
@@ -10,7 +10,7 @@ import torch
 
 from rlfleet.algorithms import PPOConfig, normalize_advantages, policy_loss
 from rlfleet.envs.api import encode_instructions
-from rlfleet.learner.trainer import PPOTrainer
+from rlfleet.learner.trainer import Trainer
 from rlfleet.policies.vla import TinyOFTPolicy, VLAConfig
 from rlfleet.wire.segment import Segment
 
@@ -121,13 +121,13 @@ def test_trainer_applies_dual_clip_to_tiny_oft_token_logprobs():
     for dual in (None, c):
         policy = oft_policy()
         seg = oft_segment(policy, shift)
-        trainer = PPOTrainer(policy, PPOConfig(dual_clip=dual, **cfg))
+        trainer = Trainer(policy, PPOConfig(dual_clip=dual, **cfg))
         batch = trainer.prepare([seg], version=0)
         with torch.no_grad():
             logp, _, _ = policy.evaluate(batch.obs, batch.actions, batch.extras)
         adv = normalize_advantages(batch.advantages).double().numpy()
         want, frac, _ = reference(logp.double().numpy(), batch.logp_old.double().numpy(), adv, 0.2, 0.2, dual)
-        metrics = trainer.update([seg], version=0)
+        metrics = trainer.step([seg], version=0)
         after = torch.cat([p.detach().flatten() for p in policy.parameters()])
         results[dual] = (metrics, want, frac, after)
         assert metrics["train/actor/policy_loss"] == pytest.approx(want, rel=1e-4)

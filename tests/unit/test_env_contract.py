@@ -269,6 +269,8 @@ def test_truncation_final_obs_stats_and_auto_reset(build) -> None:
     assert second.truncated.all() and second.episode_done.all() and not second.terminated.any()
     assert (second.episode_length == 3).all()
     assert (second.rewards[:, 1] == 0).all()  # the substep after the episode end is skipped
+    # env steps count simulated substeps: the cut chunk counts the one that ran
+    assert first.substeps.dtype == np.int32 and (first.substeps == 2).all() and (second.substeps == 1).all()
     np.testing.assert_allclose(second.episode_return, first.rewards.sum(1) + second.rewards[:, 0], rtol=1e-5)
     # final_obs: where the old episode ended (what the twin sees after 3 steps) ...
     np.testing.assert_allclose(second.final_obs["states"], twin_states[2], rtol=1e-5, atol=1e-6)
@@ -288,16 +290,19 @@ def test_success_once_and_terminate_on_success(build, case) -> None:
     )
     go_on = build(1, max_episode_steps=case.solve_steps, chunk_size=K, reward_type="success_once")
     obs_s, obs_g = stop.reset(np.array([1])), go_on.reset(np.array([1]))
-    total = 0.0
+    total, ran = 0.0, 0
     for _ in range(case.solve_steps // K + 1):
         rs, rg = stop.chunk_step(case.solver(stop, obs_s)), go_on.chunk_step(case.solver(go_on, obs_g))
         total += float(rs.rewards.sum())
+        ran += int(rs.substeps[0])
+        assert rs.episode_done[0] or rs.substeps[0] == K
         if rs.episode_done[0]:
             break
         obs_s, obs_g = rs.obs, rg.obs
     else:
         pytest.fail("the solver never ended the episode")
     assert rs.terminated[0] and not rs.truncated[0] and rs.success[0] and rs.episode_success_once[0]
+    assert ran == rs.episode_length[0]  # the substeps counted are the episode's steps, none skipped ones
     assert rs.episode_return[0] == pytest.approx(1.0) and total == pytest.approx(1.0)  # success_once: 1, once
     assert rg.success[0] and not rg.episode_done[0]  # without the option the same success ends nothing
 

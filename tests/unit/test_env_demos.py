@@ -115,14 +115,13 @@ def test_metaworld_goes_through_the_same_collector(tmp_path):
         assert ep.states.shape[1] == 39 and ep.actions.shape[1] == 4 and ep.success and ep.step_success.any()
 
 
-def test_cli_collect_runs_envs_per_task_together_and_warns_about_workers(tmp_path, caplog):
+def test_cli_collect_runs_envs_per_task_together(tmp_path):
     from rlfleet.cli import main
 
     out = tmp_path / "demos"
     argv = ["collect", "--env", "robotwin", "--tasks", "click_bell", "--episodes-per-task", "2"]
     argv += ["--out", str(out), "--image-size", "0", "--max-episode-steps", "200"]
-    assert main([*argv, "--envs-per-task", "2", "--workers", "4"]) == 0
-    assert "--workers is ignored" in caplog.text
+    assert main([*argv, "--envs-per-task", "2"]) == 0
     index = read_index(out)
     assert index["collect"]["envs_per_task"] == 2
     assert sum(e["success"] for e in index["episodes"]) == 2

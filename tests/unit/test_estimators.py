@@ -10,8 +10,11 @@ from rlfleet.algorithms.estimators import (
     AdvantageInputs,
     Advantages,
     advantage_stats,
+    episode_schedule,
     estimate,
     estimator_name,
+    register_estimator,
+    spec,
 )
 from rlfleet.algorithms.grpo import grpo_segment
 from rlfleet.algorithms.vtrace import vtrace
@@ -41,6 +44,42 @@ def _inputs(seed: int = 0) -> AdvantageInputs:
 
 def test_registry_names():
     assert sorted(ESTIMATORS) == ["gae", "grpo", "vtrace"]
+
+
+def test_estimators_are_registered_with_their_traits():
+    traits = {n: (s.critic, s.whole_episodes, s.normalised) for n, s in ESTIMATORS.items()}
+    assert traits == {"gae": (True, False, False), "vtrace": (True, False, False), "grpo": (False, True, True)}
+    with pytest.raises(ValueError, match="unknown advantage estimator 'nope' .known: gae, grpo, vtrace"):
+        spec("nope")
+    with pytest.raises(ValueError, match="already registered"):
+        register_estimator("gae")(ESTIMATORS["gae"].fn)
+
+
+def test_a_new_estimator_is_chosen_by_its_traits_not_its_name():
+    """A critic-free whole-episode estimator registered here gets GRPO's treatment: no critic,
+    its own normalisation, the whole-episode schedule, and the config checks that go with them."""
+    from types import SimpleNamespace
+
+    from rlfleet.algorithms.objective import objective
+
+    @register_estimator("rloo_test", critic=False, whole_episodes=True, normalised=True)
+    def rloo(inputs, cfg):
+        return estimate("grpo", inputs, cfg)
+
+    try:
+        cfg = PPOConfig(adv_type="rloo_test", group_size=2)
+        assert estimator_name(cfg) == "rloo_test"
+        obj = objective(cfg)
+        assert (obj.critic, obj.normalize_advantages, obj.whole_segment_advantages) == (False, False, True)
+        env = SimpleNamespace(max_episode_steps=12, chunk_size=4, terminate_on_success=False)
+        actor = SimpleNamespace(rollout_len=5, num_envs=4, pipeline_stage_num=1)
+        assert episode_schedule(cfg, env, actor).segment_len == 3
+        with pytest.raises(ValueError, match="critic_warmup_updates must be 0 with 'rloo_test'"):
+            PPOConfig(adv_type="rloo_test", critic_warmup_updates=1)
+        with pytest.raises(ValueError, match="off_policy=vtrace needs a critic"):
+            PPOConfig(adv_type="rloo_test", off_policy="vtrace")
+    finally:
+        del ESTIMATORS["rloo_test"]
 
 
 @pytest.mark.parametrize("name", ["gae", "vtrace", "grpo"])

@@ -91,6 +91,7 @@ def test_the_service_observes_a_loop_from_start_to_summary(tmp_path):
     assert set(summary["eval_success"]) == {"reach-v3"}
     assert summary["eval_success_mean"] == pytest.approx(summary["eval_success"]["reach-v3"])
     assert set(summary["eval_mean_return"]) == {"reach-v3"}
+    assert summary["eval_split"] == "test"
     final = read_episodes(tmp_path / "episodes.jsonl")
     assert sum(r["success"] for r in final) / len(final) == summary["eval_success"]["reach-v3"]
     assert "eval/before_after" in backend.tables  # the trackers get the start beside the end
@@ -111,6 +112,20 @@ def test_a_loop_whose_start_was_evaluated_elsewhere_reads_it_back(tmp_path):
     service.on_end(loop, summary, completed=False)
     assert summary == {"eval_before": {"reach-v3": 0.5}, "eval_before_mean": 0.5}
     assert not (tmp_path / "episodes.jsonl").exists()
+
+
+def test_every_evaluation_plays_the_runs_split(tmp_path):
+    """eval.split=validation: the service's episodes start at the validation split's first seed,
+    and the summary says which split the final evaluation played."""
+    cfg = _cfg(tmp_path, "eval.split=validation")
+    loop = Loop(starting_policy(cfg), MetricsLogger({}))
+    service = EvaluationService(cfg, tmp_path)
+    summary: dict = {}
+    service.on_end(loop, summary, completed=True)
+    assert summary["eval_split"] == "validation"
+    seeds = [r["seed"] for r in read_episodes(tmp_path / "episodes.jsonl")]
+    assert seeds == [cfg.eval.validation_seed, cfg.eval.validation_seed + 1]  # one task: seed + j
+    assert not set(seeds) & set(range(cfg.eval.seed, cfg.eval.seed + 2))
 
 
 def test_the_summary_is_written_and_read_whole(tmp_path):

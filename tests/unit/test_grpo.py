@@ -10,7 +10,7 @@ import torch
 
 from rlfleet.actors.groups import GroupedResets, group_seeds, stage_groups
 from rlfleet.actors.rollout import SegmentBuilder
-from rlfleet.algorithms import PPOConfig
+from rlfleet.algorithms import PPOConfig, policy_lag
 from rlfleet.algorithms.grpo import (
     check_stage_rows,
     check_task_rows,
@@ -20,7 +20,7 @@ from rlfleet.algorithms.grpo import (
     trajectory_returns,
 )
 from rlfleet.learner.sharding import shard_rows
-from rlfleet.learner.trainer import PPOTrainer
+from rlfleet.learner.trainer import Trainer
 from rlfleet.policies import GaussianMLPPolicy, PolicyConfig
 from rlfleet.wire import codec
 from rlfleet.wire.codec import WireFormatError
@@ -172,30 +172,38 @@ def grpo_cfg(**kw) -> PPOConfig:
     return PPOConfig(**base)
 
 
+def kept(batch):
+    """The rows a prepared batch trains on."""
+    return batch.select(batch.valid.nonzero().squeeze(-1))
+
+
 def test_learner_prepares_group_advantages_on_kept_rows():
     policy = make_policy()
-    trainer = PPOTrainer(policy, grpo_cfg())
+    trainer = Trainer(policy, grpo_cfg())
     seg = hand_segment(policy, versions=[3, 3, 3, 3])
     batch = trainer.prepare([seg], version=3)
     keep = np.zeros((T, B), bool)
     keep[:2, 0] = True
     keep[:, 1:3] = True
+    assert len(batch) == T * B  # fixed shape: the estimator's left-out rows are masked
+    np.testing.assert_array_equal(batch.valid.numpy(), keep.reshape(-1))
+    batch = kept(batch)
     assert len(batch) == keep.sum() == 10
     # rows in step-major order: the kept (t, b) with their hand-computed advantage
     np.testing.assert_allclose(batch.advantages.numpy(), expected_advantages()[keep], rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(batch.returns.numpy(), np.array([[1, 0, 1]] * T, np.float32)[keep[:, :3]])
     torch.testing.assert_close(batch.obs["states"], torch.from_numpy(seg.obs["states"][keep]))
     # reward_scale multiplies the returns; advantages are scale-free (up to eps)
-    scaled = PPOTrainer(policy, grpo_cfg(group_filter=[0.5, 4.5]), reward_scale=5.0).prepare([seg], version=3)
+    scaled = kept(Trainer(policy, grpo_cfg(group_filter=[0.5, 4.5]), reward_scale=5.0).prepare([seg], version=3))
     assert len(scaled) == 10
     np.testing.assert_allclose(scaled.advantages.numpy(), batch.advantages.numpy(), rtol=1e-5)
 
 
 def test_learner_grpo_drops_stale_steps_too():
     policy = make_policy()
-    trainer = PPOTrainer(policy, grpo_cfg())
+    trainer = Trainer(policy, grpo_cfg())
     seg = hand_segment(policy, versions=[1, 2, 3, 3])  # at version 3: lags 2, 1, 0, 0 -> step 0 dropped
-    batch = trainer.prepare([seg], version=3)
+    batch = kept(trainer.prepare([seg], version=3))
     keep = np.zeros((T, B), bool)
     keep[1, 0] = True
     keep[1:, 1:3] = True
@@ -205,10 +213,10 @@ def test_learner_grpo_drops_stale_steps_too():
 
 def test_grpo_update_trains_the_actor_not_the_critic_and_logs_group_metrics():
     policy = make_policy()
-    trainer = PPOTrainer(policy, grpo_cfg())
+    trainer = Trainer(policy, grpo_cfg())
     segs = [hand_segment(policy, [3] * T, seed=i) for i in range(2)]
     before = {k: v.detach().clone() for k, v in policy.named_parameters()}
-    metrics = trainer.update(segs, version=3)
+    metrics = trainer.step(segs, version=3)
     after = dict(policy.named_parameters())
     assert not torch.equal(before["actor.0.weight"], after["actor.0.weight"])
     for name in before:
@@ -230,19 +238,22 @@ def test_sharded_grpo_rows_equal_the_one_process_rows(world_size):
     """Columns go to ranks round-robin, so every group is split across ranks: the group statistics
     must still come from the whole segment, and the shards must partition the one-process rows."""
     policy = make_policy()
-    trainer = PPOTrainer(policy, grpo_cfg())
+    trainer = Trainer(policy, grpo_cfg())
     segs = [hand_segment(policy, [2, 3, 3, 3], seed=i) for i in range(2)]
     full = trainer.prepare(segs, version=3)
     grpo = trainer.segment_advantages(segs)
-    masks = [g.keep.numpy() for g in grpo]
+    lags = [policy_lag(3, torch.from_numpy(s.versions)) for s in segs]
+    valid = trainer.valid_rows(segs, lags, grpo)
+    assert torch.equal(valid, full.valid)
     seen = torch.zeros(len(full), dtype=torch.long)
     for rank in range(world_size):
-        shard = shard_rows(segs, 3, 1, rank, world_size, masks)
-        assert shard.num_rows == len(full)
-        batch, _ = trainer._prepare_shard(segs, shard, 3, grpo)
-        ids = torch.as_tensor(shard.row_ids)
+        shard = shard_rows(segs, valid, rank, world_size)
+        assert shard.num_rows == int(full.valid.sum())
+        batch = trainer._prepare(segs, lags, grpo, shard)
+        ids = shard.row_ids
         torch.testing.assert_close(batch.advantages, full.advantages[ids])
         torch.testing.assert_close(batch.obs["states"], full.obs["states"][ids])
+        assert torch.equal(batch.valid, full.valid[ids])
         seen[ids] += 1
     assert torch.equal(seen, torch.ones_like(seen))
 
@@ -407,7 +418,7 @@ def test_grpo_learns_a_contextual_bandit():
     rng = np.random.default_rng(0)
     W = (rng.normal(size=(D, S)) * 0.5).astype(np.float32)
     policy = make_policy()
-    trainer = PPOTrainer(
+    trainer = Trainer(
         policy, PPOConfig(adv_type="grpo", group_size=8, lr=3e-3, update_epochs=4, num_minibatches=4, max_policy_lag=0)
     )
     eval_states = rng.normal(size=(256, S)).astype(np.float32)
@@ -446,7 +457,7 @@ def test_grpo_learns_a_contextual_bandit():
             extras={},
             group_ids=np.repeat(np.arange(n_groups), G),
         )
-        trainer.update([seg], version)
+        trainer.step([seg], version)
     assert start > 0.2
     assert error() < 0.25 * start
 
@@ -492,10 +503,10 @@ def test_grpo_update_with_vla_policies(name, logprob_type):
         extras={k: out[k].numpy().reshape(T, B, *out[k].shape[1:]) for k in policy.extra_outputs},
         group_ids=GROUP_IDS.copy(),
     )
-    trainer = PPOTrainer(policy, grpo_cfg(lr=1e-3))
+    trainer = Trainer(policy, grpo_cfg(lr=1e-3))
     critic_before = {k: v.detach().clone() for k, v in policy.named_parameters() if k.startswith("critic")}
     actor_before = torch.cat([p.detach().flatten() for k, p in policy.named_parameters() if not k.startswith("critic")])
-    metrics = trainer.update([seg], version=0)
+    metrics = trainer.step([seg], version=0)
     assert metrics["train/samples"] == 10 and metrics["train/grpo/filtered_groups"] == 2
     assert critic_before and all(torch.equal(v, dict(policy.named_parameters())[k]) for k, v in critic_before.items())
     actor_after = torch.cat([p.detach().flatten() for k, p in policy.named_parameters() if not k.startswith("critic")])

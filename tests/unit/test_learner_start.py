@@ -8,7 +8,7 @@ from rlfleet.learner.main import Learner
 
 def test_learner_starts_nothing_until_start(tmp_path):
     cfg = load_config(
-        "metaworld_reach_ppo", [f"runner.logger.log_path={tmp_path}", "actor.num_envs=4", "learner.batch_env_steps=64"]
+        "metaworld_reach_ppo", [f"runner.logger.log_path={tmp_path}", "actor.num_envs=4", "learner.batch_samples=64"]
     )
     learner = Learner(cfg, tmp_path)
     try:

@@ -5,11 +5,16 @@ from torch import nn
 
 from rlfleet.inference_server.batcher import InferenceRequest
 from rlfleet.inference_server.policy_runner import PolicyRunner
+from rlfleet.inference_server.weight_subscriber import WeightUpdate
 from rlfleet.policies import GaussianMLPPolicy, PolicyConfig
-from rlfleet.policies.checkpoint_io import state_dict_bytes
 from rlfleet.wire.codec import WireFormatError
 
 S, D, K = 4, 2, 3
+
+
+def full_update(version: int, policy: nn.Module) -> WeightUpdate:
+    """All of `policy`'s tensors, as the weight subscriber hands a first or complete pull."""
+    return WeightUpdate(version, {k: v.clone() for k, v in policy.state_dict().items()}, complete=True)
 
 
 def make_policy(seed: int, hidden=(16, 16)) -> GaussianMLPPolicy:
@@ -142,14 +147,14 @@ def test_validate_rejects_bad_states(states, match):
         runner.validate({"states": states})
 
 
-def test_load_weights_changes_outputs_and_version():
+def test_load_update_changes_outputs_and_version():
     runner = PolicyRunner(make_policy(0), version=3)
     other = make_policy(1)
     x = states_of(6, 5)
     before, v_before = run_one(runner, x)
     assert v_before == 3
 
-    runner.load_weights(4, state_dict_bytes(other))
+    runner.load_update(full_update(4, other))
     after, v_after = run_one(runner, x)
     assert v_after == 4 and runner.version == 4
     assert not np.allclose(before["actions"], after["actions"], atol=1e-3)
@@ -160,23 +165,23 @@ def test_load_weights_changes_outputs_and_version():
         np.testing.assert_allclose(after[key], want[key].numpy(), rtol=1e-5, atol=1e-5)
 
 
-def test_load_weights_carries_normalisation_buffers():
+def test_load_update_carries_normalisation_buffers():
     runner = PolicyRunner(make_policy(0), version=0)
     other = make_policy(0)
     other.update_normalization({"states": torch.randn(64, S) * 3 + 2})
-    runner.load_weights(1, state_dict_bytes(other))
+    runner.load_update(full_update(1, other))
     torch.testing.assert_close(runner.policy.obs_norm.mean, other.obs_norm.mean)
     torch.testing.assert_close(runner.policy.obs_norm.var, other.obs_norm.var)
 
 
-def test_load_weights_of_another_architecture_is_a_clear_error():
+def test_load_update_of_another_architecture_is_a_clear_error():
     runner = PolicyRunner(make_policy(0, hidden=(16, 16)), version=5)
     x = states_of(3, 9)
     before, _ = run_one(runner, x)
     params_before = {k: v.clone() for k, v in runner.policy.state_dict().items()}
 
     with pytest.raises(ValueError, match="shape mismatch") as info:
-        runner.load_weights(6, state_dict_bytes(make_policy(1, hidden=(32, 16))))
+        runner.load_update(full_update(6, make_policy(1, hidden=(32, 16))))
     msg = str(info.value)
     assert "actor.0.weight" in msg and "(32, 4) vs (16, 4)" in msg
 
@@ -189,11 +194,11 @@ def test_load_weights_of_another_architecture_is_a_clear_error():
     np.testing.assert_array_equal(after["actions"], before["actions"])
 
 
-def test_load_weights_with_missing_tensors_is_a_clear_error():
+def test_load_update_with_missing_tensors_is_a_clear_error():
     runner = PolicyRunner(make_policy(0), version=0)
     no_norm = GaussianMLPPolicy(S, D, K, PolicyConfig(hidden_sizes=[16, 16], obs_norm=False))
     with pytest.raises(ValueError, match=r"missing \['obs_norm.count'"):
-        runner.load_weights(1, state_dict_bytes(no_norm))
+        runner.load_update(full_update(1, no_norm))
     assert runner.version == 0
 
 

@@ -75,6 +75,7 @@ class CounterEnv(ChunkedEnv):
         done = np.zeros(self.n, bool)
         ep_ret = np.zeros(self.n, np.float32)
         ep_len = np.zeros(self.n, np.int32)
+        ran = np.full(self.n, K, np.int32)
         final = {"states": np.zeros_like(self.states), "instructions": np.zeros((self.n, 128), np.uint8)}
         for i in range(self.n):
             for k in range(K):
@@ -85,6 +86,7 @@ class CounterEnv(ChunkedEnv):
                     done[i], ep_ret[i], ep_len[i] = True, self.returns[i], EPISODE
                     final["states"][i] = self.states[i]
                     self._start(i)
+                    ran[i] = k + 1
                     break
         return StepResult(
             obs=self._obs(),
@@ -97,6 +99,7 @@ class CounterEnv(ChunkedEnv):
             episode_length=ep_len,
             episode_success_once=done.copy(),
             final_obs=final,
+            substeps=ran,
         )
 
     def close(self) -> None:
@@ -150,7 +153,7 @@ def test_remote_matches_local_with_auto_reset(server):
             for _ in range(4):  # crosses episode ends inside a chunk (3 steps, chunks of 2)
                 act = rng.normal(size=(3, 2, 2)).astype(np.float32)
                 ra, rb = remote.chunk_step(act), local.chunk_step(act)
-                for name in ("rewards", "episode_done", "episode_return", "episode_length", "success"):
+                for name in ("rewards", "episode_done", "episode_return", "episode_length", "success", "substeps"):
                     np.testing.assert_array_equal(getattr(ra, name), getattr(rb, name))
                 np.testing.assert_array_equal(ra.obs["states"], rb.obs["states"])
                 np.testing.assert_array_equal(ra.final_obs["states"], rb.final_obs["states"])
@@ -158,6 +161,27 @@ def test_remote_matches_local_with_auto_reset(server):
         with pytest.raises(TypeError, match="cannot be pickled"):
             pickle.dumps(remote)
     assert servicer.sessions == {}  # close() ended the session
+
+
+def test_a_server_that_sends_no_substeps_gets_them_derived(server, monkeypatch):
+    """Servers written before `substeps` leave it out: the client takes a finished episode's
+    length less the steps it counted, so env steps still count the substeps simulated."""
+    import rlfleet.envs.env_server as env_server
+
+    def old_reply(result):
+        reply = step_reply(result)
+        kept = [t for t in reply.step.tensors if t.name != "substeps"]
+        assert len(kept) == len(reply.step.tensors) - 1
+        del reply.step.tensors[:]
+        reply.step.tensors.extend(kept)
+        return reply
+
+    monkeypatch.setattr(env_server, "step_reply", old_reply)
+    address, _ = server
+    with make_env(_remote_cfg(address), 2) as env:
+        env.reset()
+        ran = [env.chunk_step(np.zeros((2, 2, 2), np.float32)).substeps.tolist() for _ in range(4)]
+    assert ran == [[2, 2], [1, 1], [2, 2], [1, 1]]  # episodes of 3 steps in chunks of 2
 
 
 def test_bad_actions_are_rejected_and_the_session_keeps_working(server):

@@ -92,6 +92,7 @@ class FaultyEnv(ChunkedEnv):
             episode_length=ep_len,
             episode_success_once=np.zeros(self.n, bool),
             final_obs=final,
+            substeps=np.full(self.n, K, np.int32),
         )
 
     def close(self) -> None:

@@ -238,7 +238,7 @@ def test_a_larger_budget_resumes_finished_seeds_and_the_page_says_so(tmp_path, c
 
     monkeypatch.setattr(reproduce.subprocess, "run", fake_run)
     monkeypatch.setattr(reproduce, "git_commit", lambda: "bbb")
-    budget = ["runner.total_env_steps=2000", "runner.max_wall_seconds=0", "learner.batch_env_steps=64"]
+    budget = ["runner.total_env_steps=2000", "runner.max_wall_seconds=0", "learner.batch_samples=64"]
     assert reproduce.main(["metaworld_reach_ppo", "--seeds", "1", "--out", str(tmp_path), *budget]) == 0
     assert len(runs) == 1 and runs[0][-1] == "--resume" and "runner.total_env_steps=2000" in runs[0]
     page = (tmp_path / "results.md").read_text()
@@ -422,3 +422,38 @@ def test_average_last_evaluates_each_seeds_averaged_checkpoints_and_reports_them
     assert "no evaluation of its last 3 checkpoints' average" in capsys.readouterr().err
     kept = (tmp_path / "results.md").read_text()
     assert "| reach-v3 |" in kept and "### The mean of each seed's" not in kept
+
+
+def test_each_seed_gets_its_own_sft_start_unless_shared():
+    own = reproduce.seed_command("r", 2, Path("out/seed2"), ["sft.steps=5"])
+    assert own[3:7] == ["runner.seed=2", "env.seed=2", "sft.seed=2", "eval.before=true"]
+    assert own[-1] == "sft.steps=5"  # overrides come last and win, an sft.seed among them too
+    assert "sft.seed=2" not in reproduce.seed_command("r", 2, Path("out/seed2"), [], own_sft=False)
+
+
+def test_the_page_says_where_each_seeds_start_came_from(tmp_path):
+    for seed, start in enumerate(("cache/sft-a", "cache/sft-b")):
+        (tmp_path / f"seed{seed}").mkdir()
+        (tmp_path / f"seed{seed}" / "config.yaml").write_text(f"policy:\n  model_path: {start}\n")
+    starts = reproduce.sft_starts([tmp_path / "seed0", tmp_path / "seed1", tmp_path / "none"])
+    assert starts == ["cache/sft-a", "cache/sft-b", ""]
+    assert reproduce.sft_note(starts[:2], False).startswith("Each seed is a full repeat: its own SFT start")
+    shared = reproduce.sft_note(["cache/sft-a", "cache/sft-a"], True)
+    assert "share their starting policy (`--shared-sft`)" in shared and "seed 1: `cache/sft-a`" in shared
+    assert reproduce.sft_note(["", ""], False) == ""  # runs from scratch: nothing to say
+    page = reproduce.results_markdown(
+        "toy", reproduce.aggregate(SUMMARIES), ["x"], "abc", [1.0] * 3, {}, "10", sft_note=starts[0]
+    )
+    assert page.split("\n")[2] == "cache/sft-a"
+
+
+def test_the_page_gives_the_binomial_error_of_one_evaluation():
+    assert reproduce.binomial_se(0.5, 100) == pytest.approx(0.05)
+    assert reproduce.binomial_se(1.0, 50) == 0.0 and math.isnan(reproduce.binomial_se(0.5, 0))
+    agg = reproduce.aggregate(SUMMARIES)  # mean before 0.30, after 0.75, 2 tasks
+    errors = reproduce.binomial_errors(agg, 50)
+    assert errors["episodes"] == 100
+    assert errors["before"] == pytest.approx(math.sqrt(0.3 * 0.7 / 100))
+    assert errors["after"] == pytest.approx(math.sqrt(0.75 * 0.25 / 100))
+    page = reproduce.results_markdown("toy", agg, ["x"], "abc", [1.0] * 3, {}, "50", episodes_per_task=50)
+    assert "4.6 points before and 4.3 after on the mean (100 episodes), at most 7.1 on one task (50 episodes)" in page

@@ -1,5 +1,5 @@
 """Keeping RL near its SFT start: the KL penalty to the reference policy (the estimator against
-exact categorical KLs, and its effect in `PPOTrainer`) and the learning-rate warm-up."""
+exact categorical KLs, and its effect in `Trainer`) and the learning-rate warm-up."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 from test_ddp_trainer import make_policy, update_segments
 
 from rlfleet.algorithms import PPOConfig, kl_to_reference
-from rlfleet.learner.trainer import PPOTrainer
+from rlfleet.learner.trainer import Trainer
 
 
 def test_k3_estimator_matches_exact_categorical_kl():
@@ -41,9 +41,9 @@ def _distance_after_updates(kl_beta: float) -> float:
     policy = make_policy(0)
     reference = copy.deepcopy(policy)
     cfg = PPOConfig(update_epochs=4, num_minibatches=2, lr=3e-2, max_policy_lag=4, kl_beta=kl_beta)
-    trainer = PPOTrainer(policy, cfg, reference=reference)
+    trainer = Trainer(policy, cfg, reference=reference)
     for version in range(4):
-        stats = trainer.update(update_segments(version), version)
+        stats = trainer.step(update_segments(version), version)
         assert ("train/actor/kl_ref" in stats) == (kl_beta > 0)
     batch = trainer.prepare(update_segments(9), 9)
     with torch.no_grad():
@@ -59,7 +59,7 @@ def test_penalty_keeps_policy_near_reference():
 
 def test_first_update_sees_zero_kl_and_penalty_needs_a_reference():
     policy = make_policy(0)
-    trainer = PPOTrainer(
+    trainer = Trainer(
         policy, PPOConfig(update_epochs=1, num_minibatches=1, kl_beta=0.1), reference=copy.deepcopy(policy)
     )
     batch = trainer.prepare(update_segments(0), 0)
@@ -67,16 +67,16 @@ def test_first_update_sees_zero_kl_and_penalty_needs_a_reference():
         logp, _, _ = policy.evaluate(batch.obs, batch.actions, batch.extras)
     assert torch.allclose(batch.logp_ref, logp)
     with pytest.raises(ValueError, match="reference"):
-        PPOTrainer(make_policy(0), PPOConfig(kl_beta=0.1))
+        Trainer(make_policy(0), PPOConfig(kl_beta=0.1))
     with pytest.raises(ValueError, match="kl_beta"):
         PPOConfig(kl_beta=-1.0)
 
 
 def test_lr_warms_up_linearly_after_the_critic_warmup():
     cfg = PPOConfig(update_epochs=1, num_minibatches=1, lr=1e-3, critic_warmup_updates=2, lr_warmup_updates=4)
-    trainer = PPOTrainer(make_policy(0), cfg)
+    trainer = Trainer(make_policy(0), cfg)
     assert [trainer.lr_scale(i) for i in range(8)] == [1.0, 1.0, 0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
-    lrs = [trainer.update(update_segments(v), v)["train/lr"] for v in range(4)]
+    lrs = [trainer.step(update_segments(v), v)["train/lr"] for v in range(4)]
     assert lrs == pytest.approx([1e-3, 1e-3, 2.5e-4, 5e-4])
     assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(5e-4)
     with pytest.raises(ValueError, match="lr_warmup_updates"):
@@ -86,11 +86,11 @@ def test_lr_warms_up_linearly_after_the_critic_warmup():
 def test_critic_lr_is_its_own_group_outside_the_actor_warmup():
     cfg = PPOConfig(update_epochs=1, num_minibatches=1, lr=1e-4, critic_lr=1e-3, lr_warmup_updates=4)
     policy = make_policy(0)
-    trainer = PPOTrainer(policy, cfg)
+    trainer = Trainer(policy, cfg)
     actor, critic = trainer.optimizer.param_groups
     assert {id(p) for p in critic["params"]} == {id(p) for p in policy.critic.parameters()}
     assert len(actor["params"]) + len(critic["params"]) == len(list(policy.parameters()))
-    trainer.update(update_segments(0), 0)
+    trainer.step(update_segments(0), 0)
     assert actor["lr"] == pytest.approx(2.5e-5) and critic["lr"] == pytest.approx(1e-3)
     with pytest.raises(ValueError, match="critic_lr"):
         PPOConfig(critic_lr=0.0)
@@ -99,7 +99,7 @@ def test_critic_lr_is_its_own_group_outside_the_actor_warmup():
 def test_every_parameter_group_is_gradient_clipped():
     """The critic's own group (critic_lr) is clipped to max_grad_norm like the actor's."""
     cfg = PPOConfig(update_epochs=1, num_minibatches=1, critic_lr=1e-3, max_grad_norm=1e-3, critic_warmup_updates=0)
-    trainer = PPOTrainer(make_policy(0), cfg, reward_scale=100.0)
+    trainer = Trainer(make_policy(0), cfg, reward_scale=100.0)
     norms: list[float] = []
     step = trainer.optimizer.step
 
@@ -110,32 +110,32 @@ def test_every_parameter_group_is_gradient_clipped():
         return step(*args, **kwargs)
 
     trainer.optimizer.step = record_then_step
-    trainer.update(update_segments(0), 0)
+    trainer.step(update_segments(0), 0)
     assert norms and max(norms) <= 1e-3 * (1 + 1e-4)
 
 
 def test_optimizer_state_saved_without_group_names_still_updates():
     """Checkpoints written before critic_lr have unnamed groups; resuming them must still train."""
-    trainer = PPOTrainer(make_policy(0), PPOConfig(update_epochs=1, num_minibatches=1, lr=1e-3))
+    trainer = Trainer(make_policy(0), PPOConfig(update_epochs=1, num_minibatches=1, lr=1e-3))
     state = trainer.optimizer.state_dict()
     for group in state["param_groups"]:
         group.pop("name")
     trainer.optimizer.load_state_dict(state)
     assert "name" not in trainer.optimizer.param_groups[0]
-    assert trainer.update(update_segments(0), 0)["train/lr"] == pytest.approx(1e-3)
+    assert trainer.step(update_segments(0), 0)["train/lr"] == pytest.approx(1e-3)
     assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(1e-3)
 
 
 def test_frozen_normalization_keeps_the_starting_statistics():
     policy = make_policy(0)
     before = {k: v.clone() for k, v in policy.state_dict().items() if "obs_norm" in k}
-    PPOTrainer(policy, PPOConfig(update_epochs=1, num_minibatches=1), freeze_normalization=True).update(
+    Trainer(policy, PPOConfig(update_epochs=1, num_minibatches=1), freeze_normalization=True).step(
         update_segments(0), 0
     )
     after = {k: v for k, v in policy.state_dict().items() if "obs_norm" in k}
     assert before and all(torch.equal(before[k], after[k]) for k in before)
     moving = make_policy(0)
-    PPOTrainer(moving, PPOConfig(update_epochs=1, num_minibatches=1)).update(update_segments(0), 0)
+    Trainer(moving, PPOConfig(update_epochs=1, num_minibatches=1)).step(update_segments(0), 0)
     assert not torch.equal(moving.state_dict()["obs_norm.mean"], before["obs_norm.mean"])
 
 
@@ -152,8 +152,8 @@ def test_nonfinite_loss_leaves_the_weights_alone():
     before = {k: v.clone() for k, v in policy.state_dict().items()}
     segments = update_segments(0)
     segments[0].rewards[...] = float("inf")  # advantages, and so the loss, become non-finite
-    trainer = PPOTrainer(policy, PPOConfig(update_epochs=1, num_minibatches=1, norm_adv=False))
-    stats = trainer.update(segments, 0)
+    trainer = Trainer(policy, PPOConfig(update_epochs=1, num_minibatches=1, norm_adv=False))
+    stats = trainer.step(segments, 0)
     assert stats["train/nonfinite_steps"] == 1.0
     assert all(torch.equal(before[k], v) for k, v in policy.state_dict().items() if "obs_norm" not in k)
 

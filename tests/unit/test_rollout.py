@@ -69,6 +69,7 @@ def run_rollout(slots, builder, base: float):
     keys = ("states", "main_images", "actions", "logprobs", "values", "extra.noise")
     expect = {k: [] for k in (*keys, "rewards", "final_states", "final_main_images")}
     episodes = []
+    expect["env_steps"] = 0
     for t in range(T):
         # inference: actions for the current states
         slots["actions"][:] = rng.normal(size=(E, K, D))
@@ -88,6 +89,8 @@ def run_rollout(slots, builder, base: float):
         slots["episode_return"][:] = -999.0
         slots["episode_length"][:] = -1
         slots["episode_success_once"][:] = True
+        slots["substeps"][:] = 99  # other stages' rows: never counted
+        slots["substeps"][LO:HI] = K
         for (tt, row), (term, trunc) in ENDS.items():
             if tt == t:
                 i = LO + row
@@ -96,6 +99,7 @@ def run_rollout(slots, builder, base: float):
                 slots["episode_return"][i] = base + 10 * t + row
                 slots["episode_length"][i] = 20 + t
                 slots["episode_success_once"][i] = term
+                slots["substeps"][i] = 1  # the episode ended at the chunk's first substep
                 episodes.append((base + 10 * t + row, 20 + t, term, 100 + i))
         done[0] = done[E - 1] = True  # other stages' rows: ignored
         slots["episode_done"][:] = done
@@ -105,9 +109,12 @@ def run_rollout(slots, builder, base: float):
             np.where(done[LO:HI, None, None, None], slots["final_main_images"][LO:HI], 0)
         )
         new_obs(rng, slots)  # next observation (auto-reset included)
-        builder.record_step(slots)
+        ran = builder.record_step(slots)
+        assert ran == int(slots["substeps"][LO:HI].sum())
+        expect["env_steps"] += ran
         assert builder.full == (t == T - 1)
-    return {k: np.stack(v) for k, v in expect.items()}, episodes
+    steps = expect.pop("env_steps")
+    return {**{k: np.stack(v) for k, v in expect.items()}, "env_steps": steps}, episodes
 
 
 def test_segment_from_hand_filled_slots(slots):
@@ -140,7 +147,8 @@ def test_segment_from_hand_filled_slots(slots):
         assert not np.shares_memory(seg.next_obs[key], slots[key])
     np.testing.assert_array_equal(seg.versions, [10, 11, 12, 13])
     np.testing.assert_array_equal(seg.task_ids, [102, 103, 104])
-    assert seg.env_steps.shape == () and int(seg.env_steps) == T * B * K
+    # simulated substeps: each chunk cut by an episode end counts the one substep that ran
+    assert seg.env_steps.shape == () and int(seg.env_steps) == T * B * K - len(ENDS) * (K - 1) == expect["env_steps"]
 
     np.testing.assert_allclose(seg.ep_returns, [e[0] for e in episodes])
     np.testing.assert_array_equal(seg.ep_lengths, [e[1] for e in episodes])
@@ -186,8 +194,10 @@ def test_segment_without_finished_episodes(slots):
     builder.record_policy(slots, version=3)
     slots["rewards"][:] = 0.5
     slots["episode_done"][:] = False
+    slots["substeps"][:] = K
     builder.record_step(slots)
     seg = builder.finish(slots)
+    assert int(seg.env_steps) == B * K
     assert seg.ep_returns.shape == (0,) and seg.ep_lengths.shape == (0,)
     np.testing.assert_array_equal(seg.rewards, np.full((1, B), 0.5 * K, np.float32))
     assert not seg.final_obs["states"].any() and not seg.final_obs["main_images"].any()

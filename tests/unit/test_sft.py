@@ -167,6 +167,7 @@ def test_the_recipes_sft_start_records_how_the_recipe_evaluates(tmp_path, monkey
     assert seen["evaluation"] == {
         "task": cfg.eval.task,
         "seed": cfg.eval.seed,
+        "validation_seed": cfg.eval.validation_seed,
         "episodes_per_task": cfg.eval.episodes_per_task,
     }
     assert cfg.eval.task.split(",")[0].endswith(":eval")
@@ -280,6 +281,7 @@ def test_sft_eval_episodes_keeps_a_report_rlfleet_eval_replays(tmp_path):
     assert json.loads((out / "config.json").read_text())["evaluation"] == {
         "task": "push-v3",
         "seed": 12_345,
+        "validation_seed": 500_000,
         "episodes_per_task": 2,
     }
     assert main(["eval", str(out), "--out", str(tmp_path / "plain")]) == 0

@@ -1,18 +1,18 @@
 """DDP row sharding (rlfleet.learner.sharding) against a plain reference: list the one-process rows
-(segment, step, env) in order, give env column g to rank g % world_size, slice minibatches."""
+(segment, step, env) in order, every one with its validity, give env column g to rank
+g % world_size, slice minibatches over the valid rows."""
 
 import numpy as np
 import pytest
 import torch
 
 from rlfleet.learner.sharding import (
-    RowShard,
-    loss_share,
+    MinibatchMean,
     minibatch_rows,
     minibatch_size,
     segment_envs,
     shard_rows,
-    stand_in_columns,
+    whole_batch,
 )
 from rlfleet.wire.segment import Segment
 
@@ -45,15 +45,13 @@ def segment(T: int, B: int, versions, seed: int) -> Segment:
 
 
 def reference_rows(segments, masks):
-    """One-process rows in order: (segment, step, env, global env column), step-major per segment."""
+    """One-process rows in order, every one: (segment, step, env, global env column, valid)."""
     rows, col0 = [], 0
     for j, seg in enumerate(segments):
         for t in range(seg.num_steps):
-            if VERSION - int(seg.versions[t]) > MAX_LAG:  # too old: the whole step is dropped
-                continue
+            young = VERSION - int(seg.versions[t]) <= MAX_LAG
             for b in range(seg.num_envs):
-                if masks is None or masks[j][t, b]:
-                    rows.append((j, t, b, col0 + b))
+                rows.append((j, t, b, col0 + b, young and (masks is None or bool(masks[j][t, b]))))
         col0 += seg.num_envs
     return rows
 
@@ -65,67 +63,72 @@ def make_update(seed: int, with_masks: bool):
         T, B = int(rng.integers(1, 6)), int(rng.integers(1, 6))
         segments.append(segment(T, B, rng.integers(VERSION - 4, VERSION + 1, size=T), seed=10 * seed + j))
     masks = [rng.random((s.num_steps, s.num_envs)) < 0.7 for s in segments] if with_masks else None
-    return segments, masks
+    valid = torch.tensor([r[4] for r in reference_rows(segments, masks)], dtype=torch.bool)
+    return segments, masks, valid
 
 
 @pytest.mark.parametrize("seed", range(12))
 @pytest.mark.parametrize("with_masks", [False, True])
 @pytest.mark.parametrize("world_size", [1, 2, 3, 7])
 def test_shards_match_the_reference(seed, with_masks, world_size):
-    segments, masks = make_update(seed, with_masks)
+    segments, masks, valid = make_update(seed, with_masks)
     rows = reference_rows(segments, masks)
     for rank in range(world_size):
-        shard = shard_rows(segments, VERSION, MAX_LAG, rank, world_size, masks)
-        assert shard.num_rows == len(rows)
-        expected = [i for i, (_, _, _, g) in enumerate(rows) if g % world_size == rank]
-        assert shard.row_ids.tolist() == expected
+        shard = shard_rows(segments, valid, rank, world_size)
+        assert shard.num_rows == sum(r[4] for r in rows)
+        expected = [i for i, r in enumerate(rows) if r[3] % world_size == rank]
         # the columns a rank prepares, in segment order: exactly its env columns
         col0 = np.cumsum([0] + [s.num_envs for s in segments])
         expected_parts = [
             (j, [b for b in range(s.num_envs) if (col0[j] + b) % world_size == rank]) for j, s in enumerate(segments)
         ]
-        assert [(j, cols.tolist()) for j, cols in shard.parts] == [(j, c) for j, c in expected_parts if c]
+        got_parts = [(j, cols.tolist()) for j, cols in shard.parts]
+        if not expected:  # no column here: it holds the first segment's column 0, every row masked
+            assert got_parts == [(0, [0])] and shard.row_ids.tolist() == [-1] * segments[0].num_steps
+            assert not shard.local_valid().any()
+            continue
+        assert shard.row_ids.tolist() == expected
+        assert got_parts == [(j, c) for j, c in expected_parts if c]
         # preparing those columns in one-process order gives the rank's rows in row_ids order
-        local = [
-            (j, t, int(c))
-            for j, cols in shard.parts
-            for t in range(segments[j].num_steps)
-            for c in cols
-            if VERSION - int(segments[j].versions[t]) <= MAX_LAG and (masks is None or masks[j][t, c])
-        ]
+        local = [(j, t, int(c)) for j, cols in shard.parts for t in range(segments[j].num_steps) for c in cols]
         assert local == [rows[i][:3] for i in expected]
+        assert shard.local_valid().tolist() == [rows[i][4] for i in expected]
 
 
 @pytest.mark.parametrize("seed", range(6))
-@pytest.mark.parametrize("world_size", [1, 2, 3, 5])
+@pytest.mark.parametrize("world_size", [1, 2, 3, 5, 9])
 def test_minibatches_split_exactly_between_ranks(seed, world_size):
-    segments, masks = make_update(seed, with_masks=True)
-    shards = [shard_rows(segments, VERSION, MAX_LAG, r, world_size, masks) for r in range(world_size)]
+    segments, _, valid = make_update(seed, with_masks=True)
+    shards = [shard_rows(segments, valid, r, world_size) for r in range(world_size)]
     n = shards[0].num_rows
     if n == 0:
         pytest.skip("every row too old")
+    valid_ids = valid.nonzero().squeeze(-1)
     for num_minibatches in (1, 2, 3):
         mb_size = minibatch_size(n, num_minibatches)
         assert mb_size == max(1, n // num_minibatches)
-        perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
-        per_rank = [
-            [s.row_ids[local.numpy()] for local in minibatch_rows(s.local_positions(), perm, mb_size)] for s in shards
-        ]
-        expected = [perm[i : i + mb_size].tolist() for i in range(0, n - mb_size + 1, mb_size)]
+        order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+        per_rank = [list(minibatch_rows(s, order, mb_size)) for s in shards]
+        expected = [valid_ids[order[i : i + mb_size]].tolist() for i in range(0, n - mb_size + 1, mb_size)]
         assert all(len(mbs) == len(expected) for mbs in per_rank)  # every rank steps as often
         for m, want in enumerate(expected):
-            got = np.concatenate([per_rank[r][m] for r in range(world_size)])
-            assert sorted(got.tolist()) == sorted(want)  # the ranks' shares partition the minibatch
-            # DDP averages gradients over ranks: the shares' weights add up to one whole minibatch
-            shares = sum(loss_share(world_size, len(per_rank[r][m]), mb_size) for r in range(world_size))
-            assert shares == pytest.approx(world_size)
+            got = []
+            for shard, mbs in zip(shards, per_rank):
+                local, weight = mbs[m]
+                assert len(local) >= 1  # a rank with none of these rows still runs one, weight 0
+                if not weight.any():
+                    assert len(local) == 1
+                    continue
+                assert weight.all()
+                got += shard.row_ids[local].tolist()
+            assert sorted(got) == sorted(want)  # the ranks' shares partition the minibatch
 
 
 def test_local_positions_invert_row_ids():
-    segments, masks = make_update(3, with_masks=True)
-    shard = shard_rows(segments, VERSION, MAX_LAG, 1, 2, masks)
+    segments, _, valid = make_update(3, with_masks=True)
+    shard = shard_rows(segments, valid, 1, 2)
     where = shard.local_positions()
-    assert len(where) == shard.num_rows
+    assert len(where) == len(valid)
     held = (where >= 0).nonzero().squeeze(-1)
     assert held.tolist() == shard.row_ids.tolist()
     assert where[held].tolist() == list(range(len(shard.row_ids)))
@@ -146,18 +149,32 @@ def test_segment_envs_takes_the_columns_of_every_per_env_field():
     np.testing.assert_array_equal(sub.group_ids, seg.group_ids[cols])
     np.testing.assert_array_equal(sub.versions, seg.versions)  # per step: shared by every column
     assert segment_envs(seg, np.arange(5)) is seg
-    assert segment_envs(seg, stand_in_columns()).num_envs == 1
 
 
-def test_a_rank_holding_every_row_in_order_slices_the_permutation_itself():
-    """One process: no position map is built, and its minibatches are the same rows the map gives."""
-    n, mb_size = 10, 4
-    perm = torch.randperm(n, generator=torch.Generator().manual_seed(0))
-    whole = RowShard([], np.arange(n), n)
-    assert whole.local_positions() is None
-    mapped = torch.arange(n)  # what the map would be: local position = row id
-    got = [m.tolist() for m in minibatch_rows(whole.local_positions(), perm, mb_size)]
-    assert got == [m.tolist() for m in minibatch_rows(mapped, perm, mb_size)]
-    assert len(got) == n // mb_size  # the remainder is left out on every path
-    shuffled = RowShard([], np.array([1, 0, *range(2, n)]), n)  # every row, not in order: a real map
-    assert shuffled.local_positions()[:2].tolist() == [1, 0]
+def test_one_process_slices_the_valid_rows_in_permutation_order():
+    """One process: no position map is built; a minibatch is the permuted valid rows themselves."""
+    valid = torch.tensor([True, False, True, True, False, True, True, True, False, True])
+    shard = whole_batch(valid, torch.zeros(len(valid), dtype=torch.long))
+    assert shard.local_positions() is None and shard.num_rows == 7
+    order = torch.randperm(7, generator=torch.Generator().manual_seed(0))
+    got = list(minibatch_rows(shard, order, 3))
+    valid_ids = valid.nonzero().squeeze(-1)
+    assert [rows.tolist() for rows, _ in got] == [valid_ids[order[:3]].tolist(), valid_ids[order[3:6]].tolist()]
+    assert all(bool(weight.all()) for _, weight in got)  # the remainder (one row) is left out of the epoch
+
+
+def test_the_minibatch_mean_is_the_plain_mean_on_one_process_and_its_share_under_ddp():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(6, 3, generator=g)  # per-element values of a 6-row minibatch, 3 per row
+    whole = MinibatchMean(torch.ones(6, dtype=torch.bool), 6.0)
+    assert torch.equal(whole(x), x.mean()) and torch.equal(whole.local(x), x.mean())  # bit for bit
+    assert whole.fraction(x > 0) == int((x > 0).sum()) / 18
+    # two ranks holding rows 0-3 and 4-5: DDP averages their losses' gradients, i.e. their values
+    shares = [MinibatchMean(torch.ones(4, dtype=torch.bool), 3.0), MinibatchMean(torch.ones(2, dtype=torch.bool), 3.0)]
+    torch.testing.assert_close((shares[0](x[:4]) + shares[1](x[4:])) / 2, x.mean())
+    # a rank with none of the rows runs one with weight 0: no loss, no statistics, but a gradient path
+    y = x[:1].clone().requires_grad_(True)
+    idle = MinibatchMean(torch.zeros(1, dtype=torch.bool), 3.0)
+    loss = idle(y)
+    loss.backward()
+    assert loss.item() == 0.0 and idle.rows == 0 and torch.equal(y.grad, torch.zeros_like(y))

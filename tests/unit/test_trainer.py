@@ -7,7 +7,7 @@ import torch
 from mlp_segments import make_segment
 
 from rlfleet.algorithms import PPOConfig
-from rlfleet.learner.trainer import PPOTrainer
+from rlfleet.learner.trainer import Trainer
 from rlfleet.policies import GaussianMLPPolicy, PolicyConfig
 from rlfleet.wire.segment import Segment
 
@@ -37,7 +37,7 @@ def params_of(policy):
 
 def test_update_returns_finite_metrics_and_changes_parameters():
     policy = make_policy(0)
-    trainer = PPOTrainer(policy, PPOConfig(update_epochs=2, num_minibatches=2, lr=1e-3))
+    trainer = Trainer(policy, PPOConfig(update_epochs=2, num_minibatches=2, lr=1e-3))
     term = np.zeros((8, 4), bool)
     term[3, 1] = True
     trunc = np.zeros((8, 4), bool)
@@ -45,7 +45,7 @@ def test_update_returns_finite_metrics_and_changes_parameters():
     segs = [make_segment(policy, 8, 4, [3] * 8, seed=i, terminated=term, truncated=trunc) for i in range(2)]
     before = params_of(policy)
 
-    metrics = trainer.update(segs, version=3)
+    metrics = trainer.step(segs, version=3)
 
     assert EXPECTED_KEYS <= set(metrics)
     for key in EXPECTED_KEYS:
@@ -61,18 +61,19 @@ def test_update_returns_finite_metrics_and_changes_parameters():
         assert not torch.equal(before[name], after[name]), name
 
 
-def test_samples_older_than_max_policy_lag_are_dropped():
+def test_samples_older_than_max_policy_lag_are_masked():
     policy = make_policy(0)
-    trainer = PPOTrainer(policy, PPOConfig(max_policy_lag=4, update_epochs=1, num_minibatches=1))
+    trainer = Trainer(policy, PPOConfig(max_policy_lag=4, update_epochs=1, num_minibatches=1))
     T, B = 8, 4
     seg = make_segment(policy, T, B, versions=np.arange(2, 10))  # lags 8..1 at learner version 10
 
     batch = trainer.prepare([seg], version=10)
-    assert len(batch) == 4 * B
-    assert batch.lags.tolist() == [4] * B + [3] * B + [2] * B + [1] * B
-    torch.testing.assert_close(batch.obs["states"], torch.from_numpy(seg.obs["states"][4:].reshape(-1, S)))
+    assert len(batch) == T * B  # fixed shape: every row, the old ones masked
+    assert batch.lags.tolist() == [lag for lag in range(8, 0, -1) for _ in range(B)]
+    assert batch.valid.tolist() == [False] * (4 * B) + [True] * (4 * B)
+    torch.testing.assert_close(batch.obs["states"], torch.from_numpy(seg.obs["states"].reshape(-1, S)))
 
-    metrics = trainer.update([seg], version=10)
+    metrics = trainer.step([seg], version=10)
     assert metrics["train/dropped_samples"] == 16.0
     assert metrics["train/samples"] == 16.0
     # lag is reported over everything received, the dropped samples included
@@ -82,10 +83,10 @@ def test_samples_older_than_max_policy_lag_are_dropped():
 
 def test_all_samples_too_old_means_no_update():
     policy = make_policy(0)
-    trainer = PPOTrainer(policy, PPOConfig(max_policy_lag=1))
+    trainer = Trainer(policy, PPOConfig(max_policy_lag=1))
     seg = make_segment(policy, 4, 3, versions=[0, 0, 1, 1])
     before = params_of(policy)
-    metrics = trainer.update([seg], version=5)
+    metrics = trainer.step([seg], version=5)
     assert {k: v for k, v in metrics.items() if not k.startswith("throughput/policy_lag_count/")} == {
         "train/dropped_samples": 12.0,
         "throughput/policy_lag": 4.5,
@@ -104,14 +105,14 @@ def test_all_samples_too_old_means_no_update():
 
 def test_newer_than_learner_samples_raise():
     policy = make_policy(0)
-    trainer = PPOTrainer(policy, PPOConfig())
+    trainer = Trainer(policy, PPOConfig())
     with pytest.raises(ValueError, match="newer than learner_version"):
         trainer.prepare([make_segment(policy, 2, 2, versions=[3, 4])], version=3)
 
 
 def test_lag_zero_samples_have_importance_weight_exactly_one():
     policy = make_policy(0)
-    trainer = PPOTrainer(policy, PPOConfig(max_policy_lag=4, rho_bar=1.2))
+    trainer = Trainer(policy, PPOConfig(max_policy_lag=4, rho_bar=1.2))
     T, B = 4, 3
     # versions 9, 9, 8, 7 at learner version 9: lags 0, 0, 1, 2
     versions = [9, 9, 8, 7]
@@ -139,7 +140,7 @@ def test_only_lagged_rows_run_the_pre_update_policy():
     """Lag-0 rows keep the server's log-probs and values (the same weights computed them); lagged
     rows get the learner's own, from one forward pass over those rows alone."""
     policy = make_policy(0)
-    trainer = PPOTrainer(policy, PPOConfig(max_policy_lag=4))
+    trainer = Trainer(policy, PPOConfig(max_policy_lag=4))
     T, B = 4, 3
     seg = make_segment(policy, T, B, [9, 9, 8, 7], seed=1)
     seg.values = seg.values + 5.0  # told apart from the learner's own values below
@@ -174,7 +175,7 @@ def _tiny_truncation_case():
 def test_truncated_step_bootstraps_from_final_state_value():
     policy, seg = _tiny_truncation_case()
     gamma, scale = 0.9, 0.5
-    trainer = PPOTrainer(policy, PPOConfig(gamma=gamma, gae_lambda=1.0), reward_scale=scale)
+    trainer = Trainer(policy, PPOConfig(gamma=gamma, gae_lambda=1.0), reward_scale=scale)
     batch = trainer.prepare([seg], version=0)
 
     with torch.no_grad():
@@ -202,7 +203,7 @@ def test_no_bootstrap_at_time_limit_when_the_limit_is_part_of_the_task():
     worth 0), the following episode still bootstraps from next_obs."""
     policy, seg = _tiny_truncation_case()
     gamma, scale = 0.9, 0.5
-    trainer = PPOTrainer(policy, PPOConfig(gamma=gamma, gae_lambda=1.0, bootstrap_truncated=False), reward_scale=scale)
+    trainer = Trainer(policy, PPOConfig(gamma=gamma, gae_lambda=1.0, bootstrap_truncated=False), reward_scale=scale)
     batch = trainer.prepare([seg], version=0)
 
     with torch.no_grad():
@@ -221,7 +222,7 @@ def test_no_bootstrap_at_time_limit_when_the_limit_is_part_of_the_task():
 
 def test_final_states_matter_only_for_truncated_steps():
     policy, seg = _tiny_truncation_case()
-    trainer = PPOTrainer(policy, PPOConfig(gamma=0.9, gae_lambda=0.95))
+    trainer = Trainer(policy, PPOConfig(gamma=0.9, gae_lambda=0.95))
     base = trainer.prepare([seg], version=0).advantages.reshape(3, 2)
 
     seg.final_obs["states"][1, 1] += 5.0  # the terminated step's final state: must be ignored
@@ -245,7 +246,7 @@ def test_ppo_learns_a_contextual_bandit():
         return np.tanh(states @ W.T)
 
     policy = make_policy(0)
-    trainer = PPOTrainer(policy, PPOConfig(lr=3e-3, update_epochs=4, num_minibatches=4, max_policy_lag=0))
+    trainer = Trainer(policy, PPOConfig(lr=3e-3, update_epochs=4, num_minibatches=4, max_policy_lag=0))
     eval_states = rng.normal(size=(512, S)).astype(np.float32)
 
     def deterministic_reward() -> float:
@@ -280,7 +281,7 @@ def test_ppo_learns_a_contextual_bandit():
             ep_task_ids=np.zeros(N, np.int64),
             extras={},
         )
-        metrics = trainer.update([seg], version)
+        metrics = trainer.step([seg], version)
         assert metrics["train/dropped_samples"] == 0.0
     end = deterministic_reward()
 
@@ -292,7 +293,7 @@ def test_fused_adam_gives_the_plain_adam_update():
     """The trainer's fused Adam is a speed choice: after several updates the weights are those of
     torch's per-tensor Adam up to float rounding."""
     policies = [make_policy(0), make_policy(0)]
-    trainers = [PPOTrainer(p, PPOConfig(update_epochs=3, num_minibatches=4, lr=1e-3)) for p in policies]
+    trainers = [Trainer(p, PPOConfig(update_epochs=3, num_minibatches=4, lr=1e-3)) for p in policies]
     assert trainers[0].optimizer.param_groups[0]["fused"]
     groups = trainers[1].optimizer.param_groups
     trainers[1].optimizer = torch.optim.Adam(
@@ -302,7 +303,7 @@ def test_fused_adam_gives_the_plain_adam_update():
         segs = [make_segment(policies[0], 8, 4, [version] * 8, seed=10 * version + i) for i in range(2)]
         for trainer in trainers:
             torch.manual_seed(version)  # the same minibatch order for both
-            trainer.update(segs, version)
+            trainer.step(segs, version)
     for (name, a), b in zip(policies[0].named_parameters(), policies[1].parameters()):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
 
@@ -311,7 +312,7 @@ def test_observation_keys_the_policy_does_not_read_change_nothing():
     """Keys outside the policy's obs_keys (images an MLP does not look at) are left out of the
     update's tensors; the update is the same as without them."""
     policies = [make_policy(0), make_policy(0)]
-    trainers = [PPOTrainer(p, PPOConfig(update_epochs=2, num_minibatches=2)) for p in policies]
+    trainers = [Trainer(p, PPOConfig(update_epochs=2, num_minibatches=2)) for p in policies]
     assert trainers[0].obs_keys == frozenset({"states"})
     trunc = np.zeros((8, 4), bool)
     trunc[5, 2] = True
@@ -331,7 +332,7 @@ def test_observation_keys_the_policy_does_not_read_change_nothing():
     outs = []
     for trainer, segs in zip(trainers, (plain, with_images)):
         torch.manual_seed(0)
-        outs.append(trainer.update(segs, 0))
+        outs.append(trainer.step(segs, 0))
     assert outs[0] == outs[1]
     for a, b in zip(policies[0].parameters(), policies[1].parameters()):
         assert torch.equal(a, b)
@@ -346,7 +347,7 @@ def test_advantage_normalisation_per_minibatch_or_per_task(per_task):
     seg = make_segment(policy, 8, 6, [0] * 8, seed=3, task_ids=tasks)
     seg.rewards[:, tasks == 3] *= 50.0  # one task's returns dwarf the others'
     cfg = PPOConfig(update_epochs=1, num_minibatches=1, norm_adv_per_task=per_task, critic_warmup_updates=0)
-    trainer = PPOTrainer(policy, cfg)
+    trainer = Trainer(policy, cfg)
     batch = trainer.prepare([seg], version=0)
     with torch.no_grad():
         logp, _, _ = policy.evaluate(batch.obs, batch.actions, batch.extras)
@@ -357,5 +358,5 @@ def test_advantage_normalisation_per_minibatch_or_per_task(per_task):
         adv[g] = (adv[g] - adv[g].mean()) / (adv[g].std() + 1e-8)
     ratio = np.exp(logp.double().numpy() - batch.logp_old.double().numpy())
     want = np.mean(np.maximum(-adv * ratio, -adv * np.clip(ratio, 0.8, 1.2)))
-    metrics = trainer.update([seg], version=0)
+    metrics = trainer.step([seg], version=0)
     assert metrics["train/actor/policy_loss"] == pytest.approx(want, rel=1e-5, abs=1e-7)

@@ -10,7 +10,7 @@ from mlp_segments import make_segment
 
 from rlfleet.algorithms import PPOConfig, bootstrap_next_values, compute_gae
 from rlfleet.algorithms.vtrace import chunk_log_ratio, vtrace
-from rlfleet.learner.trainer import PPOTrainer
+from rlfleet.learner.trainer import Trainer
 from rlfleet.policies import GaussianMLPPolicy, PolicyConfig
 
 
@@ -133,8 +133,8 @@ def test_trainer_vtrace_at_zero_lag_has_unit_weights_and_gae_targets():
     trunc[4, 0] = True
     # behaviour log-probs far from the learner's: at lag 0 they *are* pi_old, so rho = c = 1 exactly
     seg = make_segment(policy, 6, 3, [4] * 6, logp_shift=0.7, terminated=term, truncated=trunc)
-    vt = PPOTrainer(policy, PPOConfig(off_policy="vtrace", gamma=0.9, gae_lambda=0.8)).prepare([seg], version=4)
-    gae = PPOTrainer(policy, PPOConfig(gamma=0.9, gae_lambda=0.8)).prepare([seg], version=4)
+    vt = Trainer(policy, PPOConfig(off_policy="vtrace", gamma=0.9, gae_lambda=0.8)).prepare([seg], version=4)
+    gae = Trainer(policy, PPOConfig(gamma=0.9, gae_lambda=0.8)).prepare([seg], version=4)
     assert torch.equal(vt.is_weights, torch.ones(18))
     torch.testing.assert_close(vt.returns, gae.returns, rtol=1e-6, atol=1e-6)
     assert torch.equal(vt.logp_old, torch.from_numpy(seg.logprobs.reshape(-1)))
@@ -145,7 +145,7 @@ def test_trainer_vtrace_with_lag_matches_the_formula():
     learner's log-prob, here exp(+0.3) and exp(-0.3) for two behaviour shifts."""
     policy = make_policy()
     gamma, lam, rho_bar, c_bar = 0.9, 0.95, 1.1, 1.0
-    trainer = PPOTrainer(
+    trainer = Trainer(
         policy, PPOConfig(off_policy="vtrace", gamma=gamma, gae_lambda=lam, rho_bar=rho_bar, vtrace_c_bar=c_bar)
     )
     for shift in (-0.3, 0.3):
@@ -171,9 +171,9 @@ def test_trainer_vtrace_with_lag_matches_the_formula():
 
 def test_vtrace_update_runs_and_reports():
     policy = make_policy()
-    trainer = PPOTrainer(policy, PPOConfig(off_policy="vtrace", update_epochs=1, num_minibatches=2))
+    trainer = Trainer(policy, PPOConfig(off_policy="vtrace", update_epochs=1, num_minibatches=2))
     segs = [make_segment(policy, 4, 4, [2, 3, 3, 3], logp_shift=0.1, seed=i) for i in range(2)]
-    metrics = trainer.update(segs, version=3)
+    metrics = trainer.step(segs, version=3)
     assert metrics["train/samples"] == 32 and metrics["rollout/is_weight_mean"] == 1.0
     assert math.isfinite(metrics["train/critic/value_loss"]) and math.isfinite(metrics["train/actor/policy_loss"])
     assert metrics["throughput/policy_lag_count/0"] == 24 and metrics["throughput/policy_lag_count/1"] == 8

@@ -12,14 +12,18 @@ one in `EVAL_EVERY` to eval), so no chain, and hence no (initial state, chain) p
 pools. Entry `i` of a pool tries candidate initial-state seeds derived from (split, i, attempt)
 until the sampled chain hashes into that split: entries are random-access (no pool has to be
 built up front), reproducible, and distinct with overwhelming probability (63-bit seeds;
-`build_pool` checks). `pool_entry("eval", i)` for i < EVAL_POOL_SIZE is the evaluation set
-(1000 chains, as CALVIN's).
+`build_pool` checks). `pool_entry("eval", i)` for i < EVAL_POOL_SIZE is the evaluation (test)
+set (1000 chains, as CALVIN's). The `validation` pool (for choices made by looking at success)
+draws held-out chains as the eval pool does, from its own initial-state seeds: its (initial
+state, chain) pairs are in neither the train pool (other chains) nor the eval pool (other
+seeds; `check_pools_disjoint` checks the entries a run plays).
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -32,7 +36,8 @@ CHAIN_LENGTH = 5
 EVAL_EVERY = 5  # one chain in 5 (by hash of its subtask names) belongs to the eval split
 TRAIN_POOL_SIZE = 100_000
 EVAL_POOL_SIZE = 1000
-POOLS = ("train", "eval")
+POOLS = ("train", "eval", "validation")
+VALIDATION_POOL_SIZE = EVAL_POOL_SIZE
 
 
 @dataclass(frozen=True)
@@ -100,13 +105,23 @@ def pool_entry(split: str, index: int) -> ChainSpec:
     for attempt in range(10_000):
         seed = _seed(split, index, attempt)
         chain = sample_chain(sample_initial_state(seed), np.random.default_rng([seed, 1]))
-        if chain is not None and chain_split(chain) == split:
+        # validation entries are held-out chains too (as the test set's), on their own seeds
+        if chain is not None and chain_split(chain) == ("eval" if split == "validation" else split):
             return ChainSpec(seed, chain)
     raise RuntimeError(f"no {split} chain found for entry {index}")  # pragma: no cover
 
 
 def pool_size(split: str) -> int:
-    return EVAL_POOL_SIZE if split == "eval" else TRAIN_POOL_SIZE
+    return {"eval": EVAL_POOL_SIZE, "validation": VALIDATION_POOL_SIZE}.get(split, TRAIN_POOL_SIZE)
+
+
+def check_pools_disjoint(eval_indices: Iterable[int], validation_indices: Iterable[int]) -> None:
+    """One line (ValueError) if a validation entry played is also an eval (test) entry played;
+    train chains are other chains by construction."""
+    test = {pool_entry("eval", i % EVAL_POOL_SIZE) for i in eval_indices}
+    for i in validation_indices:
+        if pool_entry("validation", i % VALIDATION_POOL_SIZE) in test:
+            raise ValueError(f"CALVIN validation chain {i} is also a test (eval pool) chain: the splits overlap")
 
 
 def build_pool(split: str, size: int) -> list[ChainSpec]:

@@ -1,6 +1,6 @@
 """`CalvinEnv`: a batch of playtables, each episode a chain of 5 subtasks (CALVIN's long-horizon eval).
 
-Episodes. Each episode is a `ChainSpec` from the train or eval pool (`EnvConfig.pool`): the scene
+Episodes. Each episode is a `ChainSpec` from the train, eval (test) or validation pool (`EnvConfig.pool`): the scene
 starts in the chain's initial state and the instruction observation (`instructions`,
 `task_descriptions`) is the current subtask's; it switches to the next subtask's the step after
 one completes. The episode terminates once all 5 are done, and is truncated when the current
@@ -34,7 +34,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from rlfleet.envs.api import EnvConfig
-from rlfleet.envs.calvin.chains import CHAIN_LENGTH, POOLS, ChainSpec, pool_entry, pool_size
+from rlfleet.envs.calvin.chains import (
+    CHAIN_LENGTH,
+    POOLS,
+    ChainSpec,
+    check_pools_disjoint,
+    pool_entry,
+    pool_size,
+)
 from rlfleet.envs.calvin.experts import ExpertContext, expert_action
 from rlfleet.envs.calvin.layout import VARIANTS, resolve_variants
 from rlfleet.envs.calvin.scene import STATE_DIM, Scene, Snapshot
@@ -94,6 +101,12 @@ class CalvinEnv(EpisodeEnv):
     @property
     def pool(self) -> str:
         return self._pool
+
+    @classmethod
+    def check_held_out_splits(cls, cfg: EnvConfig, test_seeds: range, validation_seeds: range) -> None:
+        """The validation chains a run plays are none of the test chains it plays (train chains are
+        other chains by construction: `chains.chain_split`)."""
+        check_pools_disjoint(test_seeds, validation_seeds)
 
     def close(self) -> None:
         for scene in self._scenes:

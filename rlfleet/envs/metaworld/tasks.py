@@ -14,6 +14,8 @@ with warnings.catch_warnings():
     import metaworld  # noqa: F401  (registers Meta-World/* gym ids; imports every task module)
     import metaworld.env_dict as _env_dict
 
+from rlfleet.envs.metaworld.difficulty import DIFFICULTY, DIFFICULTY_GROUPS, GROUP_TITLES  # noqa: F401  (DIFFICULTY: re-exported)
+
 TASK_SETS: dict[str, list[str]] = {
     "MT10": list(_env_dict.MT10_V3),
     "MT25": list(_env_dict.MT25_V3),
@@ -77,30 +79,6 @@ TASK_DESCRIPTIONS: dict[str, str] = {
     "window-close-v3": "push the window closed",
 }
 
-# The easy / medium / hard / very_hard split of Seo et al. (2022), as in RLinf's metaworld_config.json.
-_DIFFICULTY_TO_TASKS: dict[str, list[str]] = {
-    "easy": [
-        "button-press-v3", "button-press-topdown-v3", "button-press-topdown-wall-v3",
-        "button-press-wall-v3", "coffee-button-v3", "dial-turn-v3", "door-close-v3",
-        "door-lock-v3", "door-open-v3", "door-unlock-v3", "drawer-close-v3", "drawer-open-v3",
-        "faucet-close-v3", "faucet-open-v3", "handle-press-v3", "handle-press-side-v3",
-        "handle-pull-v3", "handle-pull-side-v3", "lever-pull-v3", "plate-slide-v3",
-        "plate-slide-back-v3", "plate-slide-back-side-v3", "plate-slide-side-v3", "reach-v3",
-        "reach-wall-v3", "window-close-v3", "window-open-v3", "peg-unplug-side-v3",
-    ],
-    "medium": [
-        "basketball-v3", "bin-picking-v3", "box-close-v3", "coffee-pull-v3", "coffee-push-v3",
-        "hammer-v3", "peg-insert-side-v3", "push-wall-v3", "soccer-v3", "sweep-v3", "sweep-into-v3",
-    ],
-    "hard": [
-        "assembly-v3", "hand-insert-v3", "pick-out-of-hole-v3", "pick-place-v3", "push-v3", "push-back-v3",
-    ],
-    "very_hard": [
-        "shelf-place-v3", "disassemble-v3", "stick-pull-v3", "stick-push-v3", "pick-place-wall-v3",
-    ],
-}  # fmt: skip
-DIFFICULTY: dict[str, str] = {t: level for level, tasks in _DIFFICULTY_TO_TASKS.items() for t in tasks}
-
 # Tasks scored at the fingertips (`tcp_center` within 5 cm of the goal) whose MetaWorld expert
 # steers the hand body, about 4.5 cm above the fingertips, onto the goal: its demos end on the
 # rim of the success ball, where a policy imitating them a few cm off fails. Their expert aims
@@ -134,7 +112,6 @@ def resolve_tasks(task: str) -> list[str]:
 def task_groups() -> dict[str, list[str]]:
     """Groups the evaluation report averages over: the difficulty split of Seo et al. (2022), as
     TinyVLA, SmolVLA and RLinf report it, and ML45's 5 held-out tasks."""
-    titles = {"easy": "Easy", "medium": "Medium", "hard": "Hard", "very_hard": "Very Hard"}
-    groups = {titles[level]: list(tasks) for level, tasks in _DIFFICULTY_TO_TASKS.items()}
+    groups = {GROUP_TITLES[level]: list(tasks) for level, tasks in DIFFICULTY_GROUPS.items()}
     groups["ML45 held-out"] = list(TASK_SETS["ML45_test"])
     return groups

@@ -1,16 +1,18 @@
 """RoboTwin-style dual-arm tasks on SAPIEN as a `ChunkedEnv` (one SAPIEN scene per env, in-process).
 
 Config string (`EnvConfig.task`): comma-separated items `task[:setting][:split]`, or `all[...]` for
-all ten tasks. setting: `clean` (default) or `randomized`; split: `train` (default), `eval` or
-`any`. `task_list` holds the items as written (with `all` expanded), so `place_empty_cup` and
-`place_empty_cup:randomized` are different tasks to `obs["task_ids"]`.
+all ten tasks. setting: `clean` (default) or `randomized`; split: `train` (default), `eval`,
+`validation` or `any`. `task_list` holds the items as written (with `all` expanded), so `place_empty_cup` and
+`place_empty_cup:randomized` are different tasks to `obs["task_ids"]`. With `EnvConfig.pool`
+"validation" (`rlfleet eval --split validation`, `eval.split=validation`) every item plays its
+validation seed file instead, under the same item name.
 
 Seeds. With split `train`/`eval`, episode seeds come from the shipped seed files (solvable by the
 scripted expert; train and eval disjoint) and every seed passed to `reset(seeds)` is an *index*
 into that list (wrapping around) after division by the number of task items n: with one item an
 evaluator's seeds 0..N-1 mean the first N eval episodes; with n items `evaluate_policy`'s seeds
 base + j*n + i give item i its entries j = 0..N-1, all distinct up to the list length.
-Split `any` uses seeds as given (unfiltered), except the task's shipped eval seeds: those play
+Split `any` uses seeds as given (unfiltered), except the task's shipped eval and validation seeds: those play
 seed + `HELD_OUT_SHIFT` (2**40), so no training env or demo replays a held-out layout (demo
 collection's seeds start at 1_000_000, where the eval seeds do). Without explicit seeds, env i of a batch with
 `env_offset` o (global index g = o + i) plays list entries g + cfg.seed, g + cfg.seed + T,
@@ -32,7 +34,7 @@ from rlfleet.envs.api import EnvConfig
 from rlfleet.envs.core import EpisodeEnv, Outcome
 from rlfleet.envs.robotwin.experts import ScriptedExpert
 from rlfleet.envs.robotwin.scene import ARMS, DualArmScene, require_renderer
-from rlfleet.envs.robotwin.seeds import HELD_OUT_SHIFT, SPLITS, held_out_seeds, load_seeds
+from rlfleet.envs.robotwin.seeds import HELD_OUT_SHIFT, SPLITS, check_splits_disjoint, held_out_seeds, load_seeds
 from rlfleet.envs.robotwin.settings import SETTINGS, Clutter
 from rlfleet.envs.robotwin.tasks import TASKS, Task
 
@@ -78,8 +80,10 @@ def resolve_tasks(task: str) -> list[str]:
 class _Slot:
     """One env: its scene, task, clutter, expert and seed cursor."""
 
-    def __init__(self, item: str, image_size: int, allow_held_out: bool = False) -> None:
+    def __init__(self, item: str, image_size: int, allow_held_out: bool = False, pool: str = "train") -> None:
         self.task_name, setting, self.split = parse_task(item)
+        if pool == "validation":  # the validation split: every item plays its validation seed file
+            self.split = "validation"
         self.scene = DualArmScene(image_size)
         self.task: Task = TASKS[self.task_name](self.scene)
         self.clutter = Clutter(self.scene, SETTINGS[setting])
@@ -150,7 +154,14 @@ class RoboTwinEnv(EpisodeEnv):
         self._stride = num_total_envs if num_total_envs is not None else env_offset + num_envs
         if self._stride < env_offset + num_envs:
             raise ValueError(f"num_total_envs {num_total_envs} < env_offset + num_envs = {env_offset + num_envs}")
-        self._slots = [_Slot(item, cfg.image_size, allow_held_out) for item in self._env_tasks]
+        self._slots = [_Slot(item, cfg.image_size, allow_held_out, cfg.pool) for item in self._env_tasks]
+
+    @classmethod
+    def check_held_out_splits(cls, cfg: EnvConfig, test_seeds: range, validation_seeds: range) -> None:
+        """Each item's shipped train, eval (test) and validation seed files share no layout."""
+        for item in resolve_tasks(cfg.task):
+            task, setting, _ = parse_task(item)
+            check_splits_disjoint(task, setting)
 
     @property
     def episode_seeds(self) -> list[int]:

@@ -1,10 +1,12 @@
-"""Solvable episode seeds: found by running the scripted expert, shipped as small train/eval files.
+"""Solvable episode seeds: found by running the scripted expert, shipped as small train/eval/validation files.
 
 Why: RoboTwin trains and evaluates only on layouts its expert can solve (some random layouts put
 objects out of reach or in each other's way). `seeds/<task>_<split>.json` maps each setting to a
-list of scene seeds; train seeds are drawn from 0, 1, 2, ... and eval seeds from 1_000_000 on, so
-the two splits are disjoint by construction. Regenerate with
-`python -m rlfleet.envs.robotwin.seeds --train 50 --eval 20` (about a minute per task and setting).
+list of scene seeds; train seeds are drawn from 0, 1, 2, ..., eval (test) seeds from 1_000_000 on
+and validation seeds (for choices made by looking at success) from 2_000_000 on, so the splits
+are disjoint by construction (`check_splits_disjoint` checks the files). Regenerate with
+`python -m rlfleet.envs.robotwin.seeds --train 50 --eval 20 --validation 20` (about a minute per
+task and setting; `--splits validation` regenerates one split only).
 """
 
 from __future__ import annotations
@@ -22,10 +24,11 @@ from rlfleet.envs.robotwin.settings import SETTINGS
 from rlfleet.envs.robotwin.tasks import TASKS
 
 SEED_DIR = Path(__file__).parent / "seeds"
-SPLITS = ("train", "eval", "any")  # "any": raw seeds, not filtered by the expert
-SPLIT_BASE = {"train": 0, "eval": 1_000_000}
-# Split `any` plays raw seed s + HELD_OUT_SHIFT where s is a shipped eval seed of its task and
-# setting: demo collection's seeds (1_000_000 up) would otherwise replay the held-out layouts.
+SPLITS = ("train", "eval", "validation", "any")  # "any": raw seeds, not filtered by the expert
+SPLIT_BASE = {"train": 0, "eval": 1_000_000, "validation": 2_000_000}
+HELD_OUT_SPLITS = ("eval", "validation")  # layouts no training or demo episode plays
+# Split `any` plays raw seed s + HELD_OUT_SHIFT where s is a shipped eval or validation seed of its
+# task and setting: demo collection's seeds (1_000_000 up) would otherwise replay the held-out layouts.
 HELD_OUT_SHIFT = 2**40
 EXPERT_STEPS = 300  # expert episodes longer than this count as unsolved
 
@@ -51,12 +54,31 @@ def load_seeds(task: str, split: str, setting: str) -> list[int]:
 
 
 def held_out_seeds(task: str, setting: str) -> frozenset[int]:
-    """The eval split's seeds of one task and setting (empty without an eval file): the layouts
-    split `any` never plays."""
-    try:
-        return frozenset(_read(task, "eval").get(setting, []))
-    except FileNotFoundError:
-        return frozenset()
+    """The eval and validation splits' seeds of one task and setting (empty without their files):
+    the layouts split `any` never plays."""
+    out: set[int] = set()
+    for split in HELD_OUT_SPLITS:
+        try:
+            out.update(_read(task, split).get(setting, []))
+        except FileNotFoundError:
+            pass
+    return frozenset(out)
+
+
+def check_splits_disjoint(task: str, setting: str) -> None:
+    """One line (ValueError) if two shipped seed files of a task and setting share a layout."""
+    seen: dict[int, str] = {}
+    for split in ("train", *HELD_OUT_SPLITS):
+        try:
+            seeds = _read(task, split).get(setting, [])
+        except FileNotFoundError:
+            continue
+        for seed in seeds:
+            if seed in seen and seen[seed] != split:
+                raise ValueError(
+                    f"RoboTwin {task}:{setting}: seed {seed} is in both the {seen[seed]} and the {split} seed files"
+                )
+            seen[seed] = split
 
 
 def expert_solves(task: str, setting: str, seed: int, max_steps: int = EXPERT_STEPS) -> tuple[bool, int]:
@@ -98,10 +120,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--settings", default=",".join(SETTINGS))
     ap.add_argument("--train", type=int, default=50)
     ap.add_argument("--eval", type=int, default=20)
+    ap.add_argument("--validation", type=int, default=20)
+    ap.add_argument("--splits", default="train,eval,validation", help="the seed files to (re)write")
     args = ap.parse_args(argv)
     SEED_DIR.mkdir(exist_ok=True)
+    counts = {"train": args.train, "eval": args.eval, "validation": args.validation}
     for task in args.tasks.split(","):
-        for split, count in (("train", args.train), ("eval", args.eval)):
+        for split, count in ((s, counts[s]) for s in args.splits.split(",")):
             out: dict[str, list[int]] = {}
             for setting in args.settings.split(","):
                 base = SPLIT_BASE[split]

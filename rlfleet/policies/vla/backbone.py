@@ -70,8 +70,7 @@ class VLAConfig:
     freeze_backbone: bool = False  # train only the heads (action expert, value head, log_std)
     value_after_vlm: bool = False  # critic on the VLM prefix feature (pi05 forces True)
     # The value loss does not reach the shared backbone/expert: with a fresh critic on an SFT
-    # policy its large early gradients otherwise move the actor (measured: KL 0.1 per action
-    # step during a critic-only warm-up on tiny_oft).
+    # policy its large early gradients otherwise move the actor (docs/algorithms.md).
     critic_detach: bool = True
     unnorm_key: str = "metaworld"  # which entry of norm_stats.json this policy uses
     dropout: float = 0.0  # > 0 makes the learner's (train-mode) log-probs differ from the actor's
