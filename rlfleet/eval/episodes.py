@@ -1,29 +1,26 @@
 """Evaluation episodes: the policy (deterministic by default, or sampled as in training) on fresh
-episodes of every task, success_once per task; `RunEvaluation` is a run's evaluation as the
-learner role receives it (periodic and final), which keeps every episode in its folder."""
+episodes of every task, success_once per task (a run's evaluations: `rlfleet.eval.service`)."""
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from torch import nn
 
-from rlfleet.config import VideoConfig, eval_env_config, split_seed
+from rlfleet.config import VideoConfig
 from rlfleet.envs.api import TEST_SEED_BASE, ChunkedEnv, EnvConfig
 from rlfleet.envs.chains import chain_report
 from rlfleet.envs.registry import make_env, scored_chain_length, task_groups, task_list
 from rlfleet.eval.paired import write_episodes
 from rlfleet.eval.report import rich_table, success_table, write_chain_table, write_report
+from rlfleet.eval.summary import mean_returns, return_line
 from rlfleet.eval.video import EpisodeRecorder
-from rlfleet.learner.metrics import mean_returns, return_line
 
 # A rendering env holds a ~60 MB offscreen context: evaluate in rounds of at most this many envs.
 MAX_EVAL_ENVS = 50
@@ -192,43 +189,3 @@ def report_evaluation(
 def obs_tensors(obs: dict, keys: tuple[str, ...], device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
     """The tensor observations a policy reads, from an env's observation dict, on `device`."""
     return {k: torch.from_numpy(np.ascontiguousarray(obs[k])).to(device) for k in keys}
-
-
-class RunEvaluation:
-    """A run's evaluation (`rlfleet.learner.main.Evaluation`): `evaluate_policy` on the run's eval
-    env (`eval_env_config`) and `eval.split` (test: from `eval.seed`), with its `eval.video_cfg`,
-    each episode written to `out_dir`/episodes.jsonl (the final evaluation's in the run folder),
-    and the final chain table."""
-
-    def __init__(self, cfg: DictConfig):
-        self.cfg = cfg
-
-    def __call__(
-        self,
-        policy: nn.Module,
-        episodes: int,
-        out_dir: Path,
-        *,
-        episode_returns: dict[str, list[float]],
-        progress: bool = True,
-        videos: list[Path] | None = None,
-    ) -> dict[str, float]:
-        records: list[dict[str, Any]] = []
-        success = evaluate_policy(
-            policy,
-            eval_env_config(self.cfg),
-            episodes,
-            seed=split_seed(self.cfg.eval),
-            video_cfg=OmegaConf.to_object(self.cfg.eval.video_cfg),
-            out_dir=out_dir,
-            progress=progress,
-            videos=videos,
-            episode_records=records,
-        )
-        episode_returns.update(returns_by_task(records))
-        write_episodes(records, out_dir)
-        return success
-
-    def write_chains(self, run_dir: Path, chain: Mapping[str, Mapping[str, float]], chain_length: int) -> None:
-        title = f"{self.cfg.runner.experiment_name}: chains"
-        write_chain_table(run_dir, chain, title, chain_length)

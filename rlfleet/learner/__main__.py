@@ -2,9 +2,9 @@
 
 torchrun --nproc-per-node 4 -m rlfleet.learner RECIPE [key=value ...] [--resume] [--address-file F]
 
-The learner's own entry: its command line (rlfleet.learner.arguments), logging, and the run's
-evaluation (rlfleet.eval sits above the roles: .importlinter lists this entry's one upward
-import). `rlfleet learner` dispatches to `run` here.
+The learner's own entry: its command line (rlfleet.learner.arguments) and logging; the run's
+evaluation is the learner's (rlfleet.eval.service, a layer below the roles). `rlfleet learner`
+dispatches to `run` here.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import sys
 
-from rlfleet.eval.episodes import RunEvaluation
 from rlfleet.learner.arguments import add_arguments
 from rlfleet.learner.main import main
 from rlfleet.telemetry.json_logs import add_log_flags, setup_logging
@@ -20,8 +19,8 @@ from rlfleet.wire.role_args import parse_command_line, run_command
 
 
 def run(args: argparse.Namespace) -> int:
-    """The learner with the run's evaluation, for parsed learner arguments."""
-    return main(args, evaluation_for=RunEvaluation)
+    """The learner, for parsed learner arguments."""
+    return main(args)
 
 
 def entry(argv: list[str] | None = None) -> int:

@@ -1,22 +1,21 @@
 """The learner role's main: serve LearnerService, train on what arrives, publish, checkpoint, evaluate.
 
-Evaluation is handed in (`Evaluation`): the eval layer sits above the roles, and the CLI passes
-`rlfleet.eval.episodes.RunEvaluation` when it starts this role (`rlfleet learner`, and
-`python -m rlfleet.learner` under torchrun). Without one the learner trains and skips evaluation.
+The training loop calls its observers (`rlfleet.eval.service.LoopObserver`) when it starts, after
+each update and at its end; `run_learner` registers the run's `EvaluationService` (periodic and
+final evaluations), and writes summary.json once, with every observer's fields.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import signal
 import threading
 import time
 import uuid
 from argparse import Namespace
-from collections.abc import Callable, Mapping
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol, cast
+from typing import Any, cast
 
 import torch
 from omegaconf import DictConfig
@@ -35,21 +34,21 @@ from rlfleet.config import (
     starting_checkpoint,
     to_yaml,
 )
-from rlfleet.envs.chains import chain_report
 from rlfleet.envs.registry import scored_chain_length, task_list
+from rlfleet.eval.service import EvaluationService, LoopObserver, PeriodicEval
+from rlfleet.eval.summary import print_summary, write_summary
 from rlfleet.learner.checkpointer import Checkpointer, TrainerCounters, run_info
 from rlfleet.learner.distributed import Ranks, SingleRank, join_ranks
 from rlfleet.learner.follower import run_follower
 from rlfleet.learner.ingest import IngestQueue
 from rlfleet.learner.losses import LossLedger
-from rlfleet.learner.metrics import EpisodeWindow, MetricsWriter, TrainProgress, mean_returns, print_summary
+from rlfleet.learner.metrics import EpisodeWindow, MetricsWriter, TrainProgress
 from rlfleet.learner.service import LearnerServicer, segment_byte_limit
 from rlfleet.learner.trainer import Trainer, ppo_config
 from rlfleet.learner.weight_publisher import WeightPublisher, tensor_digests
 from rlfleet.policies.base import Policy
 from rlfleet.policies.checkpoint_io import cpu_state_dict, model_config, policy_from_config, reference_policy
 from rlfleet.telemetry.prometheus import LearnerCollector, MetricsPortError, start_role_metrics
-from rlfleet.telemetry.trackers import log_eval
 from rlfleet.wire.gen import learner_pb2_grpc
 from rlfleet.wire.grpc_decoding import add_servicer
 from rlfleet.wire.grpc_server import start_grpc_server
@@ -87,33 +86,14 @@ def archive_previous_run(run_dir: Path, names: tuple[str, ...] = RUN_OUTPUTS) ->
     return dest
 
 
-class Evaluation(Protocol):
-    """The run's evaluation episodes on the held-out eval seeds, and the report of the final one."""
-
-    def __call__(
-        self,
-        policy: torch.nn.Module,
-        episodes: int,
-        out_dir: Path,
-        *,
-        episode_returns: dict[str, list[float]],
-        progress: bool = True,
-        videos: list[Path] | None = None,
-    ) -> dict[str, float]:
-        """Success per task over `episodes` episodes per task; videos (eval.video_cfg) under `out_dir`."""
-        ...
-
-    def write_chains(self, run_dir: Path, chain: Mapping[str, Mapping[str, float]], chain_length: int) -> None:
-        """Chained envs: the final evaluation's chain table (eval_chain.md)."""
-        ...
-
-
 class Learner:
+    """The learner's training loop (a `rlfleet.eval.service.TrainingLoop` to its observers)."""
+
     def __init__(
-        self, cfg: DictConfig, run_dir: Path, ranks: Ranks | None = None, evaluation: Evaluation | None = None
+        self, cfg: DictConfig, run_dir: Path, ranks: Ranks | None = None, observers: Sequence[LoopObserver] = ()
     ):
         self.cfg = cfg
-        self.evaluation = evaluation  # None: no periodic or final evaluation
+        self.observers = list(observers)  # the run's evaluation (run_learner); none: train only
         self.run_dir = run_dir
         self.ranks = ranks or SingleRank()  # under torchrun this is rank 0; the others follow it
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -223,9 +203,23 @@ class Learner:
         eval_tasks = self.episodes.task_names if not cfg.eval.task else task_list(eval_env_config(cfg))
         eval_seed_range(cfg, len(eval_tasks))
         self.last_stats: dict[str, float] = {}
-        self.eval_chain: dict[str, dict[str, float]] = {}  # chained envs: rlfleet.envs.chains.chain_report
-        self.eval_mean_return: dict[str, float] = {}  # the final evaluation's, per task (eval.json: mean_return)
         self.writer: MetricsWriter | None = None  # opened by train()
+        self._progress: TrainProgress | None = None  # train()'s bar
+
+    @property
+    def updates(self) -> int:
+        return self.counters.update
+
+    @property
+    def step(self) -> int:
+        """Scalars are logged against env steps."""
+        return self.counters.env_steps
+
+    step_unit = "env steps"
+
+    def show(self, info: str) -> None:
+        if self._progress is not None:
+            self._progress.update(self.counters.env_steps, info=info)
 
     def start(self) -> str:
         """Serve the LearnerService on learner.host:port; returns the bound address."""
@@ -305,9 +299,11 @@ class Learner:
 
     def train(self) -> dict:
         cfg = self.cfg
-        writer = self.writer = MetricsWriter.for_run(cfg, self.run_dir)  # stays open for evaluate(); close() ends it
-        progress = TrainProgress(cfg.runner.total_env_steps, cfg.runner.max_wall_seconds)
-        self._t_start = self._last_eval = time.monotonic()
+        writer = self.writer = MetricsWriter.for_run(cfg, self.run_dir)  # open for finish(); close() ends it
+        progress = self._progress = TrainProgress(cfg.runner.total_env_steps, cfg.runner.max_wall_seconds)
+        for observer in self.observers:
+            observer.on_start(self)
+        self._t_start = time.monotonic()
         steps_at_start, t_first = self.counters.env_steps, None
         try:
             with progress:
@@ -352,9 +348,8 @@ class Learner:
                             f"lag {stats.get('throughput/policy_lag', 0):.1f}"
                         ),
                     )
-                    if self._eval_due():
-                        progress.update(self.counters.env_steps, info="evaluating on the held-out seeds ...")
-                        self.periodic_eval(writer)
+                    for observer in self.observers:
+                        observer.on_update(self)
                     if self.counters.update % cfg.runner.checkpoint_every == 0:
                         self.save()
                 self.ranks.send_stop()  # a clean end only: after a crash torchrun ends the other ranks
@@ -366,6 +361,7 @@ class Learner:
             self.servicer.wait_clients_told(timeout=5.0)
             self.servicer.wait_lives_ended(timeout=10.0)  # actors' final accounts, for lost_env_steps
             self.count_unreported_lives()  # and those of actors that could not report in time
+            self._progress = None
         steps = self.counters.env_steps - steps_at_start
         acct = self.ingest.accounting()
         summary = {
@@ -392,90 +388,15 @@ class Learner:
         summary["env_faults"] = self.servicer.env_faults()
         return summary
 
-    def _eval_due(self) -> bool:
-        if self.evaluation is None:
-            return False
-        e = self.cfg.eval
-        by_updates = e.every_updates > 0 and self.counters.update % e.every_updates == 0
-        by_time = e.every_seconds > 0 and time.monotonic() - self._last_eval >= e.every_seconds
-        return by_updates or by_time
-
-    def periodic_eval(self, writer: MetricsWriter) -> dict[str, float]:
-        """The current policy on the held-out eval seeds, as eval/* scalars at this env step:
-        eval/success_once (mean over tasks), eval/<task>/success_once, eval/elapsed_s (seconds since
-        training started, eval time included) and, for chained envs, eval/avg_num_subtasks and
-        eval/success_len_k. Videos (eval.video_cfg) go under periodic_eval/update_N/, and to
-        TensorBoard as eval/video/<task> with video_cfg.tensorboard."""
-        cfg = self.cfg
-        if self.evaluation is None:  # a learner started without one evaluates nothing
-            return {}
-        episodes = cfg.eval.periodic_episodes_per_task or cfg.eval.episodes_per_task
-        video = cfg.eval.video_cfg
-        returns: dict[str, list[float]] = {}
-        written: list[Path] = []
-        was_training = self.policy.training  # evaluated where it trains (evaluate_policy moves the observations)
-        try:
-            success = self.evaluation(
-                self.policy,
-                episodes,
-                self.run_dir / "periodic_eval" / f"update_{self.counters.update:06d}",
-                episode_returns=returns,
-                progress=False,
-                videos=written,
-            )
-        finally:
-            self.policy.train(was_training)
-        step = self.counters.env_steps
-        scalars = {
-            "eval/success_once": sum(success.values()) / len(success),
-            "eval/elapsed_s": time.monotonic() - self._t_start,
-        }
-        if len(success) > 1:
-            scalars.update({f"eval/{task}/success_once": v for task, v in success.items()})
-        if self.episodes.chain_length:
-            chain = chain_report(returns, self.episodes.chain_length)["all"]
-            scalars.update({f"eval/{k}": v for k, v in chain.items()})
-        writer.write(scalars, step)
-        if video.save_video and video.tensorboard:
-            for path in written:  # <base>/<task>/ep<k>_<label>.mp4
-                writer.video(f"eval/video/{path.parent.name}", path, step, video.fps)
-        writer.flush()
-        self._last_eval = time.monotonic()
-        chain_text = f", avg_num_subtasks {scalars['eval/avg_num_subtasks']:.2f}" if self.episodes.chain_length else ""
-        log.info("eval at %d env steps: success_once %.3f%s", step, scalars["eval/success_once"], chain_text)
-        return scalars
-
-    def evaluate(self) -> dict[str, float]:
-        """The final evaluation (eval.episodes_per_task on the eval seeds), to every tracker."""
-        if self.evaluation is None:
-            return {}
-        video = self.cfg.eval.video_cfg
-        returns: dict[str, list[float]] = {}
-        t0 = time.time()
-        success = self.evaluation(self.policy, self.cfg.eval.episodes_per_task, self.run_dir, episode_returns=returns)
-        self.eval_mean_return = mean_returns(returns)
-        if self.episodes.chain_length:  # CALVIN's table: success_len_1..5 and avg_num_subtasks
-            self.eval_chain = chain_report(returns, self.episodes.chain_length)
-            self.evaluation.write_chains(self.run_dir, self.eval_chain, self.episodes.chain_length)
-        if self.writer is not None:  # eval success, the before/after table and the videos, to every tracker
-            video_dir = Path(video.video_base_dir)
-            log_eval(
-                self.writer,
-                success,
-                self.counters.env_steps,
-                before=self._eval_before(),
-                video_dir=(video_dir if video_dir.is_absolute() else self.run_dir / video_dir)
-                if video.save_video
-                else None,
-                since=t0,
-                fps=video.fps,
-            )
-        return success
-
-    def _eval_before(self) -> dict[str, float] | None:
-        """The starting policy's success, which `rlfleet train` measured before the fleet started."""
-        path = self.run_dir / "eval_before.json"
-        return json.loads(path.read_text()) if self.cfg.eval.before and path.exists() else None
+    def finish(self, summary: dict[str, Any]) -> dict[str, Any]:
+        """The observers' end of training (the final evaluation unless stopped early), then summary.json."""
+        completed = not self.stop_event.is_set()
+        if completed and self.observers:
+            time.sleep(0.5)  # let actors see the stop flag and free the cores
+        for observer in self.observers:
+            observer.on_end(self, summary, completed=completed)
+        write_summary(self.run_dir, summary)
+        return summary
 
     def close(self) -> None:
         if self.writer is not None:
@@ -491,10 +412,10 @@ def run_learner(
     address_file: str | None = None,
     metrics_port: int = 0,
     metrics_host: str = "127.0.0.1",
-    evaluation: Evaluation | None = None,
 ) -> dict:
-    """Serve and train until the budget is spent or a signal arrives; returns the run summary
-    (also summary.json). Under torchrun only rank 0 serves; the other ranks follow it."""
+    """Serve and train until the budget is spent or a signal arrives, evaluate (the run's
+    `EvaluationService`); returns the run summary (also summary.json). Under torchrun only rank 0
+    serves; the other ranks follow it."""
     ranks = join_ranks(cfg.learner.distributed)
     if not ranks.is_main:  # torchrun rank > 0: trains in lockstep, serves and writes nothing
         try:
@@ -503,7 +424,8 @@ def run_learner(
             ranks.close()
         return {}
     run_dir = Path(cfg.runner.logger.log_path)
-    learner = Learner(cfg, run_dir, ranks, evaluation)
+    evaluation = EvaluationService(cfg, run_dir, PeriodicEval.from_config(cfg.eval))
+    learner = Learner(cfg, run_dir, ranks, [evaluation])
     learner.start()
     ranks.send_config(to_yaml(learner.cfg))
     try:
@@ -525,20 +447,9 @@ def run_learner(
     signal.signal(signal.SIGTERM, on_signal)
     try:
         summary = learner.train()
-        if cfg.eval.at_end and evaluation is not None and not learner.stop_event.is_set():
-            time.sleep(0.5)  # let actors see the stop flag and free the cores
-            eval_success = learner.evaluate()
-            summary["eval_success"] = eval_success
-            summary["eval_split"] = cfg.eval.split  # test unless a run measures on validation (a choice's probe)
-            if learner.eval_chain:
-                summary["eval_chain"] = learner.eval_chain
-            if learner.eval_mean_return:
-                summary["eval_mean_return"] = learner.eval_mean_return
-            summary["eval_success_mean"] = sum(eval_success.values()) / len(eval_success)
         if interrupted.is_set():
             summary["interrupted"] = True  # the learner main exits 130 and says where the checkpoint is
-        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-        return summary
+        return learner.finish(summary)
     finally:
         learner.close()
         ranks.close()
@@ -546,15 +457,14 @@ def run_learner(
             metrics.close()
 
 
-def main(args: Namespace, evaluation_for: Callable[[DictConfig], Evaluation] | None = None) -> int:
-    """`rlfleet learner RECIPE [overrides]` (rlfleet.learner.arguments); `evaluation_for(cfg)` builds
-    the run's evaluation (the entry, rlfleet.learner.__main__, passes `rlfleet.eval.episodes.RunEvaluation`)."""
+def main(args: Namespace) -> int:
+    """`rlfleet learner RECIPE [overrides]` (rlfleet.learner.arguments); the run's evaluation is
+    `run_learner`'s `EvaluationService`."""
     bind = ([f"learner.host={args.host}"] if args.host else []) + (
         [f"learner.port={args.port}"] if args.port is not None else []
     )
     cfg = load_config(args.recipe, bind + args.overrides + (["runner.resume=true"] if args.resume else []))
-    evaluation = evaluation_for(cfg) if evaluation_for is not None else None
-    summary = run_learner(cfg, args.address_file, args.metrics_port, args.metrics_host, evaluation)
+    summary = run_learner(cfg, args.address_file, args.metrics_port, args.metrics_host)
     if summary and not args.address_file:  # started by hand: show the result here (torchrun: rank 0 only)
         print_summary(summary)
     if summary.get("interrupted"):

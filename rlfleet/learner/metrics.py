@@ -1,18 +1,16 @@
 """Metrics: scalars with RLinf's names (to TensorBoard and the other trackers), episode aggregation
-and a rich progress line."""
+and a rich progress line (a run's summary on the terminal: `rlfleet.eval.summary`)."""
 
 from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from rlfleet.config import as_dict
 from rlfleet.envs.chains import chain_metrics
@@ -177,31 +175,3 @@ class TrainProgress:
 
     def __exit__(self, *exc) -> None:
         self.progress.__exit__(*exc)
-
-
-def mean_returns(returns: Mapping[str, Sequence[float]]) -> dict[str, float]:
-    """An evaluation's mean episode return per task (tasks that ran no episode left out): how envs
-    without a success signal (gymnasium's MuJoCo tasks) are judged."""
-    return {task: sum(r) / len(r) for task, r in returns.items() if r}
-
-
-def return_line(mean_return: Mapping[str, float]) -> str:
-    """The terminal line for an evaluation's mean episode return per task."""
-    return "mean episode return: " + ", ".join(f"{t} {v:.1f}" for t, v in mean_return.items())
-
-
-def print_summary(summary: Mapping[str, Any]) -> None:
-    """A run's end on the terminal: the final evaluation per task, then its counters."""
-    console = Console()
-    table = Table(title="evaluation (success_once, deterministic policy)")
-    table.add_column("task")
-    table.add_column("success", justify="right")
-    for task, rate in (summary.get("eval_success") or {}).items():
-        table.add_row(task, f"{rate:.0%}")
-    if summary.get("eval_success"):
-        table.add_row("[bold]mean[/bold]", f"[bold]{summary['eval_success_mean']:.0%}[/bold]")
-        console.print(table)
-    if summary.get("eval_mean_return"):  # envs judged by return (gymnasium's MuJoCo tasks) show it too
-        console.print(return_line(summary["eval_mean_return"]))
-    keys = ("env_steps", "updates", "train_seconds", "throughput_env_steps_per_s", "checkpoint")
-    console.print({k: summary[k] for k in keys if k in summary})

@@ -19,17 +19,17 @@ One iteration i (formulas in `rlfleet.algorithms.dagger` and docs/algorithms.md)
    tiny_oft, flow matching for tiny_pi0/tiny_pi05, Gaussian NLL for the MLP).
 
 The run starts from `policy.model_path` (with `demos.bootstrap: true` and no model path,
-`rlfleet train` first builds the cached SFT checkpoint), evaluates before and after like the PPO
-recipes and writes checkpoints, TensorBoard scalars, summary.json and before_after.md into the run
-folder. Resume (`runner.resume`) restores weights, optimiser, iteration and the aggregated dataset.
+`rlfleet train` first builds the cached SFT checkpoint), evaluates before, during (`dagger.eval_every`)
+and after through the evaluation service the PPO learner uses (`rlfleet.eval.service`, an observer
+of this loop) and writes checkpoints, TensorBoard scalars, summary.json and before_after.md into the
+run folder. Resume (`runner.resume`) restores weights, optimiser, iteration and the aggregated dataset.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -48,14 +48,13 @@ from rlfleet.algorithms.dagger import (
     intervention_gate,
     mix_policies,
 )
-from rlfleet.config import as_dict, eval_env_config, evaluation_record, fill_model_dims, split_seed, to_yaml
+from rlfleet.config import as_dict, evaluation_record, fill_model_dims, to_yaml
 from rlfleet.data.demos import load_demos
 from rlfleet.envs.api import EnvConfig
-from rlfleet.envs.chains import chain_report
-from rlfleet.envs.registry import make_env, scored_chain_length
-from rlfleet.eval.episodes import evaluate_policy, obs_tensors, returns_by_task
-from rlfleet.eval.paired import BEFORE_EPISODES_FILE, write_episodes
-from rlfleet.eval.report import write_chain_table
+from rlfleet.envs.registry import make_env
+from rlfleet.eval.episodes import obs_tensors
+from rlfleet.eval.service import EvaluationService, PeriodicEval
+from rlfleet.eval.summary import write_summary
 from rlfleet.learner.checkpointer import Checkpointer, TrainerCounters, run_info
 from rlfleet.learner.main import RUN_OUTPUTS, START_OUTPUTS, archive_previous_run
 from rlfleet.learner.metrics import MetricsWriter
@@ -63,13 +62,38 @@ from rlfleet.policies.checkpoint_io import model_config, policy_from_config
 from rlfleet.policies.vla.normalization import compute_norm_stats, get_norm_stats, save_norm_stats, set_norm_stats
 from rlfleet.runs.bootstrap import demos_folder
 from rlfleet.runs.sft import augment_images, build_sft_data, without_noop_frames
-from rlfleet.telemetry.trackers import log_eval
 
 log = logging.getLogger(__name__)
 
 DATASET_FILE = "dagger_dataset.npz"  # the aggregated window, in the run folder (for resume)
 METHOD_NAMES = {"dagger": "DAgger", "hg_dagger": "HG-DAgger"}
 TRAIN_SEED_BASE = 10**9  # rollout episode seeds are drawn above this: never an eval (10_000 + i) or demo seed
+
+
+@dataclass
+class DAggerLoop:
+    """The loop as its observers see it (`rlfleet.eval.service.TrainingLoop`): scalars are logged
+    against iterations."""
+
+    policy: torch.nn.Module
+    counters: TrainerCounters
+    writer: MetricsWriter | None
+    bar: Progress | None = None
+    bar_task: Any = field(default=None)
+
+    @property
+    def updates(self) -> int:
+        return self.counters.update
+
+    @property
+    def step(self) -> int:
+        return self.counters.update
+
+    step_unit = "iterations"
+
+    def show(self, info: str) -> None:
+        if self.bar is not None and self.bar_task is not None:
+            self.bar.update(self.bar_task, info=info)
 
 
 @dataclass
@@ -279,26 +303,12 @@ def run_dagger(cfg: DictConfig, progress: bool = True) -> dict[str, Any]:
     if need_norm and len(data):
         need_norm = not _maybe_set_norm_stats(policy, data)
 
-    eval_env = eval_env_config(cfg)
-    # chained envs (CALVIN) are judged by their chain metrics, from the same episodes' returns
-    chain_length = scored_chain_length(cfg.env.name, cfg.env.reward_type)
-    returns_before: dict[str, list[float]] = {}
-    before = None
-    if cfg.eval.before and counters.update == 0:
-        if progress:
-            print("evaluating the starting policy ...", flush=True)
-        records_before: list[dict] = []
-        before = evaluate_policy(
-            policy,
-            eval_env,
-            cfg.eval.episodes_per_task,
-            seed=split_seed(cfg.eval),
-            episode_records=records_before,
-        )
-        returns_before = returns_by_task(records_before)
-        write_episodes(records_before, run_dir, BEFORE_EPISODES_FILE)  # as `rlfleet train` keeps them
-
-    writer = MetricsWriter.for_run(cfg, run_dir)
+    # before (at iteration 0), every dagger.eval_every iterations but the last, and after
+    periodic = PeriodicEval(dcfg.eval_episodes_per_task, dcfg.eval_every, last_update=dcfg.iterations)
+    evaluation = EvaluationService(cfg, run_dir, periodic, evaluate_start=True)
+    loop = DAggerLoop(policy, counters, writer=None)
+    evaluation.on_start(loop)
+    writer = loop.writer = MetricsWriter.for_run(cfg, run_dir)
     unnorm_key = cfg.policy.get("unnorm_key", "metaworld")
     history: list[dict[str, float]] = []
     t_start = time.monotonic()
@@ -314,6 +324,7 @@ def run_dagger(cfg: DictConfig, progress: bool = True) -> dict[str, Any]:
     try:
         with bar:
             task = bar.add_task("dagger", total=dcfg.iterations, completed=counters.update, info="")
+            loop.bar, loop.bar_task = bar, task
             while counters.update < dcfg.iterations:
                 it = counters.update
                 beta = beta_schedule(it, dcfg.beta0, dcfg.beta_schedule, dcfg.beta_decay, dcfg.beta_linear_iters)
@@ -358,21 +369,8 @@ def run_dagger(cfg: DictConfig, progress: bool = True) -> dict[str, Any]:
                     for name in dict.fromkeys(batch.episode_tasks):
                         oks = [ok for ok, t in zip(batch.episode_success, batch.episode_tasks) if t == name]
                         stats[f"env/success_once/{name}"] = float(np.mean(oks))
-                if dcfg.eval_every and counters.update % dcfg.eval_every == 0 and counters.update < dcfg.iterations:
-                    bar.update(task, info="evaluating ...")
-                    records: list[dict] = []
-                    ev = evaluate_policy(
-                        policy,
-                        eval_env,
-                        dcfg.eval_episodes_per_task,
-                        seed=split_seed(cfg.eval),
-                        progress=False,
-                        episode_records=records,
-                    )
-                    # kept where an RL run keeps its periodic evaluations' episodes
-                    write_episodes(records, run_dir / "periodic_eval" / f"update_{counters.update:06d}")
-                    stats["eval/success_mean"] = float(np.mean(list(ev.values())))
                 writer.write(stats, counters.update)
+                stats.update(evaluation.on_update(loop))  # periodic: eval/success_once, ... (logged by it)
                 history.append(
                     {
                         "iteration": counters.update,
@@ -434,46 +432,12 @@ def run_dagger(cfg: DictConfig, progress: bool = True) -> dict[str, Any]:
         "checkpoint": str(final),
         "history": history,
     }
-    if cfg.eval.at_end:
-        if progress:
-            print("evaluating the trained policy ...", flush=True)
-        video, t0 = OmegaConf.to_object(cfg.eval.video_cfg), time.time()
-        records_after: list[dict] = []
-        try:
-            after = evaluate_policy(
-                policy,
-                eval_env,
-                cfg.eval.episodes_per_task,
-                seed=split_seed(cfg.eval),
-                video_cfg=video,
-                out_dir=run_dir,
-                episode_records=records_after,
-            )
-            write_episodes(records_after, run_dir)
-            log_eval(
-                writer,
-                after,
-                counters.update,
-                before=before,
-                since=t0,
-                fps=video.fps,
-                video_dir=Path(video.video_base_dir)
-                if Path(video.video_base_dir).is_absolute()
-                else run_dir / video.video_base_dir,
-            )
-        finally:
-            writer.close()
-        summary["eval_success"] = after
-        summary["eval_success_mean"] = sum(after.values()) / len(after)
-        if chain_length:
-            summary["eval_chain"] = chain = chain_report(returns_by_task(records_after), chain_length)
-            print(write_chain_table(run_dir, chain, f"Chains of {final} (deterministic)", chain_length), flush=True)
-    else:
+    loop.bar = None  # the bar is closed
+    if cfg.eval.at_end and progress:
+        print("evaluating the trained policy ...", flush=True)
+    try:
+        evaluation.on_end(loop, summary, completed=True)
+    finally:
         writer.close()
-    if before is not None:
-        summary["eval_before"] = before
-        summary["eval_before_mean"] = sum(before.values()) / len(before)
-        if chain_length:
-            summary["eval_chain_before"] = chain_report(returns_before, chain_length)
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    write_summary(run_dir, summary)
     return summary

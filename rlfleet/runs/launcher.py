@@ -4,8 +4,10 @@ Each role is the same `rlfleet` subcommand a user would start by hand in distrib
 the launcher only wires their addresses together (through small address files) and makes
 sure that when the learner ends, or on Ctrl-C, every child stops and nothing is left behind.
 While the learner runs, an actor process that crashes is restarted (`rlfleet.runs.supervisor`).
-The starting policy's evaluation (eval.before) runs here, before the fleet; the before/after
-tables are written once the learner's summary is in (`rlfleet.eval.report.write_before_after`).
+The starting policy's evaluation (eval.before) runs here, before the fleet, through the run's
+`rlfleet.eval.service.EvaluationService` (the learner's service reads it back for summary.json);
+the before/after tables are written once the learner's summary is in
+(`rlfleet.eval.report.write_before_after`).
 """
 
 from __future__ import annotations
@@ -26,21 +28,17 @@ from omegaconf import DictConfig
 from rlfleet.actors.learner_client import LEDGER_DIR_VAR
 from rlfleet.config import (
     as_dict,
-    eval_env_config,
     fill_model_dims,
     load_config,
     pin_policy_hub_paths,
-    split_seed,
     starting_checkpoint,
     to_yaml,
 )
-from rlfleet.envs.chains import chain_report
-from rlfleet.envs.registry import scored_chain_length, task_groups
-from rlfleet.eval.episodes import evaluate_policy, returns_by_task
-from rlfleet.eval.paired import BEFORE_EPISODES_FILE, write_episodes
-from rlfleet.eval.report import chain_line, success_table, write_before_after, write_chain_table, write_report
+from rlfleet.envs.registry import task_groups
+from rlfleet.eval.report import success_table, write_before_after, write_report
+from rlfleet.eval.service import EvaluationService
+from rlfleet.eval.summary import print_summary, read_summary, write_summary
 from rlfleet.learner.main import RUN_OUTPUTS, START_OUTPUTS, archive_previous_run
-from rlfleet.learner.metrics import print_summary
 from rlfleet.policies.checkpoint_io import policy_from_config
 from rlfleet.runs.bootstrap import ensure_sft_checkpoint, needs_bootstrap
 from rlfleet.runs.dagger import run_dagger
@@ -150,53 +148,43 @@ def _stop_all(procs: list[subprocess.Popen], grace: float) -> None:
             p.wait()
 
 
+def starting_policy(cfg: DictConfig) -> torch.nn.Module:
+    """The policy the run starts from (fresh, seeded by runner.seed, or `policy.model_path`)."""
+    torch.manual_seed(cfg.runner.seed)
+    fill_model_dims(cfg)
+    d = cfg.model_dims
+    return policy_from_config(as_dict(cfg.policy), d.state_dim, d.action_dim, cfg.env.chunk_size, cfg.env.image_size)
+
+
 def evaluate_start(
     cfg: DictConfig,
     deterministic: bool = True,
     episode_records: list[dict] | None = None,
 ) -> tuple[dict[str, float], dict | None]:
-    """Success of the policy the run starts from (fresh or `policy.model_path`), for before/after,
-    and for chained envs (CALVIN) its chain metrics from the same episodes (else None).
+    """Success of the policy the run starts from on the run's eval episodes, and for chained envs
+    (CALVIN) its chain metrics from the same episodes (else None); nothing written.
     `deterministic=False` samples the actions (diagnostics; runs evaluate deterministically);
     `episode_records`, when given, receives every episode (`evaluate_policy`)."""
-    torch.manual_seed(cfg.runner.seed)
-    fill_model_dims(cfg)
-    d = cfg.model_dims
-    policy = policy_from_config(as_dict(cfg.policy), d.state_dim, d.action_dim, cfg.env.chunk_size, cfg.env.image_size)
-    records: list[dict] = [] if episode_records is None else episode_records
-    success = evaluate_policy(
-        policy,
-        eval_env_config(cfg),
-        cfg.eval.episodes_per_task,
-        seed=split_seed(cfg.eval),
-        deterministic=deterministic,
-        episode_records=records,
-    )
-    n = scored_chain_length(cfg.env.name, cfg.env.reward_type)
-    return success, (chain_report(returns_by_task(records), n) if n else None)
+    service = EvaluationService(cfg, Path(cfg.runner.logger.log_path))
+    ev = service.play(starting_policy(cfg), cfg.eval.episodes_per_task, None, video=False, deterministic=deterministic)
+    if episode_records is not None:
+        episode_records.extend(ev.records)
+    return ev.success, service.chains(ev)
 
 
 def evaluate_only(cfg: DictConfig, run_dir: Path) -> dict:
-    """`runner.only_eval`: the success table of the starting policy, also as JSON and Markdown, and
-    every episode (episodes.jsonl)."""
+    """`runner.only_eval`: the starting policy's final evaluation (summary.json, episodes.jsonl,
+    eval_chain.md for chained envs) and its success table as JSON and Markdown (eval.json, eval.md)."""
     if not cfg.policy.get("model_path"):
         raise ValueError("runner.only_eval needs policy.model_path (or demos.bootstrap: true)")
-    records: list[dict] = []
-    success, chain = evaluate_start(cfg, episode_records=records)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    write_episodes(records, run_dir)  # beside eval.json, as `rlfleet eval` keeps them
+    summary = EvaluationService(cfg, run_dir).final(starting_policy(cfg))
     write_report(
-        success_table(success, groups=task_groups(cfg.env.name)),
+        success_table(summary["eval_success"], groups=task_groups(cfg.env.name)),
         run_dir,
         name="eval",
         title=f"Evaluation of {cfg.policy.model_path}",
     )
-    summary: dict = {"eval_success": success, "eval_success_mean": sum(success.values()) / len(success)}
-    if chain is not None:  # chained envs (CALVIN) are judged by their chain metrics: the table and summary get them too
-        summary["eval_chain"] = chain
-        n = scored_chain_length(cfg.env.name, cfg.env.reward_type)
-        print(write_chain_table(run_dir, chain, f"Chains of {cfg.policy.model_path}", n), flush=True)
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    write_summary(run_dir, summary)
     return summary
 
 
@@ -274,53 +262,12 @@ def _train_fleet(
     if plan is not None:
         print(plan.describe(), file=sys.stderr, flush=True)
         cfg.actor.num_actors = plan.num_actors
-    before, chain_before = None, None
     if not cfg.runner.resume:  # an earlier run's start and outputs, before this run writes its own start
         archive_previous_run(run_dir, (*RUN_OUTPUTS, *START_OUTPUTS))
-    if cfg.eval.before:
-        kept = _kept_before(run_dir) if cfg.runner.resume else None
-        if kept is not None:  # a resumed run's starting policy is the one the first life evaluated
-            before, chain_before = kept
-            print(f"--resume: the starting policy's evaluation from {run_dir / 'eval_before.json'}", file=sys.stderr)
-        else:
-            print("evaluating the starting policy ...", file=sys.stderr, flush=True)
-            records: list[dict] = []
-            before, chain_before = evaluate_start(cfg, episode_records=records)
-            _keep_before(run_dir, before, chain_before)
-            write_episodes(records, run_dir, BEFORE_EPISODES_FILE)  # paired with the final episodes.jsonl
+    if cfg.eval.before:  # kept in the run folder, where the learner's evaluation service reads it
+        EvaluationService(cfg, run_dir).before(lambda: starting_policy(cfg))
     ports = metrics_ports(metrics_port, cfg.actor.num_actors, plan.num_inference_servers if plan else 1)
-    summary = _run_fleet(cfg, run_dir, ports, metrics_host, plan)
-    if before is not None and summary:
-        summary["eval_before"] = before
-        summary["eval_before_mean"] = sum(before.values()) / len(before)
-        if summary.get("eval_chain") and chain_before:
-            summary["eval_chain_before"] = chain_before
-        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    return summary
-
-
-def _kept_before(run_dir: Path) -> tuple[dict[str, float], dict | None] | None:
-    """The starting policy's success (and chain table) that an earlier life of this run wrote."""
-    path = run_dir / "eval_before.json"
-    if not path.exists():
-        return None
-    chain = run_dir / "eval_chain_before.json"
-    return json.loads(path.read_text()), (json.loads(chain.read_text()) if chain.exists() else None)
-
-
-def _keep_before(run_dir: Path, before: dict[str, float], chain_before: dict | None = None) -> None:
-    """The starting policy's success, on disk and on screen as soon as it is known: a fleet that
-    then fails to start must not lose minutes of evaluation, and `--resume` reuses it."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "eval_before.json").write_text(json.dumps(before, indent=2))
-    if chain_before is not None:
-        (run_dir / "eval_chain_before.json").write_text(json.dumps(chain_before, indent=2))
-    cells = ", ".join(f"{task} {100 * v:.0f}%" for task, v in before.items())
-    print(
-        f"starting policy: mean {100 * sum(before.values()) / len(before):.1f}% ({cells})", file=sys.stderr, flush=True
-    )
-    if chain_before is not None:  # what a chained env is judged by
-        print(f"starting policy chains: {chain_line(chain_before['all'])}", file=sys.stderr, flush=True)
+    return _run_fleet(cfg, run_dir, ports, metrics_host, plan)
 
 
 def _supervise(learner: subprocess.Popen, supervisor: ActorSupervisor, every_s: float = 0.5) -> None:
@@ -431,7 +378,7 @@ def _run_fleet(
         raise  # after the roles are stopped (finally): `rlfleet train` says where the checkpoint is
     finally:
         _stop_all(children + (supervisor.current() if supervisor else []), grace=15.0)
-    summary_file = run_dir / "summary.json"
-    if learner.returncode != 0 and not summary_file.exists():
+    summary = read_summary(run_dir)  # the learner wrote it, with the start's evaluation
+    if learner.returncode != 0 and summary is None:
         raise FleetError(f"learner exited with code {learner.returncode}; see the output above")
-    return json.loads(summary_file.read_text()) if summary_file.exists() else {}
+    return summary or {}

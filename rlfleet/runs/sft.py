@@ -37,7 +37,7 @@ from rlfleet.envs.api import EnvConfig
 from rlfleet.envs.registry import gripper_action_dims, make_env
 from rlfleet.eval.episodes import evaluate_policy, report_evaluation
 from rlfleet.eval.report import evaluation_mode
-from rlfleet.learner.metrics import print_summary
+from rlfleet.eval.summary import print_summary
 from rlfleet.policies.checkpoint_io import load_checkpoint, model_config, save_checkpoint_folder
 from rlfleet.policies.registry import make_policy
 from rlfleet.policies.vla.normalization import compute_norm_stats, save_norm_stats, set_norm_stats

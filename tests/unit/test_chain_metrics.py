@@ -43,10 +43,10 @@ def test_the_starting_policy_line_names_the_chain_metrics(tmp_path, capsys):
     """Whole-chain success is 0% for most policies: the start of a chained run shows its chain metrics."""
     import json
 
-    from rlfleet.runs.launcher import _keep_before
+    from rlfleet.eval.service import keep_before
 
     report = chain_report({"calvin-D": [2.0, 0.0, 1.0, 0.0]})
-    _keep_before(tmp_path, {"calvin-D": 0.0}, report)
+    keep_before(tmp_path, {"calvin-D": 0.0}, report)
     err = capsys.readouterr().err
     assert "starting policy: mean 0.0% (calvin-D 0%)" in err
     assert "starting policy chains: avg_num_subtasks 0.75, success_len_1..5 50 / 25 / 0 / 0 / 0%" in err
