@@ -129,8 +129,17 @@ def _run_actor(
             else:
                 pool.step_async(s)
 
-        for s in range(S):
+        # learner.flow_control: pace: a segment starts only when the learner could train it within
+        # max_policy_lag (rlfleet.learner.pacing), so nothing is stepped only to be masked as too old
+        paced = cfg.learner.get("flow_control", "pace") == "pace"
+
+        def start_segment(s: int) -> None:
+            if paced:
+                learner.await_credit(T * (rows[s][1] - rows[s][0]), stopping)
             inference.submit(s, *rows[s])
+
+        for s in range(S):
+            start_segment(s)
         launch(0)
         s = 0
         t0 = time.monotonic()
@@ -149,7 +158,9 @@ def _run_actor(
                 learner.push(segment)
                 segments += 1
                 counters.add_segment(segment)
-            inference.submit(s, *rows[s])
+                start_segment(s)  # the observation after its last step is the next segment's first
+            else:
+                inference.submit(s, *rows[s])
             if nxt == s:
                 launch(s)
             s = nxt
