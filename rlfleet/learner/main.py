@@ -14,6 +14,7 @@ import threading
 import time
 import uuid
 from argparse import Namespace
+from collections import Counter
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Protocol, cast
@@ -191,6 +192,7 @@ class Learner:
         batch, lag = cfg.learner.batch_samples, cfg.algorithm.max_policy_lag
         self.credits = SampleCredits(pace_limit(batch, lag), batch) if cfg.learner.flow_control == "pace" else None
         self._carry: list[Segment] = []  # env columns past the last update's batch_samples, first in the next
+        self.lag_rows: Counter[int] = Counter()  # received rows by policy lag, over the run (the metrics endpoint)
         self.ingest = IngestQueue(
             cfg.learner.ingest_queue_size,
             on_accept=self.losses.accepted_segment,
@@ -371,6 +373,9 @@ class Learner:
                     stats["train/trained_env_steps"], stats["train/masked_env_steps"] = self.trainer.env_step_account
                     c = self.counters
                     stats["throughput/trained_share"] = c.trained_env_steps / max(c.env_steps, 1)
+                    self.lag_rows.update(
+                        {int(k.rsplit("/", 1)[1]): int(v) for k, v in stats.items() if "/policy_lag_count/" in k}
+                    )
                     elapsed = time.monotonic() - t_first
                     stats.update(self.episodes.scalars())
                     stats["time/update_s"] = time.monotonic() - t0
