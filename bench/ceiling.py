@@ -30,7 +30,7 @@ docs/performance.md). Output: ceiling.json, ceiling.md, ceiling_sweep.png, ceili
 `--out`; with the default `--out` the report also replaces the marked section of
 docs/performance.md.
 
-    python bench/ceiling.py                 # the full sweep (~15 min on 2 quiet cores)
+    python bench/ceiling.py                 # the full sweep (17 points x 2 modes, ~30 min on 2 quiet cores)
     python bench/ceiling.py --quick         # 5 points (~2 min): does it work here
     python bench/ceiling.py --factors envs,shape                     # the issue-53 table, state
     python bench/ceiling.py --factors envs,shape --base obs=64px --out docs/performance/64px --no-doc
