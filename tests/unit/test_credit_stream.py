@@ -104,3 +104,16 @@ def test_the_actor_side_stop_ends_the_wait(learner):
     waiter.join(timeout=30)
     assert not waiter.is_alive() and not stream.stop
     stream.close()
+
+
+def test_a_learner_without_flow_control_grants_every_credit_at_once():
+    unpaced = PacedLearner(limit=1, batch=1)
+    unpaced.servicer.credits = None  # learner.flow_control: drop
+    try:
+        stream = CreditStream(unpaced.stub, "actor0")
+        for _ in range(5):
+            stream.wait(1000, lambda: False)
+        assert stream.enabled and not stream.stop
+        stream.close()
+    finally:
+        unpaced.close()
