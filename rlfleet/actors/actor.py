@@ -119,8 +119,11 @@ def _run_actor(
             for s, (lo, hi) in enumerate(rows)
         ]
 
+        acted = [-1] * S  # each stage's latest actions' policy version (its credit requests tell it)
+
         def launch(s: int) -> None:
             version = inference.wait(s)
+            acted[s] = version
             builders[s].record_policy(pool.slots, version)
             if resets is not None and builders[s].t == T - 1:  # a segment's last step: reset after it
                 seeds = np.zeros(E, np.int64)
@@ -135,7 +138,7 @@ def _run_actor(
 
         def start_segment(s: int) -> None:
             if paced:
-                learner.await_credit(T * (rows[s][1] - rows[s][0]), stopping)
+                learner.await_credit(T * (rows[s][1] - rows[s][0]), stopping, acted[s])
             inference.submit(s, *rows[s])
 
         for s in range(S):

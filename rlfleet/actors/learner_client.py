@@ -135,14 +135,17 @@ class CreditStream:
         self._requests, self._replies = requests, self.stub.Credits(send())
         return self._replies
 
-    def wait(self, samples: int, stopping: Callable[[], bool]) -> None:
-        """Block until the learner grants `samples` (or says stop, or `stopping()`)."""
+    def wait(self, samples: int, stopping: Callable[[], bool], version: int = -1) -> None:
+        """Block until the learner grants `samples` (or says stop, or `stopping()`); `version`: that
+        of the actor's latest actions (-1: none yet)."""
         t0, backoff = time.monotonic(), 0.1
         try:
             while self.enabled and not stopping():
                 replies = self._replies or self._open()
                 assert self._requests is not None
-                self._requests.put(learner_pb2.CreditRequest(client_id=self.client_id, samples=samples))
+                self._requests.put(
+                    learner_pb2.CreditRequest(client_id=self.client_id, samples=samples, policy_version=version)
+                )
                 try:
                     for reply in replies:
                         if reply.stop:
@@ -215,9 +218,10 @@ class LearnerClient:
         """Env steps taken so far by this process (the actor loop sets it after each step)."""
         self.ledger.set_taken(value)
 
-    def await_credit(self, samples: int, stopping: Callable[[], bool]) -> None:
-        """learner.flow_control: pace: wait until the learner has room for a segment of `samples`."""
-        self.credits.wait(samples, lambda: stopping() or self.failed.is_set() or self.stop_requested.is_set())
+    def await_credit(self, samples: int, stopping: Callable[[], bool], version: int = -1) -> None:
+        """learner.flow_control: pace: wait until the learner has room for a segment of `samples`,
+        acted from `version` (that of the latest actions; -1: none yet) or newer."""
+        self.credits.wait(samples, lambda: stopping() or self.failed.is_set() or self.stop_requested.is_set(), version)
         if self.credits.stop:
             self.stop_requested.set()
 

@@ -45,7 +45,7 @@ from rlfleet.learner.follower import run_follower
 from rlfleet.learner.ingest import IngestedSegment, IngestQueue
 from rlfleet.learner.losses import LossLedger
 from rlfleet.learner.metrics import EpisodeWindow, MetricsWriter, TrainProgress, mean_returns, print_summary
-from rlfleet.learner.pacing import SampleCredits, pace_limit
+from rlfleet.learner.pacing import SampleCredits
 from rlfleet.learner.service import LearnerServicer, segment_byte_limit
 from rlfleet.learner.trainer import Trainer, ppo_config
 from rlfleet.learner.weight_publisher import WeightPublisher, tensor_digests
@@ -190,7 +190,9 @@ class Learner:
         self._publish()
         # learner.flow_control: pace: actors start a segment only when it can be trained within the lag bound
         batch, lag = cfg.learner.batch_samples, cfg.algorithm.max_policy_lag
-        self.credits = SampleCredits(pace_limit(batch, lag), batch) if cfg.learner.flow_control == "pace" else None
+        self.credits = SampleCredits(batch, lag) if cfg.learner.flow_control == "pace" else None
+        if self.credits is not None:
+            self.credits.version = self.counters.version  # a resumed run's
         self._carry: list[Segment] = []  # env columns past the last update's batch_samples, first in the next
         self.lag_rows: Counter[int] = Counter()  # received rows by policy lag, over the run (the metrics endpoint)
         self.ingest = IngestQueue(
@@ -292,7 +294,7 @@ class Learner:
     def _trained(self, segments: list[Segment], trained: int, masked: int) -> None:
         """An update is done with these segments: room for more (flow control), and the account."""
         if self.credits is not None:
-            self.credits.trained(samples(segments))
+            self.credits.trained(samples(segments), self.counters.version)
         self.counters.trained_env_steps += trained
         self.counters.masked_env_steps += masked
 

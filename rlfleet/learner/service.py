@@ -423,7 +423,7 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
                         yield learner_pb2.CreditReply(stop=True, learner_version=self._version())
                         return
                     granted = self.credits is None or self.credits.grant(
-                        client_id, max(int(request.samples), 0), CREDIT_REPLY_S, again
+                        client_id, max(int(request.samples), 0), CREDIT_REPLY_S, again, int(request.policy_version)
                     )
                     yield learner_pb2.CreditReply(granted=granted, learner_version=self._version())
                     if granted or not context.is_active():

@@ -20,8 +20,8 @@ SERVICE = "rlfleet.v1.LearnerService"
 
 
 class PacedLearner:
-    def __init__(self, limit: int, batch: int):
-        self.credits = SampleCredits(limit, batch)
+    def __init__(self, batch: int, max_lag: int):
+        self.credits = SampleCredits(batch, max_lag)
         self.ingest = IngestQueue(maxsize=8)
         self.publisher = WeightPublisher()
         self.servicer = LearnerServicer("runner: {}\n", "run", self.ingest, self.publisher, credits=self.credits)
@@ -47,7 +47,7 @@ class PacedLearner:
 
 @pytest.fixture
 def learner():
-    paced = PacedLearner(limit=20, batch=10)
+    paced = PacedLearner(batch=10, max_lag=2)  # 20 samples owed at most (no version told)
     try:
         yield paced
     finally:
@@ -107,7 +107,7 @@ def test_the_actor_side_stop_ends_the_wait(learner):
 
 
 def test_a_learner_without_flow_control_grants_every_credit_at_once():
-    unpaced = PacedLearner(limit=1, batch=1)
+    unpaced = PacedLearner(batch=1, max_lag=0)
     unpaced.servicer.credits = None  # learner.flow_control: drop
     try:
         stream = CreditStream(unpaced.stub, "actor0")

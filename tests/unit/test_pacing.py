@@ -45,31 +45,43 @@ def segment(T: int, B: int, version: int = 0, groups: int = 0, episodes: int = 1
 
 
 def test_grants_while_there_is_room_then_waits_for_an_update():
-    credits = SampleCredits(limit_samples=100, batch_samples=50)
+    credits = SampleCredits(batch_samples=50, max_policy_lag=2)  # 100 owed at most; 150 for current actors
     assert credits.grant("a", 40, timeout=0) and credits.grant("b", 40, timeout=0)
-    assert not credits.grant("a", 40, timeout=0)  # 80 owed + 40 > 100
+    assert not credits.grant("a", 40, timeout=0)  # 80 owed + 40 > 100, and the actor told no version
     assert credits.owed() == 80 and credits.waits == 1
     credits.arrived("a", 40)  # reserved -> untrained: still owed
     credits.arrived("b", 40)
     assert credits.owed() == 80 and not credits.grant("a", 40, timeout=0)
-    credits.trained(50)  # an update took 50 of them
+    credits.trained(50, version=1)  # an update took 50 of them
     assert credits.owed() == 30 and credits.grant("a", 40, timeout=0)
 
 
+def test_an_actor_with_current_weights_gets_one_more_update_of_room():
+    credits = SampleCredits(batch_samples=50, max_policy_lag=2)
+    credits.trained(0, version=7)
+    assert credits.grant("a", 50, timeout=0) and credits.grant("a", 50, timeout=0)  # 100 owed
+    # the next 50 would be trained at version 7 + 149 // 50 = 9: lag 2 from actions of version 7
+    assert credits.grant("a", 50, timeout=0, version=7)
+    assert not credits.grant("b", 10, timeout=0, version=7)  # 160 > (2 + 1) x 50
+    credits.release("a")
+    assert credits.grant("a", 50, timeout=0) and credits.grant("a", 50, timeout=0)
+    assert not credits.grant("a", 50, timeout=0, version=6)  # weights one version behind: lag 3
+
+
 def test_a_waiting_grant_wakes_when_an_update_finishes():
-    credits = SampleCredits(limit_samples=10, batch_samples=10)
+    credits = SampleCredits(batch_samples=10, max_policy_lag=1)
     assert credits.grant("a", 10, timeout=0)
     credits.arrived("a", 10)
     got: list[bool] = []
     waiter = threading.Thread(target=lambda: got.append(credits.grant("b", 10, timeout=60)))
     waiter.start()
-    credits.trained(10)
+    credits.trained(10, version=1)
     waiter.join(timeout=60)
     assert got == [True] and credits.owed() == 10
 
 
 def test_the_next_update_is_never_starved_by_a_segment_larger_than_the_limit():
-    credits = SampleCredits(limit_samples=10, batch_samples=10)
+    credits = SampleCredits(batch_samples=10, max_policy_lag=1)
     assert credits.grant("a", 25, timeout=0)  # nothing owed: the learner needs it to start at all
     credits.arrived("a", 25)
     assert not credits.grant("a", 25, timeout=0)
@@ -80,7 +92,7 @@ def test_the_next_update_is_never_starved_by_a_segment_larger_than_the_limit():
 
 
 def test_a_stream_that_ends_gives_its_reservations_back():
-    credits = SampleCredits(limit_samples=20, batch_samples=10)
+    credits = SampleCredits(batch_samples=10, max_policy_lag=2)
     assert credits.grant("dead", 10, timeout=0) and credits.grant("dead", 10, timeout=0)
     assert not credits.grant("live", 10, timeout=0)
     credits.release("dead")  # its actor stopped or died: those segments will not come
@@ -89,24 +101,25 @@ def test_a_stream_that_ends_gives_its_reservations_back():
 
 def test_unreserved_arrivals_are_owed_too():
     """Segments sent before a grant (an actor of the drop mode, or queued after its stream ended)."""
-    credits = SampleCredits(limit_samples=20, batch_samples=10)
+    credits = SampleCredits(batch_samples=10, max_policy_lag=2)
     credits.arrived("x", 20)
     assert credits.owed() == 20 and not credits.grant("x", 5, timeout=0)
 
 
 def test_the_limit_follows_the_lag_bound():
-    assert pace_limit(4096, 4) == 4 * 4096
-    assert pace_limit(4096, 0) == 4096  # on-policy: one update's worth at a time
+    assert pace_limit(4096, 4) == 5 * 4096  # for actors whose weights are current
+    assert SampleCredits(4096, 4).blind_limit == 4 * 4096
+    assert SampleCredits(4096, 0).blind_limit == 4096  # on-policy: one update's worth at a time
 
 
 # --- a paced fleet, simulated: actors as fast as can be, a learner that trains batch_samples per update --
 
 
 def simulate(actors: int, T: int, B: int, batch: int, max_lag: int, paced: bool, updates: int = 30):
-    """Every actor steps a segment the moment it may (instantly), its actions from the version
-    before the learner's newest one (the weights still on their way to the inference server).
+    """Every actor steps a segment the moment it may (instantly), half of them with their actions
+    from the version before the learner's newest one (the weights still on their way).
     Returns the lag of every trained row and the env steps (stepped, trained, owed at the end)."""
-    credits = SampleCredits(pace_limit(batch, max_lag), batch)
+    credits = SampleCredits(batch, max_lag)
     queue: list[Segment] = []
     lags: list[int] = []
     version, stepped, trained = 0, 0, 0
@@ -116,9 +129,13 @@ def simulate(actors: int, T: int, B: int, batch: int, max_lag: int, paced: bool,
         for _ in range(64):
             started = False
             for a in range(actors):
-                if paced and not credits.grant(f"actor{a}", T * B, timeout=0):
+                # even actors' weights are current and they say so; odd ones' are a version behind,
+                # unsaid (-1): the worst the learner must allow for
+                acted = version if a % 2 == 0 else max(version - 1, 0)
+                told = acted if a % 2 == 0 else -1
+                if paced and not credits.grant(f"actor{a}", T * B, timeout=0, version=told):
                     continue
-                seg = segment(T, B, version=max(version - 1, 0))
+                seg = segment(T, B, version=acted)
                 stepped += int(seg.env_steps)
                 credits.arrived(f"actor{a}", T * B)
                 queue.append(seg)
@@ -133,8 +150,8 @@ def simulate(actors: int, T: int, B: int, batch: int, max_lag: int, paced: bool,
         for seg in taken:
             lags.extend([version - int(v) for v in seg.versions for _ in range(seg.num_envs)])
         trained += sum(int(s.env_steps) for s in taken)
-        credits.trained(batch)
         version += 1
+        credits.trained(batch, version)
     return np.array(lags), stepped, trained, sum(int(s.env_steps) for s in queue)
 
 
@@ -146,7 +163,7 @@ def test_paced_actors_never_step_a_row_it_cannot_train_in_time(actors, T, B, bat
     lags, stepped, trained, owed = simulate(actors, T, B, batch, max_lag, paced=True)
     assert lags.max() <= max_lag, np.bincount(lags)
     assert stepped == trained + owed  # every stepped env step is trained, or still owed to the next update
-    assert owed <= pace_limit(batch, max_lag)
+    assert owed <= pace_limit(batch, max_lag) + T * B
 
 
 def test_the_same_fleet_unpaced_steps_rows_too_old_to_train():

@@ -113,12 +113,14 @@ class PushAck(_message.Message):
     def __init__(self, segment_id: _Optional[int] = ..., accepted: bool = ..., duplicate: bool = ..., error: _Optional[str] = ..., learner_version: _Optional[int] = ..., stop: bool = ...) -> None: ...
 
 class CreditRequest(_message.Message):
-    __slots__ = ("client_id", "samples")
+    __slots__ = ("client_id", "samples", "policy_version")
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     client_id: str
     samples: int
-    def __init__(self, client_id: _Optional[str] = ..., samples: _Optional[int] = ...) -> None: ...
+    policy_version: int
+    def __init__(self, client_id: _Optional[str] = ..., samples: _Optional[int] = ..., policy_version: _Optional[int] = ...) -> None: ...
 
 class CreditReply(_message.Message):
     __slots__ = ("granted", "stop", "learner_version")
