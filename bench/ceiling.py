@@ -14,17 +14,26 @@ from those two readings, taken from the processes themselves:
   histograms (distribution, p50/p99 interpolated inside the buckets), `_policy_seconds_total`
   (busy fraction);
 - learner: segments and env steps accepted per second, and how often its ingest queue was full
-  (sampled during the window: a full queue is back-pressure on the actors).
+  (sampled during the window: a full queue is back-pressure on the actors);
+- training: env steps in rows the updates trained on (`rlfleet_learner_trained_env_steps_total`)
+  beside those they masked as too old, the trained share, the policy lag of the received rows
+  (`rlfleet_learner_policy_lag_rows_total{lag}`: distribution, mean, max), how often actors waited
+  for credit (`learner.flow_control: pace`, `--flow-control`), and each role's CPU per *trained*
+  env step.
 
 The sweep is one factor at a time around a base point (1 actor x 16 envs, shm, 39-float state,
 max_batch 256; `--base` changes it), each point once with the learner only consuming (`sampling`)
-and once training PPO (`training`). Then the numbers are extrapolated to a cluster (see
+and once training PPO (`training`). The `shape` factor moves actors and envs together (1 x 128,
+8 x 16, 32 x 4: the same 128 envs as one big actor or many small ones); `--base obs=64px` runs a
+sweep on 64 px images instead of the state. Then the numbers are extrapolated to a cluster (see
 docs/performance.md). Output: ceiling.json, ceiling.md, ceiling_sweep.png, ceiling_cpu.png in
 `--out`; with the default `--out` the report also replaces the marked section of
 docs/performance.md.
 
-    python bench/ceiling.py                 # the full sweep (~15 min on 2 quiet cores)
+    python bench/ceiling.py                 # the full sweep (17 points x 2 modes, ~30 min on 2 quiet cores)
     python bench/ceiling.py --quick         # 5 points (~2 min): does it work here
+    python bench/ceiling.py --factors envs,shape                     # the issue-53 table, state
+    python bench/ceiling.py --factors envs,shape --base obs=64px --out docs/performance/64px --no-doc
 """
 
 from __future__ import annotations
@@ -56,7 +65,8 @@ DOC = REPO / "docs" / "performance.md"
 DOC_BEGIN, DOC_END = "<!-- ceiling:begin -->", "<!-- ceiling:end -->"
 OBS = {"state": 0, "64px": 64, "224px": 224}  # observation -> env.image_size (the state is always there)
 FULL_SWEEP: dict[str, list[Any]] = {
-    "envs": [4, 16, 64],
+    "envs": [4, 16, 64, 128, 256, 1024],
+    "shape": ["1x128", "8x16", "32x4"],  # actors x envs per actor
     "actors": [1, 2, 4, 8, 16],
     "transport": ["shm", "zmq", "grpc"],
     "obs": ["state", "64px", "224px"],
@@ -64,6 +74,18 @@ FULL_SWEEP: dict[str, list[Any]] = {
 }
 QUICK_SWEEP: dict[str, list[Any]] = {"actors": [1, 2], "transport": ["shm", "zmq"], "obs": ["state", "64px"]}
 ROLES = ("actor", "env_workers", "inference", "learner_ingest", "learner_loop")
+
+
+def with_factor(point: Point, factor: str, value: Any) -> Point:
+    """The point with one factor set; `shape` ("AxE") sets actors and envs per actor together."""
+    if factor == "shape":
+        actors, _, envs = str(value).partition("x")
+        return replace(point, actors=int(actors), envs=int(envs))
+    return replace(point, **{factor: value})
+
+
+def factor_value(point: Point, factor: str) -> Any:
+    return f"{point.actors}x{point.envs}" if factor == "shape" else getattr(point, factor)
 
 
 @dataclass(frozen=True)
@@ -101,6 +123,7 @@ class Settings:
     seconds: float
     start_timeout: float
     extra: list[str] = field(default_factory=list)
+    flow_control: str = "pace"  # learner.flow_control of every point: pace (credits) or drop
 
     def overrides(self, point: Point, mode: str, run_dir: Path) -> list[str]:
         return [
@@ -112,6 +135,7 @@ class Settings:
             "actor.pipeline_stage_num=2",
             "learner.batch_samples=2048",  # bounds the learner's memory at 224 px
             f"learner.consume_only={str(mode == 'sampling').lower()}",
+            f"learner.flow_control={self.flow_control}",
             "runner.total_env_steps=1000000000000",
             # a safety stop only: the bench stops the learner itself once it has measured
             f"runner.max_wall_seconds={self.start_timeout + self.warmup + self.seconds + 120:.0f}",
@@ -353,10 +377,30 @@ def summarise(a: dict[str, Reading], b: dict[str, Reading], depth: list[float], 
     batches = _rate(ia, ib, "rlfleet_inference_batch_size_count")[0]
     requests = _rate(ia, ib, "rlfleet_inference_request_latency_seconds_count")[0]
     accepted = _rate(la, lb, "rlfleet_learner_accepted_segments_total")[0]
+    trained = _rate(la, lb, "rlfleet_learner_trained_env_steps_total")[0]
+    masked = _rate(la, lb, "rlfleet_learner_masked_env_steps_total")[0]
+    lag_before = la.series("rlfleet_learner_policy_lag_rows_total", "lag")
+    lag_rows = {
+        int(k): v - lag_before.get(k, 0.0)
+        for k, v in lb.series("rlfleet_learner_policy_lag_rows_total", "lag").items()
+        if v - lag_before.get(k, 0.0) > 0
+    }
+    rows = sum(lag_rows.values())
     return {
         "env_steps_per_s": rate,
         "window_s": window,
         "cpu_us_per_env_step": {r: 1e6 * c / steps if steps else math.nan for r, c in cpu.items()},
+        # training only: what the updates trained on, beside what the fleet stepped
+        "trained_env_steps_per_s": trained / window,
+        "masked_env_steps_per_s": masked / window,
+        "trained_share": trained / (trained + masked) if trained + masked else math.nan,
+        "cpu_us_per_trained_env_step": {r: 1e6 * c / trained if trained else math.nan for r, c in cpu.items()},
+        "policy_lag": {
+            "distribution": {str(k): n / rows for k, n in sorted(lag_rows.items())},
+            "mean": sum(k * n for k, n in lag_rows.items()) / rows if rows else math.nan,
+            "max": max(lag_rows) if lag_rows else math.nan,
+        },
+        "credit_waits": _rate(la, lb, "rlfleet_learner_credit_waits_total")[0],
         "cpu_cores": {r: c / window for r, c in cpu.items()},
         "thread_cpu_seconds": threads,
         "inference": {
@@ -414,7 +458,7 @@ def sweep_points(base: Point, sweep: dict[str, list]) -> list[tuple[str, Point]]
     points, seen = [("base", base)], {base}
     for factor, values in sweep.items():
         for v in values:
-            p = replace(base, **{factor: v})
+            p = with_factor(base, factor, v)
             if p not in seen:
                 seen.add(p)
                 points.append((factor, p))
@@ -428,9 +472,17 @@ def factor_series(results: list[dict], base: Point, factor: str, mode: str) -> l
         if r["mode"] != mode or r.get("error"):
             continue
         p = Point(**r["point"])
-        if replace(p, **{factor: getattr(base, factor)}) == base:
-            rows.append((getattr(p, factor), r))
-    key = (lambda v: list(OBS).index(v[0])) if factor == "obs" else (lambda v: v[0] if factor != "transport" else 0)
+        if with_factor(p, factor, factor_value(base, factor)) != base:
+            continue
+        if factor == "shape" and p != base and factor_value(p, factor) not in FULL_SWEEP["shape"]:
+            continue  # the envs sweep's points move actors x envs too; the shape series is its own
+        rows.append((factor_value(p, factor), r))
+    if factor == "obs":
+        key: Any = lambda v: list(OBS).index(v[0])  # noqa: E731
+    elif factor == "shape":
+        key = lambda v: int(v[0].partition("x")[0])  # noqa: E731
+    else:
+        key = lambda v: v[0] if factor != "transport" else 0  # noqa: E731
     return sorted(rows, key=key)
 
 
@@ -655,6 +707,30 @@ def markdown(report: dict) -> str:
             + " | ".join(_f(us[k], 1) for k in ROLES)
             + f" | {_f(sum(us.values()), 1)} | {_f(sum(cores.values()), 2)} |"
         )
+    trained_rows = [r for r in results if r["mode"] == "training" and not r.get("error") and "trained_share" in r]
+    if trained_rows:
+        lines += [
+            "",
+            "### What training trained on (training mode)",
+            "",
+            f"learner.flow_control: {meta['settings'].get('flow_control', 'pace')}. Stepped: the actors' env "
+            "steps/s; trained: env steps/s in rows the updates trained on (masked: older than "
+            "max_policy_lag); lag: the policy lag of the received rows over the window; µs per trained env "
+            "step: every role's CPU over the trained env steps.",
+            "",
+            "| point | stepped/s | trained/s | trained share | lag mean / max | lag distribution | credit waits | "
+            "µs per trained env step (" + ", ".join(ROLES) + ") | total |",
+            "|---|---:|---:|---:|---:|---|---:|---|---:|",
+        ]
+        for r in trained_rows:
+            lag, per = r["policy_lag"], r["cpu_us_per_trained_env_step"]
+            dist = ", ".join(f"{k}: {100 * v:.0f}%" for k, v in lag["distribution"].items())
+            lines.append(
+                f"| {Point(**r['point']).label()} | {_f(r['env_steps_per_s'])} | {_f(r['trained_env_steps_per_s'])} | "
+                f"{_f(100 * r['trained_share'], 1)} % | {_f(lag['mean'], 2)} / {_f(lag['max'])} | {dist} | "
+                f"{_f(r.get('credit_waits'))} | " + ", ".join(_f(per[k], 1) for k in ROLES) + f" | "
+                f"{_f(sum(per.values()), 1)} |"
+            )
     lines += ["", "### Inference batch sizes (base point, sampling: fraction of batches per bucket)", ""]
     base_s = next(
         (r for r in results if r["mode"] == "sampling" and Point(**r["point"]) == base and not r.get("error")), None
@@ -768,6 +844,14 @@ def plots(report: dict, out: Path) -> None:
                 ax.plot(
                     [str(v) for v, _ in series], [r["env_steps_per_s"] for _, r in series], marker=marker, label=mode
                 )
+            if series and mode == "training" and all("trained_env_steps_per_s" in r for _, r in series):
+                ax.plot(
+                    [str(v) for v, _ in series],
+                    [r["trained_env_steps_per_s"] for _, r in series],
+                    marker="x",
+                    linestyle="--",
+                    label="trained",
+                )
         ax.set_title(factor)
         ax.set_ylabel("env steps/s")
         ax.set_ylim(bottom=0)
@@ -850,6 +934,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--report-only", action="store_true", help="rebuild the report from --out/ceiling.json without running"
     )
+    p.add_argument(
+        "--flow-control",
+        default="pace",
+        choices=["pace", "drop"],
+        help="learner.flow_control of every point: pace actors to the learner, or drop rows too old to train",
+    )
     p.add_argument("overrides", nargs="*", help="extra recipe overrides for every point")
     args = p.parse_args(argv)
     if args.report_only:
@@ -863,8 +953,8 @@ def main(argv: list[str] | None = None) -> int:
     base = Point()
     for item in filter(None, args.base.split(",")):
         k, _, v = item.partition("=")
-        value: Any = v if k in ("transport", "obs") else int(v)
-        base = replace(base, **{k: value})
+        value: Any = v if k in ("transport", "obs", "shape") else int(v)
+        base = with_factor(base, k, value)
     modes = args.modes.split(",")
     settings = Settings(
         args.recipe,
@@ -877,6 +967,7 @@ def main(argv: list[str] | None = None) -> int:
         args.seconds if args.seconds is not None else (3.0 if args.quick else 6.0),
         args.start_timeout,
         list(args.overrides),
+        args.flow_control,
     )
     points = sweep_points(base, sweep)
     if args.quick:  # the base point trains; the others only sample

@@ -115,14 +115,29 @@ class LearnerConfig:
     host: str = "127.0.0.1"
     port: int = 0
     # samples per update, each a chunk of up to env.chunk_size env steps (fewer where an episode
-    # ends mid-chunk: env steps count the substeps simulated)
+    # ends mid-chunk: env steps count the substeps simulated). Exactly this many: whole segments,
+    # then env columns of the last one, the rest carried to the next update (rounded up to whole
+    # columns of T steps, and whole GRPO groups)
     batch_samples: int = 4096
     ingest_queue_size: int = 16  # segments
+    # pace: actors start a segment only when the learner could train it within
+    # algorithm.max_policy_lag (credit-based flow control, rlfleet.learner.pacing); drop: actors run
+    # free and the trainer masks rows older than that (counted: train/dropped_samples, masked_env_steps)
+    flow_control: str = "pace"
     reward_scale: float = 1.0
     device: str = "cpu"
     weight_chunk_bytes: int = 4 * 1024 * 1024
     consume_only: bool = False  # benchmarks: take segments but skip the PPO update
     distributed: DistributedConfig = field(default_factory=DistributedConfig)  # under torchrun
+
+    def __post_init__(self) -> None:
+        if self.flow_control not in FLOW_CONTROL:
+            raise ValueError(
+                f"learner.flow_control must be one of {', '.join(FLOW_CONTROL)}, got {self.flow_control!r}"
+            )
+
+
+FLOW_CONTROL = ("pace", "drop")
 
 
 @dataclass
@@ -375,7 +390,7 @@ def load_config(recipe: str | None, overrides: list[str] | None = None) -> DictC
         OmegaConf.to_container(cfg, resolve=True)  # a bad ${...} interpolation fails now, not mid-run
     except OmegaConfBaseException as exc:
         raise ConfigError(f"{getattr(exc, 'full_key', '') or 'config'}: {_first_line(exc)}") from None
-    for section in ("algorithm", "dagger"):
+    for section in ("algorithm", "dagger", "learner"):
         try:
             OmegaConf.to_object(cfg[section])  # the section's own checks (its dataclass's __post_init__)
         except ValueError as exc:

@@ -119,8 +119,11 @@ def _run_actor(
             for s, (lo, hi) in enumerate(rows)
         ]
 
+        acted = [-1] * S  # each stage's latest actions' policy version (its credit requests tell it)
+
         def launch(s: int) -> None:
             version = inference.wait(s)
+            acted[s] = version
             builders[s].record_policy(pool.slots, version)
             if resets is not None and builders[s].t == T - 1:  # a segment's last step: reset after it
                 seeds = np.zeros(E, np.int64)
@@ -129,8 +132,17 @@ def _run_actor(
             else:
                 pool.step_async(s)
 
-        for s in range(S):
+        # learner.flow_control: pace: a segment starts only when the learner could train it within
+        # max_policy_lag (rlfleet.learner.pacing), so nothing is stepped only to be masked as too old
+        paced = cfg.learner.get("flow_control", "pace") == "pace"
+
+        def start_segment(s: int) -> None:
+            if paced:
+                learner.await_credit(T * (rows[s][1] - rows[s][0]), stopping, acted[s])
             inference.submit(s, *rows[s])
+
+        for s in range(S):
+            start_segment(s)
         launch(0)
         s = 0
         t0 = time.monotonic()
@@ -149,7 +161,9 @@ def _run_actor(
                 learner.push(segment)
                 segments += 1
                 counters.add_segment(segment)
-            inference.submit(s, *rows[s])
+                start_segment(s)  # the observation after its last step is the next segment's first
+            else:
+                inference.submit(s, *rows[s])
             if nxt == s:
                 launch(s)
             s = nxt

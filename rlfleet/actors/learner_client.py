@@ -22,6 +22,7 @@ import queue
 import secrets
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import grpc
@@ -111,6 +112,70 @@ def orphaned_lives(folder: str | None, client_id: str, own: Path | None) -> list
     return out
 
 
+class CreditStream:
+    """The actor's side of the learner's flow control (rlfleet.learner.pacing): `wait(samples)`
+    before each segment returns once the learner could train it within the lag bound. One request
+    per segment on one stream; a broken stream is opened again (the learner may have restarted)."""
+
+    def __init__(self, stub: learner_pb2_grpc.LearnerServiceStub, client_id: str):
+        self.stub, self.client_id = stub, client_id
+        self.enabled = True  # False after a learner that does not know the call (then nothing is paced)
+        self.waited_s = 0.0  # time spent waiting for room
+        self.stop = False  # the learner said training is over
+        self._requests: queue.Queue[learner_pb2.CreditRequest | None] | None = None
+        self._replies: Iterator[learner_pb2.CreditReply] | None = None
+
+    def _open(self) -> Iterator[learner_pb2.CreditReply]:
+        requests: queue.Queue[learner_pb2.CreditRequest | None] = queue.Queue()
+
+        def send() -> Iterator[learner_pb2.CreditRequest]:
+            while (item := requests.get()) is not None:
+                yield item
+
+        self._requests, self._replies = requests, self.stub.Credits(send())
+        return self._replies
+
+    def wait(self, samples: int, stopping: Callable[[], bool], version: int = -1) -> None:
+        """Block until the learner grants `samples` (or says stop, or `stopping()`); `version`: that
+        of the actor's latest actions (-1: none yet)."""
+        t0, backoff = time.monotonic(), 0.1
+        try:
+            while self.enabled and not stopping():
+                replies = self._replies or self._open()
+                assert self._requests is not None
+                self._requests.put(
+                    learner_pb2.CreditRequest(client_id=self.client_id, samples=samples, policy_version=version)
+                )
+                try:
+                    for reply in replies:
+                        if reply.stop:
+                            self.stop = True
+                            return
+                        if reply.granted:
+                            return
+                        if stopping():
+                            return
+                    raise grpc.RpcError("credit stream ended")  # the learner closed it: open a new one
+                except grpc.RpcError as exc:
+                    code = exc.code() if hasattr(exc, "code") else None
+                    self.close()
+                    if code == grpc.StatusCode.UNIMPLEMENTED:
+                        log.warning("the learner has no flow control; this actor runs unpaced")
+                        self.enabled = False
+                        return
+                    time.sleep(backoff)
+                    backoff = min(backoff * 2, 2.0)
+        finally:
+            self.waited_s += time.monotonic() - t0
+
+    def close(self) -> None:
+        if self._requests is not None:
+            self._requests.put(None)
+        if self._replies is not None and hasattr(self._replies, "cancel"):
+            self._replies.cancel()
+        self._requests = self._replies = None
+
+
 class LearnerClient:
     def __init__(
         self,
@@ -138,6 +203,7 @@ class LearnerClient:
         self.ledger = LifeLedger(client_id, self.life, folder)
         self._orphans = orphaned_lives(folder, client_id, self.ledger.path)  # reported by the heartbeat
         self._queue: queue.Queue[tuple[int, bytes, int] | None] = queue.Queue(maxsize=queue_size)
+        self.credits = CreditStream(self.stub, client_id)
         self._sender = threading.Thread(target=self._send_loop, name="segment-sender", daemon=True)
         self._heart = threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)
         self._sender.start()
@@ -151,6 +217,13 @@ class LearnerClient:
     def env_steps(self, value: int) -> None:
         """Env steps taken so far by this process (the actor loop sets it after each step)."""
         self.ledger.set_taken(value)
+
+    def await_credit(self, samples: int, stopping: Callable[[], bool], version: int = -1) -> None:
+        """learner.flow_control: pace: wait until the learner has room for a segment of `samples`,
+        acted from `version` (that of the latest actions; -1: none yet) or newer."""
+        self.credits.wait(samples, lambda: stopping() or self.failed.is_set() or self.stop_requested.is_set(), version)
+        if self.credits.stop:
+            self.stop_requested.set()
 
     def push(self, segment: Segment) -> None:
         """Queue a segment; blocks while the queue is full (back-pressure from the learner)."""
@@ -246,6 +319,7 @@ class LearnerClient:
         while not self._queue.empty() and time.monotonic() < deadline and not self.stop_requested.is_set():
             time.sleep(0.05)
         self.failed.set()  # ends the heartbeat loop
+        self.credits.close()
         try:  # with `failed` set the sender only drops what is queued: room comes at once
             self._queue.put(None, timeout=2)
         except queue.Full:

@@ -61,5 +61,5 @@ def print_summary(summary: Mapping[str, Any]) -> None:
         console.print(table)
     if summary.get("eval_mean_return"):  # envs judged by return (gymnasium's MuJoCo tasks) show it too
         console.print(return_line(summary["eval_mean_return"]))
-    keys = ("env_steps", "updates", "train_seconds", "throughput_env_steps_per_s", "checkpoint")
+    keys = ("env_steps", "trained_share", "updates", "train_seconds", "throughput_env_steps_per_s", "checkpoint")
     console.print({k: summary[k] for k in keys if k in summary})

@@ -42,6 +42,10 @@ class TrainerCounters:
     env_steps: int = 0
     samples: int = 0
     wall_seconds: float = 0.0
+    # env steps in rows the updates trained on, and in rows they masked (too old, or left out by
+    # the estimator); env_steps less both: counted but in no update yet (rlfleet.learner.trainer)
+    trained_env_steps: int = 0
+    masked_env_steps: int = 0
 
 
 def _write_atomic(path: Path, text: str) -> None:

@@ -31,6 +31,7 @@ class IngestQueue:
         remember: int = 4096,
         on_accept: Callable[[str, int, int], None] | None = None,
         seen_before: Callable[[str, int], bool] | None = None,
+        on_queued: Callable[[IngestedSegment], None] | None = None,
     ):
         self._q: queue.Queue[IngestedSegment] = queue.Queue(maxsize=maxsize)
         self._seen: OrderedDict[tuple[str, int], None] = OrderedDict()
@@ -48,6 +49,7 @@ class IngestQueue:
         # the run's loss ledger: told (client, segment id, env steps) of each accepted segment, and
         # asked about segments an earlier learner life accepted (a re-send after a crash cut the ack)
         self._on_accept, self._seen_before = on_accept, seen_before
+        self._on_queued = on_queued  # flow control: each accepted segment, once (rlfleet.learner.pacing)
 
     def seen(self, client_id: str, segment_id: int) -> bool:
         with self._lock:
@@ -87,6 +89,8 @@ class IngestQueue:
                 self.by_client[item.client_id] = self.by_client.get(item.client_id, 0) + 1
                 if self._on_accept is not None:
                     self._on_accept(item.client_id, item.segment_id, _env_steps(item))
+                if self._on_queued is not None:
+                    self._on_queued(item)
         mine.set()
         return ok
 

@@ -13,6 +13,7 @@ import threading
 import time
 import uuid
 from argparse import Namespace
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, cast
@@ -37,12 +38,14 @@ from rlfleet.config import (
 from rlfleet.envs.registry import scored_chain_length, task_list
 from rlfleet.eval.service import EvaluationService, LoopObserver, PeriodicEval
 from rlfleet.eval.summary import print_summary, write_summary
+from rlfleet.learner.batches import samples, take_batch
 from rlfleet.learner.checkpointer import Checkpointer, TrainerCounters, run_info
 from rlfleet.learner.distributed import Ranks, SingleRank, join_ranks
 from rlfleet.learner.follower import run_follower
-from rlfleet.learner.ingest import IngestQueue
+from rlfleet.learner.ingest import IngestedSegment, IngestQueue
 from rlfleet.learner.losses import LossLedger
 from rlfleet.learner.metrics import EpisodeWindow, MetricsWriter, TrainProgress
+from rlfleet.learner.pacing import SampleCredits
 from rlfleet.learner.service import LearnerServicer, segment_byte_limit
 from rlfleet.learner.trainer import Trainer, ppo_config
 from rlfleet.learner.weight_publisher import WeightPublisher, tensor_digests
@@ -165,8 +168,18 @@ class Learner:
         self._frozen = frozenset(n for n, p in self.policy.named_parameters() if not p.requires_grad)
         self._digests: dict[str, str] = {}
         self._publish()
+        # learner.flow_control: pace: actors start a segment only when it can be trained within the lag bound
+        batch, lag = cfg.learner.batch_samples, cfg.algorithm.max_policy_lag
+        self.credits = SampleCredits(batch, lag) if cfg.learner.flow_control == "pace" else None
+        if self.credits is not None:
+            self.credits.version = self.counters.version  # a resumed run's
+        self._carry: list[Segment] = []  # env columns past the last update's batch_samples, first in the next
+        self.lag_rows: Counter[int] = Counter()  # received rows by policy lag, over the run (the metrics endpoint)
         self.ingest = IngestQueue(
-            cfg.learner.ingest_queue_size, on_accept=self.losses.accepted_segment, seen_before=self.losses.seen_before
+            cfg.learner.ingest_queue_size,
+            on_accept=self.losses.accepted_segment,
+            seen_before=self.losses.seen_before,
+            on_queued=self._queued,
         )
         obs_spec = run_observation_spec(cfg)
         lp_shape, extras = tuple(dims.logprob_shape), {k: tuple(v) for k, v in dims.extra_outputs.items()}
@@ -191,6 +204,7 @@ class Learner:
             ),
             on_life_ended=self.losses.life_ended,
             on_refused_push=self.losses.refused_push,
+            credits=self.credits,
         )
         self.server = None  # start() serves: constructing a Learner opens no port
         self.port, self.address = 0, ""
@@ -244,10 +258,16 @@ class Learner:
             self.address = f"{self.cfg.learner.host}:{self.port}"
         return self.address
 
+    def _queued(self, item: IngestedSegment) -> None:
+        if self.credits is not None:
+            self.credits.arrived(item.client_id, item.segment.num_steps * item.segment.num_envs)
+
     def _gather(self, progress: TrainProgress) -> list[Segment] | None:
-        """Segments until one update's worth of samples; None when asked to stop first."""
-        segments, samples = [], 0
-        while samples < self.cfg.learner.batch_samples:
+        """One update's batch_samples samples (rlfleet.learner.batches): the columns the last update
+        left over, then segments as they come; None when asked to stop first."""
+        segments, have = self._carry, samples(self._carry)
+        self._carry = []
+        while have < self.cfg.learner.batch_samples:
             if self.stop_event.is_set() or self._out_of_time():
                 return None
             item = self.ingest.get(timeout=0.2)
@@ -256,13 +276,34 @@ class Learner:
                 continue
             seg = item.segment
             segments.append(seg)
-            samples += seg.num_steps * seg.num_envs
+            have += seg.num_steps * seg.num_envs
             self.counters.samples += seg.num_steps * seg.num_envs  # chunk samples: one per chunk step and env
             self.counters.env_steps += int(seg.env_steps)  # simulated substeps: fewer where episodes ended mid-chunk
             self.losses.counted(self.counters.env_steps)
             self.episodes.add(seg)
             progress.update(self.counters.env_steps)
-        return segments
+        batch, self._carry = take_batch(segments, self.cfg.learner.batch_samples)
+        return batch
+
+    def _trained(self, segments: list[Segment], trained: int, masked: int) -> None:
+        """An update is done with these segments: room for more (flow control), and the account."""
+        if self.credits is not None:
+            self.credits.trained(samples(segments), self.counters.version)
+        self.counters.trained_env_steps += trained
+        self.counters.masked_env_steps += masked
+
+    def env_step_account(self) -> dict[str, float | int]:
+        """Counted env steps by fate: trained, masked (too old, or left out by the estimator), and
+        in no update (the carried columns and a partial batch at the end; consume_only: all)."""
+        c = self.counters
+        return {
+            "trained_env_steps": c.trained_env_steps,
+            "masked_env_steps": c.masked_env_steps,
+            "untrained_env_steps": c.env_steps - c.trained_env_steps - c.masked_env_steps,
+            "trained_share": round(c.trained_env_steps / c.env_steps, 4) if c.env_steps else 0.0,
+            "flow_control": self.cfg.learner.flow_control,
+            "paced_credit_waits": self.credits.waits if self.credits is not None else 0,
+        }
 
     def _out_of_time(self) -> bool:
         c, r = self.counters, self.cfg.runner
@@ -319,12 +360,20 @@ class Learner:
                         )
                     t0 = time.monotonic()
                     if cfg.learner.consume_only:
+                        self._trained(segments, 0, 0)
                         continue
                     self.ranks.send_update(segments, self.counters.version)  # ranks > 0 train on them too
                     stats = self.trainer.step(segments, self.counters.version)
                     self.counters.version += 1
                     self.counters.update += 1
                     self._publish()
+                    self._trained(segments, *self.trainer.env_step_account)
+                    stats["train/trained_env_steps"], stats["train/masked_env_steps"] = self.trainer.env_step_account
+                    c = self.counters
+                    stats["throughput/trained_share"] = c.trained_env_steps / max(c.env_steps, 1)
+                    self.lag_rows.update(
+                        {int(k.rsplit("/", 1)[1]): int(v) for k, v in stats.items() if "/policy_lag_count/" in k}
+                    )
                     elapsed = time.monotonic() - t_first
                     stats.update(self.episodes.scalars())
                     stats["time/update_s"] = time.monotonic() - t0
@@ -386,6 +435,16 @@ class Learner:
         summary["lost_env_steps"] = self.losses.by_cause(acct["accepted_env_steps"] - acct["consumed_env_steps"])
         # what remote simulators got wrong (episodes cut by NaN or bad replies, timeouts, reopened sessions)
         summary["env_faults"] = self.servicer.env_faults()
+        account = self.env_step_account()  # trained_share: of the counted env steps, those trained
+        summary.update(account)
+        log.info(
+            "trained on %d of %d env steps (%.1f%%; %d masked, flow_control %s)",
+            self.counters.trained_env_steps,
+            self.counters.env_steps,
+            100 * float(account["trained_share"]),
+            self.counters.masked_env_steps,
+            cfg.learner.flow_control,
+        )
         return summary
 
     def finish(self, summary: dict[str, Any]) -> dict[str, Any]:

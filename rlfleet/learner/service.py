@@ -14,6 +14,7 @@ import grpc
 import numpy as np
 
 from rlfleet.learner.ingest import IngestedSegment, IngestQueue
+from rlfleet.learner.pacing import SampleCredits
 from rlfleet.learner.weight_publisher import WeightPublisher
 from rlfleet.wire import codec
 from rlfleet.wire.auth import AuthConfig, identity_of, identity_table, resolve
@@ -37,6 +38,7 @@ MAX_FAULT_KINDS = 32  # per heartbeat; a kind is at most 64 characters
 REGISTER_BURST = 256
 REGISTER_PER_S = 4.0
 MAX_CLIENT_ID_BYTES = 128  # a longer id is refused: ids are kept in the client table and the loss ledger
+CREDIT_REPLY_S = 1.0  # a credit request with no room yet is answered "not granted" this often
 
 
 def segment_byte_limit(
@@ -93,6 +95,7 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
         on_life_ended: Callable[..., int] | None = None,
         on_refused_push: Callable[[str, int], None] | None = None,
         auth: AuthConfig | None = None,
+        credits: SampleCredits | None = None,
     ):
         self.auth = auth  # None: the process's settings (its token identities share the client table)
         self.config_yaml = config_yaml
@@ -106,6 +109,7 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
         self.other_rejections = RejectionCounter()  # refused calls that are not pushes, by reason
         self.on_life_ended = on_life_ended  # (client_id, life, taken, accepted, rejected, crashed) -> lost
         self.on_refused_push = on_refused_push  # (client_id, segment_id): bounds what a life may report rejected
+        self.credits = credits  # flow control (learner.flow_control: pace); None: every credit at once
         self.stop_event = threading.Event()
         self._clients: dict[str, ClientInfo] = {}
         self._adopted: set[str] = set()  # ids first seen in a heartbeat, not a Register
@@ -401,6 +405,33 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
             error="learner is stopping",
             learner_version=self._version(),
         )
+
+    def Credits(self, request_iterator, context) -> Iterator[learner_pb2.CreditReply]:
+        """One actor's credit stream: a reply per request once there is room (rlfleet.learner.pacing),
+        "not granted" every CREDIT_REPLY_S meanwhile. Its reservations end with the stream."""
+        client_id = None
+        try:
+            for request in request_iterator:
+                if client_id is None:
+                    self._check_client_id(request.client_id, context)
+                    client_id = request.client_id
+                    if self.credits is not None:  # however the call ends (a cancelled call skips `finally`)
+                        context.add_callback(lambda c=client_id: self.credits.release(c))
+                again = False
+                while True:
+                    if self.stop_event.is_set():
+                        yield learner_pb2.CreditReply(stop=True, learner_version=self._version())
+                        return
+                    granted = self.credits is None or self.credits.grant(
+                        client_id, max(int(request.samples), 0), CREDIT_REPLY_S, again, int(request.policy_version)
+                    )
+                    yield learner_pb2.CreditReply(granted=granted, learner_version=self._version())
+                    if granted or not context.is_active():
+                        break
+                    again = True
+        finally:
+            if client_id is not None and self.credits is not None:
+                self.credits.release(client_id)
 
     def _reject(self, first, reason: str, error: str, version: int) -> learner_pb2.PushAck:
         self.ingest.count_rejected(reason)

@@ -254,6 +254,7 @@ class Trainer:
         self.obs_keys = _read_keys(self.policy, self.reference)
         self.updates = 0  # this process's updates, for the critic warm-up
         self.nonfinite_steps = 0  # optimiser steps skipped for a non-finite gradient (train/nonfinite_steps)
+        self.env_step_account = (0, 0)  # the last step's env steps (trained, masked): env_step_account
         self._model: nn.Module | None = None  # PolicyEvaluator, DDP-wrapped at the first update
 
     def _training_model(self) -> nn.Module:
@@ -562,6 +563,7 @@ class Trainer:
         advantages = self.segment_advantages(segments)
         received.update(advantage_stats(advantages or [], [self._t(s.group_ids) for s in segments]))
         valid = self.valid_rows(segments, lags, advantages)
+        self.env_step_account = env_step_account(segments, valid)
         shard = shard_rows(segments, valid, self.ranks.rank, self.ranks.world_size)
         total = len(valid)
         if shard.num_rows == 0:
@@ -636,6 +638,19 @@ class Trainer:
             rows = shard.valid.nonzero().squeeze(-1)
             _as_policy(self.policy).update_normalization(obs if len(rows) == len(shard.valid) else _index(obs, rows))
         self.ranks.broadcast_buffers(self.policy)
+
+
+def env_step_account(segments: list[Segment], valid: torch.Tensor) -> tuple[int, int]:
+    """(env steps in trained rows, env steps in masked rows) of the segments. A segment counts only
+    its total env steps, so each row gets its share (a row is a chunk of up to chunk_size steps);
+    the two always add up to the segments' env steps."""
+    trained = total = 0
+    kept = valid.split([s.num_steps * s.num_envs for s in segments]) if segments else []
+    for seg, keep in zip(segments, kept):
+        steps, rows = int(seg.env_steps), len(keep)
+        trained += steps * int(keep.sum()) // rows if rows else 0
+        total += steps
+    return trained, total - trained
 
 
 class RowWeightedMeans:

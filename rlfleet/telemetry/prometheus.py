@@ -97,6 +97,25 @@ class LearnerCollector(Collector):
         yield _gauge("rlfleet_learner_policy_version", "version of the newest published weights", lr.counters.version)
         yield _counter("rlfleet_learner_env_steps", "env steps received from actors", lr.counters.env_steps)
         yield _counter("rlfleet_learner_updates", "PPO updates done", lr.counters.update)
+        trained = lr.counters.trained_env_steps
+        yield _counter("rlfleet_learner_trained_env_steps", "env steps in rows the updates trained on", trained)
+        yield _counter(
+            "rlfleet_learner_masked_env_steps",
+            "env steps in rows the updates masked (older than max_policy_lag, or left out by the estimator)",
+            lr.counters.masked_env_steps,
+        )
+        yield _by_label(
+            "rlfleet_learner_policy_lag_rows",
+            "received rows by policy lag (learner updates between acting and training)",
+            "lag",
+            {str(k): v for k, v in sorted(lr.lag_rows.items())},
+        )
+        credits = getattr(lr, "credits", None)  # learner.flow_control: pace
+        yield _counter(
+            "rlfleet_learner_credit_waits",
+            "segment credits that found no room at first: actors paced to the learner",
+            credits.waits if credits is not None else 0,
+        )
         yield _gauge("rlfleet_learner_ingest_queue_depth", "segments waiting in the ingest queue", ingest.qsize())
         yield _gauge(
             "rlfleet_learner_ingest_queue_capacity", "ingest queue bound (segments)", lr.cfg.learner.ingest_queue_size

@@ -63,6 +63,13 @@ def test_a_tiny_ceiling_point_reports_per_role_cpu_and_inference_stats(tmp_path)
         assert _positive(r["learner"]["segments_per_s"]) and _positive(r["learner"]["env_steps_per_s"])
     training = report["results"][1]
     assert _positive(training["cpu_us_per_env_step"]["learner_loop"])  # PPO updates ran in the main loop
+    # what the updates trained on, beside what the fleet stepped (paced: the default flow control)
+    assert report["meta"]["settings"]["flow_control"] == "pace"
+    assert _positive(training["trained_env_steps_per_s"]) and 0 < training["trained_share"] <= 1
+    lag = training["policy_lag"]
+    assert math.isclose(sum(lag["distribution"].values()), 1.0, rel_tol=1e-6) and lag["max"] >= lag["mean"] >= 0
+    assert set(training["cpu_us_per_trained_env_step"]) == ROLES
+    assert "What training trained on" in (out / "ceiling.md").read_text()
     ex = report["extrapolation"]
     assert _positive(ex["inference_capacity_env_steps_per_s"]) and "zero-cost env" in ex["sims"]
     page = (out / "ceiling.md").read_text()

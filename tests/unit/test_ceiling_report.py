@@ -119,3 +119,57 @@ def test_the_doc_section_between_the_markers_is_replaced(tmp_path):
     assert ceiling.update_doc(doc, "new table\n")
     assert doc.read_text() == f"# P\n\nintro\n\n{ceiling.DOC_BEGIN}\nnew table\n{ceiling.DOC_END}\n\nafter\n"
     assert not ceiling.update_doc(tmp_path / "missing.md", "x")
+
+
+def test_the_shape_factor_moves_actors_and_envs_together():
+    base = ceiling.Point()
+    points = ceiling.sweep_points(base, {"shape": ["1x128", "8x16", "32x4"], "envs": [16, 1024]})
+    assert [p for _, p in points][1:4] == [
+        ceiling.Point(actors=1, envs=128),
+        ceiling.Point(actors=8, envs=16),
+        ceiling.Point(actors=32, envs=4),
+    ]
+    assert points[-1] == ("envs", ceiling.Point(envs=1024))
+    results = [_result(p, "training", 1000.0 * (i + 1), US) for i, (_, p) in enumerate(points)]
+    series = ceiling.factor_series(results, base, "shape", "training")
+    assert [v for v, _ in series] == ["1x16", "1x128", "8x16", "32x4"]  # the base point is 1 x 16
+    assert {"envs", "shape"} <= set(ceiling.FULL_SWEEP) and 1024 in ceiling.FULL_SWEEP["envs"]
+
+
+def _readings(at: float, **counters: float) -> object:
+    """A learner reading: plain counters, and `lagK=n` as the policy lag rows of lag K."""
+    samples = {(k, ()): v for k, v in counters.items() if not k.startswith("lag")}
+    lag = "rlfleet_learner_policy_lag_rows_total"
+    samples.update({(lag, (("lag", k[3:]),)): v for k, v in counters.items() if k.startswith("lag")})
+    return ceiling.Reading(at, samples)
+
+
+def test_training_records_the_trained_share_the_lag_and_the_cost_per_trained_step():
+    zero = {"rlfleet_actor_env_steps_total": 0.0, "process_cpu_seconds_total": 0.0}
+    a = {
+        "actor0": ceiling.Reading(0.0, {(k, ()): v for k, v in zero.items()}),
+        "learner": _readings(0.0, lag0=100, lag1=0),
+        "inference": ceiling.Reading(0.0, {}),
+    }
+    b = {
+        "actor0": ceiling.Reading(
+            10.0, {("rlfleet_actor_env_steps_total", ()): 10_000.0, ("process_cpu_seconds_total", ()): 1.0}
+        ),
+        "learner": _readings(
+            10.0,
+            rlfleet_learner_trained_env_steps_total=8_000,
+            rlfleet_learner_masked_env_steps_total=2_000,
+            rlfleet_learner_credit_waits_total=3,
+            lag0=800,
+            lag1=200,
+            lag3=100,
+        ),
+        "inference": ceiling.Reading(10.0, {}),
+    }
+    r = ceiling.summarise(a, b, [0.0], 0)
+    assert r["trained_env_steps_per_s"] == 800.0 and r["masked_env_steps_per_s"] == 200.0
+    assert r["trained_share"] == 0.8 and r["credit_waits"] == 3
+    assert r["policy_lag"]["distribution"] == pytest.approx({"0": 0.7, "1": 0.2, "3": 0.1})  # rows in the window
+    assert r["policy_lag"]["max"] == 3 and r["policy_lag"]["mean"] == pytest.approx((200 + 300) / 1000)
+    assert r["cpu_us_per_trained_env_step"]["actor"] == pytest.approx(1e6 / 8_000)
+    assert r["cpu_us_per_env_step"]["actor"] == pytest.approx(1e6 / 10_000)

@@ -42,7 +42,9 @@ def _fake_learner(last_stats: dict) -> SimpleNamespace:
         qsize=lambda: 3, accepted=10, duplicates=1, rejected_by_reason=lambda: {"protocol": 2, "schema": 1}
     )
     return SimpleNamespace(
-        counters=SimpleNamespace(version=5, env_steps=640, update=4),
+        counters=SimpleNamespace(version=5, env_steps=640, update=4, trained_env_steps=600, masked_env_steps=40),
+        lag_rows={0: 500, 1: 100, 3: 40},
+        credits=SimpleNamespace(waits=7),
         ingest=ingest,
         cfg=SimpleNamespace(learner=SimpleNamespace(ingest_queue_size=16)),
         servicer=SimpleNamespace(
@@ -89,6 +91,13 @@ def test_learner_collector_mirrors_scalars_and_exports_live_counters():
     assert "rlfleet_learner_lost_env_steps_actor_crashed" not in fams  # the last update's copy is not mirrored
     faults = fams["rlfleet_learner_env_faults"]
     assert {s.labels["kind"]: s.value for s in faults.samples if s.name.endswith("_total")} == {"step_timeouts": 3}
+    # what the updates trained on, the lag of the received rows, and the flow control's pacing
+    assert fams["rlfleet_learner_trained_env_steps"].samples[0].value == 600
+    assert fams["rlfleet_learner_masked_env_steps"].samples[0].value == 40
+    lags = fams["rlfleet_learner_policy_lag_rows"]
+    by_lag = {s.labels["lag"]: s.value for s in lags.samples if s.name.endswith("_total")}
+    assert by_lag == {"0": 500, "1": 100, "3": 40}
+    assert fams["rlfleet_learner_credit_waits"].samples[0].value == 7
 
 
 def test_batch_sizes_fill_powers_of_two_buckets_up_to_max_batch():

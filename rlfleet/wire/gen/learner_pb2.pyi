@@ -112,6 +112,26 @@ class PushAck(_message.Message):
     stop: bool
     def __init__(self, segment_id: _Optional[int] = ..., accepted: bool = ..., duplicate: bool = ..., error: _Optional[str] = ..., learner_version: _Optional[int] = ..., stop: bool = ...) -> None: ...
 
+class CreditRequest(_message.Message):
+    __slots__ = ("client_id", "samples", "policy_version")
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    client_id: str
+    samples: int
+    policy_version: int
+    def __init__(self, client_id: _Optional[str] = ..., samples: _Optional[int] = ..., policy_version: _Optional[int] = ...) -> None: ...
+
+class CreditReply(_message.Message):
+    __slots__ = ("granted", "stop", "learner_version")
+    GRANTED_FIELD_NUMBER: _ClassVar[int]
+    STOP_FIELD_NUMBER: _ClassVar[int]
+    LEARNER_VERSION_FIELD_NUMBER: _ClassVar[int]
+    granted: bool
+    stop: bool
+    learner_version: int
+    def __init__(self, granted: bool = ..., stop: bool = ..., learner_version: _Optional[int] = ...) -> None: ...
+
 class WatchRequest(_message.Message):
     __slots__ = ("subscriber_id", "known_version")
     SUBSCRIBER_ID_FIELD_NUMBER: _ClassVar[int]

@@ -50,6 +50,11 @@ class LearnerServiceStub(object):
                 request_serializer=rlfleet_dot_v1_dot_learner__pb2.TrajectoryChunk.SerializeToString,
                 response_deserializer=rlfleet_dot_v1_dot_learner__pb2.PushAck.FromString,
                 _registered_method=True)
+        self.Credits = channel.stream_stream(
+                '/rlfleet.v1.LearnerService/Credits',
+                request_serializer=rlfleet_dot_v1_dot_learner__pb2.CreditRequest.SerializeToString,
+                response_deserializer=rlfleet_dot_v1_dot_learner__pb2.CreditReply.FromString,
+                _registered_method=True)
         self.WatchWeights = channel.unary_stream(
                 '/rlfleet.v1.LearnerService/WatchWeights',
                 request_serializer=rlfleet_dot_v1_dot_learner__pb2.WatchRequest.SerializeToString,
@@ -79,6 +84,15 @@ class LearnerServiceServicer(object):
 
     def PushTrajectory(self, request_iterator, context):
         """A segment is a serialized TensorMap split into <= 4 MB chunks; one ack per segment.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Credits(self, request_iterator, context):
+        """Credit-based flow control (learner.flow_control: pace): an actor asks for room before it starts
+        a segment, one request per segment on one stream; the learner answers when it could train that
+        segment within algorithm.max_policy_lag (granted), and every second it still cannot (not granted).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -115,6 +129,11 @@ def add_LearnerServiceServicer_to_server(servicer, server):
                     servicer.PushTrajectory,
                     request_deserializer=rlfleet_dot_v1_dot_learner__pb2.TrajectoryChunk.FromString,
                     response_serializer=rlfleet_dot_v1_dot_learner__pb2.PushAck.SerializeToString,
+            ),
+            'Credits': grpc.stream_stream_rpc_method_handler(
+                    servicer.Credits,
+                    request_deserializer=rlfleet_dot_v1_dot_learner__pb2.CreditRequest.FromString,
+                    response_serializer=rlfleet_dot_v1_dot_learner__pb2.CreditReply.SerializeToString,
             ),
             'WatchWeights': grpc.unary_stream_rpc_method_handler(
                     servicer.WatchWeights,
@@ -208,6 +227,33 @@ class LearnerService(object):
             '/rlfleet.v1.LearnerService/PushTrajectory',
             rlfleet_dot_v1_dot_learner__pb2.TrajectoryChunk.SerializeToString,
             rlfleet_dot_v1_dot_learner__pb2.PushAck.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Credits(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/rlfleet.v1.LearnerService/Credits',
+            rlfleet_dot_v1_dot_learner__pb2.CreditRequest.SerializeToString,
+            rlfleet_dot_v1_dot_learner__pb2.CreditReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,121 @@
+"""Credit-based flow control: actors start a segment only when the learner could train it within
+`algorithm.max_policy_lag` (`learner.flow_control: pace`).
+
+Without it a fleet that samples faster than the learner trains fills every buffer on the way (the
+actor's segments in progress, its send queue, the push in flight, the ingest queue); the rows wait
+there for updates and the trainer masks those older than the lag bound: stepped, then thrown away.
+
+The learner keeps one number, the samples it owes training: `untrained` (accepted, not yet in a
+finished update: the ingest queue, the batch being gathered, the columns carried to the next
+update) plus `reserved` (granted to an actor for a segment it is stepping or sending). The learner
+trains its queue in order, exactly `batch_samples` (b) samples per update, so a segment granted at
+learner version V has at most `owed` samples ahead of it (when segments arrive in the order they
+were granted: actors that step a segment faster than the learner trains an update, the case
+pacing is for): its last row is trained at version V + (owed + segment - 1) // b. An actor asks
+before each segment (`Credits` RPC); the answer waits until
+
+    owed < b                                       (the next update cannot start without it), or
+    owed + segment <= max(max_policy_lag, 1) * b   (trained by V + max_policy_lag - 1), or
+    owed + segment <= (max_policy_lag + 1) * b  and  V + (owed + segment - 1) // b - v <= max_policy_lag
+
+and reserves the segment until it arrives. The second rule leaves one update of room for weights
+still on their way to the actor's inference server (its next actions may come from V - 1); the
+third gives that room to the learner when the actor's latest actions, of version v (its request
+tells it; the next ones are at least as new), show its weights are current, so a small lag bound
+still keeps the next batch ready while the learner trains. A client's reservations end when its
+credit stream does (the actor stopped or died): its segments still queued to send arrive
+unreserved.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+
+def pace_limit(batch_samples: int, max_policy_lag: int) -> int:
+    """Samples the learner may owe training while it grants more to an actor whose weights are
+    current (module docstring)."""
+    return (max_policy_lag + 1) * batch_samples
+
+
+class SampleCredits:
+    """The learner's side of the credit protocol; thread-safe (gRPC handlers and the train loop)."""
+
+    def __init__(self, batch_samples: int, max_policy_lag: int):
+        if batch_samples <= 0 or max_policy_lag < 0:
+            raise ValueError(f"need batch_samples > 0 and max_policy_lag >= 0, got {batch_samples}, {max_policy_lag}")
+        self.batch, self.max_lag = batch_samples, max_policy_lag
+        self.limit = pace_limit(batch_samples, max_policy_lag)
+        self.blind_limit = max(max_policy_lag, 1) * batch_samples  # whatever the actor's version
+        self.version = 0  # the learner's: the version the next update trains with
+        self.untrained = 0  # accepted samples not yet in a finished update
+        self._reserved: dict[str, int] = {}  # granted, not yet arrived, per client
+        self._cond = threading.Condition()
+        self.grants = 0  # credits given
+        self.waits = 0  # requests that found no room at first: how often the fleet was paced
+
+    def owed(self) -> int:
+        with self._cond:
+            return self._owed()
+
+    def _owed(self) -> int:  # hold _cond
+        return self.untrained + sum(self._reserved.values())
+
+    def _room(self, samples: int, version: int) -> bool:  # hold _cond
+        owed = self._owed()
+        if owed < self.batch:
+            return True
+        if owed + samples <= self.blind_limit:
+            return True
+        trained_at = self.version + (owed + samples - 1) // self.batch
+        return version >= 0 and owed + samples <= self.limit and trained_at - version <= self.max_lag
+
+    def grant(self, client_id: str, samples: int, timeout: float, again: bool = False, version: int = -1) -> bool:
+        """Reserve `samples` for the client's next segment, acted from `version` or newer (-1: not
+        known), once there is room; False when there was none for `timeout` seconds (the caller
+        asks `again`, or gives up when stopping)."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            if not again and not self._room(samples, version):
+                self.waits += 1
+            while not self._room(samples, version):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._cond.wait(remaining)
+            self._reserved[client_id] = self._reserved.get(client_id, 0) + samples
+            self.grants += 1
+            return True
+
+    def arrived(self, client_id: str, samples: int) -> None:
+        """A segment was accepted into the ingest queue: owed to training now, no longer reserved."""
+        with self._cond:
+            self.untrained += samples
+            held = self._reserved.get(client_id, 0)
+            if held:
+                left = held - min(held, samples)
+                if left:
+                    self._reserved[client_id] = left
+                else:
+                    del self._reserved[client_id]
+
+    def trained(self, samples: int, version: int | None = None) -> None:
+        """An update finished on `samples` samples (or dropped them), and the next one trains with
+        `version`: room for more."""
+        with self._cond:
+            self.untrained = max(0, self.untrained - samples)
+            if version is not None:
+                self.version = version
+            self._cond.notify_all()
+
+    def release(self, client_id: str) -> None:
+        """The client's credit stream ended: segments it has not sent will not come."""
+        with self._cond:
+            if self._reserved.pop(client_id, 0):
+                self._cond.notify_all()
+
+    def wake(self) -> None:
+        """Wake waiting grants (stopping)."""
+        with self._cond:
+            self._cond.notify_all()
