@@ -215,7 +215,7 @@ def test_rlfleet_eval_of_a_checkpoint_outside_its_run_plays_the_evaluation_its_c
 
     cfg = load_config("metaworld_reach_ppo", ["eval.task=push-v3", "eval.seed=12345", "eval.episodes_per_task=2"])
     record = evaluation_record(cfg)
-    assert record == {"task": "push-v3", "seed": 12345, "episodes_per_task": 2}
+    assert record == {"task": "push-v3", "seed": 12345, "validation_seed": 500_000, "episodes_per_task": 2}
     copy = tmp_path / "exported"
     shutil.copytree(_checkpoint(tmp_path / "run", 0, evaluation=record), copy)
     res = _eval(str(copy), "--out", str(tmp_path / "a"))
