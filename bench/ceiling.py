@@ -16,10 +16,10 @@ from those two readings, taken from the processes themselves:
 - learner: segments and env steps accepted per second, and how often its ingest queue was full
   (sampled during the window: a full queue is back-pressure on the actors);
 - training: env steps in rows the updates trained on (`rlfleet_learner_trained_env_steps_total`)
-  beside those they masked as too old, the trained share, the policy lag of the received rows
-  (`rlfleet_learner_policy_lag_rows_total{lag}`: distribution, mean, max), how often actors waited
-  for credit (`learner.flow_control: pace`, `--flow-control`), and each role's CPU per *trained*
-  env step.
+  beside those they masked as too old, the share trained of those (`trained_of_updated`), the
+  policy lag of the received rows (`rlfleet_learner_policy_lag_rows_total{lag}`: distribution,
+  mean, max), how often actors waited for credit (`learner.flow_control: pace`,
+  `--flow-control`), and each role's CPU per *trained* env step.
 
 The sweep is one factor at a time around a base point (1 actor x 16 envs, shm, 39-float state,
 max_batch 256; `--base` changes it), each point once with the learner only consuming (`sampling`)
@@ -393,7 +393,9 @@ def summarise(a: dict[str, Reading], b: dict[str, Reading], depth: list[float], 
         # training only: what the updates trained on, beside what the fleet stepped
         "trained_env_steps_per_s": trained / window,
         "masked_env_steps_per_s": masked / window,
-        "trained_share": trained / (trained + masked) if trained + masked else math.nan,
+        # of the env steps the updates took (trained + masked); the learner's `trained_share` divides by
+        # every env step counted, the rows still queued or carried included
+        "trained_of_updated": trained / (trained + masked) if trained + masked else math.nan,
         "cpu_us_per_trained_env_step": {r: 1e6 * c / trained if trained else math.nan for r, c in cpu.items()},
         "policy_lag": {
             "distribution": {str(k): n / rows for k, n in sorted(lag_rows.items())},
@@ -707,7 +709,7 @@ def markdown(report: dict) -> str:
             + " | ".join(_f(us[k], 1) for k in ROLES)
             + f" | {_f(sum(us.values()), 1)} | {_f(sum(cores.values()), 2)} |"
         )
-    trained_rows = [r for r in results if r["mode"] == "training" and not r.get("error") and "trained_share" in r]
+    trained_rows = [r for r in results if r["mode"] == "training" and not r.get("error") and "trained_of_updated" in r]
     if trained_rows:
         lines += [
             "",
@@ -715,10 +717,11 @@ def markdown(report: dict) -> str:
             "",
             f"learner.flow_control: {meta['settings'].get('flow_control', 'pace')}. Stepped: the actors' env "
             "steps/s; trained: env steps/s in rows the updates trained on (masked: older than "
-            "max_policy_lag); lag: the policy lag of the received rows over the window; µs per trained env "
-            "step: every role's CPU over the trained env steps.",
+            "max_policy_lag); trained of updated: trained / (trained + masked); lag: the policy lag of the "
+            "received rows over the window; µs per trained env step: every role's CPU over the trained "
+            "env steps.",
             "",
-            "| point | stepped/s | trained/s | trained share | lag mean / max | lag distribution | credit waits | "
+            "| point | stepped/s | trained/s | trained of updated | lag mean / max | lag distribution | credit waits | "
             "µs per trained env step (" + ", ".join(ROLES) + ") | total |",
             "|---|---:|---:|---:|---:|---|---:|---|---:|",
         ]
@@ -727,7 +730,7 @@ def markdown(report: dict) -> str:
             dist = ", ".join(f"{k}: {100 * v:.0f}%" for k, v in lag["distribution"].items())
             lines.append(
                 f"| {Point(**r['point']).label()} | {_f(r['env_steps_per_s'])} | {_f(r['trained_env_steps_per_s'])} | "
-                f"{_f(100 * r['trained_share'], 1)} % | {_f(lag['mean'], 2)} / {_f(lag['max'])} | {dist} | "
+                f"{_f(100 * r['trained_of_updated'], 1)} % | {_f(lag['mean'], 2)} / {_f(lag['max'])} | {dist} | "
                 f"{_f(r.get('credit_waits'))} | " + ", ".join(_f(per[k], 1) for k in ROLES) + f" | "
                 f"{_f(sum(per.values()), 1)} |"
             )

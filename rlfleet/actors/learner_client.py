@@ -115,11 +115,23 @@ def orphaned_lives(folder: str | None, client_id: str, own: Path | None) -> list
 class CreditStream:
     """The actor's side of the learner's flow control (rlfleet.learner.pacing): `wait(samples)`
     before each segment returns once the learner could train it within the lag bound. One request
-    per segment on one stream; a broken stream is opened again (the learner may have restarted)."""
+    per segment on one stream; a broken stream is opened again (the learner may have restarted).
 
-    def __init__(self, stub: learner_pb2_grpc.LearnerServiceStub, client_id: str):
+    A stream that keeps failing (refused, unreachable) is retried with its status code logged at
+    most every `log_every_s`; after `give_up_s` of failures with no reply in between (waiting
+    for room does not count) the actor runs unpaced, with a warning, rather than stall.
+    """
+
+    def __init__(
+        self,
+        stub: learner_pb2_grpc.LearnerServiceStub,
+        client_id: str,
+        give_up_s: float = 60.0,
+        log_every_s: float = 10.0,
+    ):
         self.stub, self.client_id = stub, client_id
-        self.enabled = True  # False after a learner that does not know the call (then nothing is paced)
+        self.give_up_s, self.log_every_s = give_up_s, log_every_s
+        self.enabled = True  # False after a learner that does not know the call, or failing (then nothing is paced)
         self.waited_s = 0.0  # time spent waiting for room
         self.stop = False  # the learner said training is over
         self._requests: queue.Queue[learner_pb2.CreditRequest | None] | None = None
@@ -139,6 +151,8 @@ class CreditStream:
         """Block until the learner grants `samples` (or says stop, or `stopping()`); `version`: that
         of the actor's latest actions (-1: none yet)."""
         t0, backoff = time.monotonic(), 0.1
+        failing_since: float | None = None  # the first failure since the last reply
+        logged_at = -float("inf")
         try:
             while self.enabled and not stopping():
                 replies = self._replies or self._open()
@@ -148,6 +162,7 @@ class CreditStream:
                 )
                 try:
                     for reply in replies:
+                        failing_since = None  # the learner answers: waiting for room is pacing
                         if reply.stop:
                             self.stop = True
                             return
@@ -163,6 +178,19 @@ class CreditStream:
                         log.warning("the learner has no flow control; this actor runs unpaced")
                         self.enabled = False
                         return
+                    now = time.monotonic()
+                    failing_since = failing_since if failing_since is not None else now
+                    if now - failing_since >= self.give_up_s:
+                        log.warning(
+                            "no credit for %.0fs: the credit stream keeps failing (%s); this actor runs unpaced",
+                            now - failing_since,
+                            code,
+                        )
+                        self.enabled = False
+                        return
+                    if now - logged_at >= self.log_every_s:
+                        log.warning("credit stream failed (%s); retrying", code)
+                        logged_at = now
                     time.sleep(backoff)
                     backoff = min(backoff * 2, 2.0)
         finally:

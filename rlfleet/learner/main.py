@@ -170,7 +170,10 @@ class Learner:
         self._publish()
         # learner.flow_control: pace: actors start a segment only when it can be trained within the lag bound
         batch, lag = cfg.learner.batch_samples, cfg.algorithm.max_policy_lag
-        self.credits = SampleCredits(batch, lag) if cfg.learner.flow_control == "pace" else None
+        segment_samples = self.schedule.segment_len * cfg.actor.num_envs  # the largest credit one request asks
+        # an actor's segments outstanding at once: its stages, its send queue, the push in flight (+1 spare)
+        held = (cfg.actor.pipeline_stage_num + cfg.actor.send_queue_size + 2) * segment_samples
+        self.credits = SampleCredits(batch, lag, max_held=held) if cfg.learner.flow_control == "pace" else None
         if self.credits is not None:
             self.credits.version = self.counters.version  # a resumed run's
         self._carry: list[Segment] = []  # env columns past the last update's batch_samples, first in the next
@@ -205,6 +208,7 @@ class Learner:
             on_life_ended=self.losses.life_ended,
             on_refused_push=self.losses.refused_push,
             credits=self.credits,
+            segment_samples=segment_samples,
         )
         self.server = None  # start() serves: constructing a Learner opens no port
         self.port, self.address = 0, ""
@@ -367,8 +371,8 @@ class Learner:
                     self.counters.version += 1
                     self.counters.update += 1
                     self._publish()
-                    self._trained(segments, *self.trainer.env_step_account)
-                    stats["train/trained_env_steps"], stats["train/masked_env_steps"] = self.trainer.env_step_account
+                    self._trained(segments, *self.trainer.last_account)
+                    stats["train/trained_env_steps"], stats["train/masked_env_steps"] = self.trainer.last_account
                     c = self.counters
                     stats["throughput/trained_share"] = c.trained_env_steps / max(c.env_steps, 1)
                     self.lag_rows.update(
@@ -406,6 +410,8 @@ class Learner:
             t_end = time.monotonic()
             self.counters.wall_seconds += t_end - self._t_start
             self.servicer.stop_event.set()  # actors learn it from their next heartbeat or push
+            if self.credits is not None:
+                self.credits.stop()  # waiting Credits handlers answer "stop" now, not after CREDIT_REPLY_S
             final = self.save()
             self.servicer.wait_clients_told(timeout=5.0)
             self.servicer.wait_lives_ended(timeout=10.0)  # actors' final accounts, for lost_env_steps

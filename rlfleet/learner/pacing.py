@@ -24,7 +24,10 @@ third gives that room to the learner when the actor's latest actions, of version
 tells it; the next ones are at least as new), show its weights are current, so a small lag bound
 still keeps the next batch ready while the learner trains. A client's reservations end when its
 credit stream does (the actor stopped or died): its segments still queued to send arrive
-unreserved.
+unreserved. A segment the learner rejects gives its reservation back (`unreserve`), or the
+rejections would keep `owed` high until nothing is granted again. One client holds at most
+`max_held` samples reserved (the service sets it from the run's segment size): a further request
+waits like one with no room, so a stranger cannot reserve the whole budget.
 """
 
 from __future__ import annotations
@@ -42,9 +45,14 @@ def pace_limit(batch_samples: int, max_policy_lag: int) -> int:
 class SampleCredits:
     """The learner's side of the credit protocol; thread-safe (gRPC handlers and the train loop)."""
 
-    def __init__(self, batch_samples: int, max_policy_lag: int):
-        if batch_samples <= 0 or max_policy_lag < 0:
-            raise ValueError(f"need batch_samples > 0 and max_policy_lag >= 0, got {batch_samples}, {max_policy_lag}")
+    def __init__(self, batch_samples: int, max_policy_lag: int, max_held: int = 0):
+        """`max_held`: samples one client may hold reserved at once (0: no bound)."""
+        if batch_samples <= 0 or max_policy_lag < 0 or max_held < 0:
+            raise ValueError(
+                f"need batch_samples > 0, max_policy_lag >= 0 and max_held >= 0, got"
+                f" {batch_samples}, {max_policy_lag}, {max_held}"
+            )
+        self.max_held = max_held
         self.batch, self.max_lag = batch_samples, max_policy_lag
         self.limit = pace_limit(batch_samples, max_policy_lag)
         self.blind_limit = max(max_policy_lag, 1) * batch_samples  # whatever the actor's version
@@ -52,7 +60,7 @@ class SampleCredits:
         self.untrained = 0  # accepted samples not yet in a finished update
         self._reserved: dict[str, int] = {}  # granted, not yet arrived, per client
         self._cond = threading.Condition()
-        self.grants = 0  # credits given
+        self._stopped = False
         self.waits = 0  # requests that found no room at first: how often the fleet was paced
 
     def owed(self) -> int:
@@ -62,7 +70,14 @@ class SampleCredits:
     def _owed(self) -> int:  # hold _cond
         return self.untrained + sum(self._reserved.values())
 
-    def _room(self, samples: int, version: int) -> bool:  # hold _cond
+    def held(self, client_id: str) -> int:
+        """Samples reserved for the client and not yet arrived."""
+        with self._cond:
+            return self._reserved.get(client_id, 0)
+
+    def _room(self, client_id: str, samples: int, version: int) -> bool:  # hold _cond
+        if self.max_held and self._reserved.get(client_id, 0) + samples > self.max_held:
+            return False  # the client's own reservations must arrive first
         owed = self._owed()
         if owed < self.batch:
             return True
@@ -74,31 +89,42 @@ class SampleCredits:
     def grant(self, client_id: str, samples: int, timeout: float, again: bool = False, version: int = -1) -> bool:
         """Reserve `samples` for the client's next segment, acted from `version` or newer (-1: not
         known), once there is room; False when there was none for `timeout` seconds (the caller
-        asks `again`, or gives up when stopping)."""
+        asks `again`, or gives up when stopping); False at once after `stop()`."""
         deadline = time.monotonic() + timeout
         with self._cond:
-            if not again and not self._room(samples, version):
+            if not again and not self._room(client_id, samples, version):
                 self.waits += 1
-            while not self._room(samples, version):
+            while not self._room(client_id, samples, version):
                 remaining = deadline - time.monotonic()
-                if remaining <= 0:
+                if remaining <= 0 or self._stopped:
                     return False
                 self._cond.wait(remaining)
+            if self._stopped:
+                return False
             self._reserved[client_id] = self._reserved.get(client_id, 0) + samples
-            self.grants += 1
             return True
 
     def arrived(self, client_id: str, samples: int) -> None:
         """A segment was accepted into the ingest queue: owed to training now, no longer reserved."""
         with self._cond:
             self.untrained += samples
-            held = self._reserved.get(client_id, 0)
-            if held:
-                left = held - min(held, samples)
-                if left:
-                    self._reserved[client_id] = left
-                else:
-                    del self._reserved[client_id]
+            self._take(client_id, samples)
+
+    def unreserve(self, client_id: str, samples: int) -> None:
+        """A segment of the client was rejected: it will not arrive, its reservation ends."""
+        with self._cond:
+            if self._take(client_id, samples):
+                self._cond.notify_all()
+
+    def _take(self, client_id: str, samples: int) -> int:  # hold _cond
+        """End up to `samples` of the client's reservation; how many it held of them."""
+        held = self._reserved.get(client_id, 0)
+        taken = min(held, max(samples, 0))
+        if held - taken:
+            self._reserved[client_id] = held - taken
+        elif held:
+            del self._reserved[client_id]
+        return taken
 
     def trained(self, samples: int, version: int | None = None) -> None:
         """An update finished on `samples` samples (or dropped them), and the next one trains with
@@ -115,7 +141,8 @@ class SampleCredits:
             if self._reserved.pop(client_id, 0):
                 self._cond.notify_all()
 
-    def wake(self) -> None:
-        """Wake waiting grants (stopping)."""
+    def stop(self) -> None:
+        """The learner is stopping: waiting grants return False now, and every later one at once."""
         with self._cond:
+            self._stopped = True
             self._cond.notify_all()

@@ -39,6 +39,7 @@ REGISTER_BURST = 256
 REGISTER_PER_S = 4.0
 MAX_CLIENT_ID_BYTES = 128  # a longer id is refused: ids are kept in the client table and the loss ledger
 CREDIT_REPLY_S = 1.0  # a credit request with no room yet is answered "not granted" this often
+MAX_UNRESERVED_KEPT = 4096  # rejected (client, segment) ids whose reservation was given back, kept at once
 
 
 def segment_byte_limit(
@@ -96,6 +97,7 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
         on_refused_push: Callable[[str, int], None] | None = None,
         auth: AuthConfig | None = None,
         credits: SampleCredits | None = None,
+        segment_samples: int = 0,
     ):
         self.auth = auth  # None: the process's settings (its token identities share the client table)
         self.config_yaml = config_yaml
@@ -110,6 +112,10 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
         self.on_life_ended = on_life_ended  # (client_id, life, taken, accepted, rejected, crashed) -> lost
         self.on_refused_push = on_refused_push  # (client_id, segment_id): bounds what a life may report rejected
         self.credits = credits  # flow control (learner.flow_control: pace); None: every credit at once
+        # the run's largest segment (segment_len x actor.num_envs): the most one credit request may
+        # ask, and what a rejected push that could not be decoded gives back (0: not known, no bound)
+        self.segment_samples = segment_samples
+        self._unreserved: OrderedDict[tuple[str, int], None] = OrderedDict()  # rejected pushes given back
         self.stop_event = threading.Event()
         self._clients: dict[str, ClientInfo] = {}
         self._adopted: set[str] = set()  # ids first seen in a heartbeat, not a Register
@@ -338,6 +344,7 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
         parts: list[bytes] = []
         received = 0
         first = None
+        segment: Segment | None = None
         try:
             for chunk in request_iterator:
                 if first is None:
@@ -388,12 +395,13 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
             self.check_segment(segment)
             self._check_versions(segment)
         except codec.WireFormatError as exc:
-            return self._reject(first, exc.reason, str(exc), version)
+            return self._reject(first, exc.reason, str(exc), version, segment)
         except (grpc.RpcError, UndecodableRequest):
             raise  # the client went away, or sent bytes that are no message: gRPC answers (and counts) those
         except Exception as exc:  # unexpected: still an answer, or the actor would retry the same bytes forever
             log.exception("could not process a trajectory push")
-            return self._reject(first, "internal", f"push could not be processed: {type(exc).__name__}: {exc}", version)
+            error = f"push could not be processed: {type(exc).__name__}: {exc}"
+            return self._reject(first, "internal", error, version, segment)
         item = IngestedSegment(first.client_id, first.segment_id, segment)
         while not self.stop_event.is_set() and context.is_active():
             if self.ingest.put(item, timeout=0.5):
@@ -408,22 +416,38 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
 
     def Credits(self, request_iterator, context) -> Iterator[learner_pb2.CreditReply]:
         """One actor's credit stream: a reply per request once there is room (rlfleet.learner.pacing),
-        "not granted" every CREDIT_REPLY_S meanwhile. Its reservations end with the stream."""
+        "not granted" every CREDIT_REPLY_S meanwhile. Its reservations end with the stream.
+
+        Only a registered (or heartbeat-adopted) client id may ask, for at most the run's largest
+        segment a request (INVALID_ARGUMENT beyond it); SampleCredits bounds what one id holds."""
         client_id = None
         try:
             for request in request_iterator:
                 if client_id is None:
                     self._check_client_id(request.client_id, context)
+                    with self._lock:
+                        known = request.client_id in self._clients
+                    if not known:
+                        self.other_rejections.count("unknown_client")
+                        _abort(context, grpc.StatusCode.FAILED_PRECONDITION, "credits for an unregistered client id")
                     client_id = request.client_id
                     if self.credits is not None:  # however the call ends (a cancelled call skips `finally`)
                         context.add_callback(lambda c=client_id: self.credits.release(c))
+                samples = max(int(request.samples), 0)
+                if self.segment_samples and samples > self.segment_samples:
+                    self.other_rejections.count("credit_too_large")
+                    _abort(
+                        context,
+                        grpc.StatusCode.INVALID_ARGUMENT,
+                        f"credit for {samples} samples; this run's segments have at most {self.segment_samples}",
+                    )
                 again = False
                 while True:
                     if self.stop_event.is_set():
                         yield learner_pb2.CreditReply(stop=True, learner_version=self._version())
                         return
                     granted = self.credits is None or self.credits.grant(
-                        client_id, max(int(request.samples), 0), CREDIT_REPLY_S, again, int(request.policy_version)
+                        client_id, samples, CREDIT_REPLY_S, again, int(request.policy_version)
                     )
                     yield learner_pb2.CreditReply(granted=granted, learner_version=self._version())
                     if granted or not context.is_active():
@@ -433,14 +457,34 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
             if client_id is not None and self.credits is not None:
                 self.credits.release(client_id)
 
-    def _reject(self, first, reason: str, error: str, version: int) -> learner_pb2.PushAck:
+    def _reject(
+        self, first, reason: str, error: str, version: int, segment: Segment | None = None
+    ) -> learner_pb2.PushAck:
         self.ingest.count_rejected(reason)
+        if first is not None and reason != "bad_client_id":
+            self._unreserve(first.client_id, first.segment_id, segment)
         if first is not None and self.on_refused_push is not None and reason != "bad_client_id":
             self.on_refused_push(first.client_id, first.segment_id)
         log.warning("rejected a trajectory push (%s): %s", reason, error)
         return learner_pb2.PushAck(
             segment_id=first.segment_id if first else 0, accepted=False, error=error, learner_version=version
         )
+
+    def _unreserve(self, client_id: str, segment_id: int, segment: Segment | None) -> None:
+        """A rejected segment will not arrive: give back the credit its actor reserved for it (the
+        segment's samples, or the run's segment size when it could not be decoded). Once per
+        segment id, and never for one already accepted (a re-sent copy)."""
+        if self.credits is None or self.ingest.seen(client_id, segment_id):
+            return
+        key = (client_id, segment_id)
+        with self._lock:
+            if key in self._unreserved:
+                return
+            self._unreserved[key] = None
+            while len(self._unreserved) > MAX_UNRESERVED_KEPT:
+                self._unreserved.popitem(last=False)
+        samples = segment.num_steps * segment.num_envs if segment is not None else self.segment_samples
+        self.credits.unreserve(client_id, samples)
 
     def _check_versions(self, segment: Segment) -> None:
         """Samples must come from weights this learner published: a future version would make the

@@ -254,7 +254,7 @@ class Trainer:
         self.obs_keys = _read_keys(self.policy, self.reference)
         self.updates = 0  # this process's updates, for the critic warm-up
         self.nonfinite_steps = 0  # optimiser steps skipped for a non-finite gradient (train/nonfinite_steps)
-        self.env_step_account = (0, 0)  # the last step's env steps (trained, masked): env_step_account
+        self.last_account = (0, 0)  # the last step's env steps (trained, masked): env_step_account()
         self._model: nn.Module | None = None  # PolicyEvaluator, DDP-wrapped at the first update
 
     def _training_model(self) -> nn.Module:
@@ -563,7 +563,7 @@ class Trainer:
         advantages = self.segment_advantages(segments)
         received.update(advantage_stats(advantages or [], [self._t(s.group_ids) for s in segments]))
         valid = self.valid_rows(segments, lags, advantages)
-        self.env_step_account = env_step_account(segments, valid)
+        self.last_account = env_step_account(segments, valid)
         shard = shard_rows(segments, valid, self.ranks.rank, self.ranks.world_size)
         total = len(valid)
         if shard.num_rows == 0:

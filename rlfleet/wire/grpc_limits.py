@@ -1,7 +1,8 @@
 """Long-lived gRPC streams get their own budget, so they cannot starve every other call.
 
 gRPC's Python server runs each call on a worker thread for as long as the call lasts. An idle
-Act, PushTrajectory or WatchWeights stream therefore holds a thread; with one shared pool, a
+Act, PushTrajectory, WatchWeights, PullWeights or Credits stream (a paced actor holds one Credits
+stream for its whole life) therefore holds a thread; with one shared pool, a
 few dozen idle streams left no thread for health checks, Act or Push. `StreamBudget` (a server
 interceptor) admits at most `max_streams` streaming calls at once, refusing more with
 RESOURCE_EXHAUSTED, and the pool is sized to those plus the server's own workers
@@ -11,7 +12,8 @@ cancelled; HTTP/2 keepalive pings find peers that vanished without closing their
 
 Streams of the methods anyone may call without a token (health `Watch`, reflection) draw on a
 separate small budget, `max_open_streams`: with a token set, a stranger can hold at most that
-many streams, and none of the budget authenticated work (Act, PushTrajectory, WatchWeights) needs.
+many streams, and none of the budget authenticated work (Act, PushTrajectory, WatchWeights,
+PullWeights, Credits) needs.
 """
 
 from __future__ import annotations
@@ -233,7 +235,7 @@ def peer_host(peer: str) -> str:
 
 
 class PeerRate:
-    """A token bucket per peer host: `burst` at once, then `per_s` a second; refusals counted.
+    """A token bucket per peer host: `burst` at once, then `per_s` a second (callers count refusals).
 
     Bounds what one host can add to a table whose entries are forgotten after `forget_s`: at most
     `burst + per_s * forget_s` live entries per host. The buckets themselves are bounded
@@ -244,7 +246,6 @@ class PeerRate:
         self.burst, self.per_s, self.max_peers = burst, per_s, max_peers
         self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()  # host -> (tokens, at)
         self._lock = threading.Lock()
-        self.refused = 0
 
     def allow(self, host: str) -> bool:
         now = time.monotonic()
@@ -255,6 +256,4 @@ class PeerRate:
             self._buckets[host] = (tokens - 1.0 if ok else tokens, now)
             while len(self._buckets) > self.max_peers:
                 self._buckets.popitem(last=False)
-            if not ok:
-                self.refused += 1
             return ok

@@ -65,7 +65,7 @@ def test_a_tiny_ceiling_point_reports_per_role_cpu_and_inference_stats(tmp_path)
     assert _positive(training["cpu_us_per_env_step"]["learner_loop"])  # PPO updates ran in the main loop
     # what the updates trained on, beside what the fleet stepped (paced: the default flow control)
     assert report["meta"]["settings"]["flow_control"] == "pace"
-    assert _positive(training["trained_env_steps_per_s"]) and 0 < training["trained_share"] <= 1
+    assert _positive(training["trained_env_steps_per_s"]) and 0 < training["trained_of_updated"] <= 1
     lag = training["policy_lag"]
     assert math.isclose(sum(lag["distribution"].values()), 1.0, rel_tol=1e-6) and lag["max"] >= lag["mean"] >= 0
     assert set(training["cpu_us_per_trained_env_step"]) == ROLES

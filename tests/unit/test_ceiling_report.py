@@ -144,7 +144,7 @@ def _readings(at: float, **counters: float) -> object:
     return ceiling.Reading(at, samples)
 
 
-def test_training_records_the_trained_share_the_lag_and_the_cost_per_trained_step():
+def test_training_records_the_trained_of_updated_share_the_lag_and_the_cost_per_trained_step():
     zero = {"rlfleet_actor_env_steps_total": 0.0, "process_cpu_seconds_total": 0.0}
     a = {
         "actor0": ceiling.Reading(0.0, {(k, ()): v for k, v in zero.items()}),
@@ -168,7 +168,7 @@ def test_training_records_the_trained_share_the_lag_and_the_cost_per_trained_ste
     }
     r = ceiling.summarise(a, b, [0.0], 0)
     assert r["trained_env_steps_per_s"] == 800.0 and r["masked_env_steps_per_s"] == 200.0
-    assert r["trained_share"] == 0.8 and r["credit_waits"] == 3
+    assert r["trained_of_updated"] == 0.8 and r["credit_waits"] == 3
     assert r["policy_lag"]["distribution"] == pytest.approx({"0": 0.7, "1": 0.2, "3": 0.1})  # rows in the window
     assert r["policy_lag"]["max"] == 3 and r["policy_lag"]["mean"] == pytest.approx((200 + 300) / 1000)
     assert r["cpu_us_per_trained_env_step"]["actor"] == pytest.approx(1e6 / 8_000)

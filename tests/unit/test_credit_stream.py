@@ -6,25 +6,46 @@ from __future__ import annotations
 import threading
 import time
 
+import grpc
+import numpy as np
 import pytest
+from test_learner_service import B, T, chunks_of, make_segment, segment_bytes
 
 from rlfleet.actors.learner_client import CreditStream
 from rlfleet.learner.ingest import IngestQueue
 from rlfleet.learner.pacing import SampleCredits
 from rlfleet.learner.service import LearnerServicer
 from rlfleet.learner.weight_publisher import WeightPublisher
-from rlfleet.wire.gen import learner_pb2_grpc
+from rlfleet.wire import codec
+from rlfleet.wire.gen import learner_pb2, learner_pb2_grpc
 from rlfleet.wire.grpc_server import make_channel, start_grpc_server
 
 SERVICE = "rlfleet.v1.LearnerService"
 
 
+def refuse_marked(segment) -> None:
+    if int(segment.task_ids[0]) == 99:  # the tests' mark of a segment the learner rejects
+        raise codec.WireFormatError("marked bad", reason="bad_schema")
+
+
 class PacedLearner:
-    def __init__(self, batch: int, max_lag: int):
+    def __init__(self, batch: int, max_lag: int, segment_samples: int = 0):
         self.credits = SampleCredits(batch, max_lag)
-        self.ingest = IngestQueue(maxsize=8)
+        # as the learner does: a queued segment's reservation ends (Learner._queued)
+        self.ingest = IngestQueue(
+            maxsize=8,
+            on_queued=lambda it: self.credits.arrived(it.client_id, it.segment.num_steps * it.segment.num_envs),
+        )
         self.publisher = WeightPublisher()
-        self.servicer = LearnerServicer("runner: {}\n", "run", self.ingest, self.publisher, credits=self.credits)
+        self.servicer = LearnerServicer(
+            "runner: {}\n",
+            "run",
+            self.ingest,
+            self.publisher,
+            credits=self.credits,
+            check_segment=refuse_marked,
+            segment_samples=segment_samples,
+        )
         self.server, port = start_grpc_server(
             "127.0.0.1",
             0,
@@ -34,6 +55,7 @@ class PacedLearner:
         )
         self.channel = make_channel(f"127.0.0.1:{port}")
         self.stub = learner_pb2_grpc.LearnerServiceStub(self.channel)
+        self.stub.Register(learner_pb2.RegisterRequest(client_id="actor0", role="actor"), timeout=10)
 
     def close(self):
         self.servicer.stop_event.set()
@@ -117,3 +139,65 @@ def test_a_learner_without_flow_control_grants_every_credit_at_once():
         stream.close()
     finally:
         unpaced.close()
+
+
+def push(learner, payload: bytes, segment_id: int) -> learner_pb2.PushAck:
+    return learner.stub.PushTrajectory(iter(chunks_of(payload, "actor0", segment_id)), timeout=10)
+
+
+def test_rejected_pushes_give_their_reservations_back_once():
+    paced = PacedLearner(batch=T * B, max_lag=1, segment_samples=T * B)  # one segment owed at most
+    bad = segment_bytes(make_segment(1, task_ids=np.array([99, 1], np.int64)).to_tensors())
+    good = segment_bytes(make_segment(2).to_tensors())
+    stream = CreditStream(paced.stub, "actor0")
+    deadline = time.monotonic() + 30
+    too_long = lambda: time.monotonic() > deadline  # noqa: E731
+    try:
+        for i in range(4):  # every grant is followed by a rejected push: decoded, then undecodable
+            stream.wait(T * B, too_long)
+            assert paced.credits.held("actor0") == T * B, f"grant {i} never came"
+            ack = push(paced, bad if i % 2 == 0 else b"\xff" * 40, segment_id=i)
+            assert not ack.accepted
+            assert paced.credits.owed() == 0  # the reservation went back with the rejection
+        stream.wait(T * B, too_long)
+        assert not push(paced, bad, segment_id=0).accepted  # the same rejected segment again
+        assert paced.credits.held("actor0") == T * B  # given back once, not twice
+        assert push(paced, good, segment_id=10).accepted
+        ack = push(paced, good, segment_id=10)  # re-sent after a lost ack
+        assert ack.accepted and ack.duplicate
+        assert paced.credits.held("actor0") == 0 and paced.credits.owed() == T * B  # counted once
+        assert paced.ingest.rejected == 5
+    finally:
+        stream.close()
+        paced.close()
+
+
+def credit_call(learner, client_id: str, samples: int) -> grpc.StatusCode:
+    with pytest.raises(grpc.RpcError) as err:
+        list(learner.stub.Credits(iter([learner_pb2.CreditRequest(client_id=client_id, samples=samples)]), timeout=10))
+    return err.value.code()
+
+
+def test_credit_requests_need_a_registered_id_and_at_most_a_segment():
+    paced = PacedLearner(batch=10, max_lag=1, segment_samples=T * B)
+    try:
+        assert credit_call(paced, "actor0", T * B + 1) == grpc.StatusCode.INVALID_ARGUMENT
+        assert credit_call(paced, "actor0", 10**12) == grpc.StatusCode.INVALID_ARGUMENT
+        assert credit_call(paced, "stranger", 1) == grpc.StatusCode.FAILED_PRECONDITION
+        refused = paced.servicer.rejected_calls()
+        assert refused["credit_too_large"] == 2 and refused["unknown_client"] == 1
+        until(lambda: paced.credits.owed() == 0)  # nothing reserved by the refused calls
+        CreditStream(paced.stub, "actor0").wait(T * B, lambda: False)  # a segment's worth is granted
+        assert paced.credits.held("actor0") == T * B
+    finally:
+        paced.close()
+
+
+def test_a_credit_stream_that_keeps_failing_runs_unpaced(learner, caplog):
+    stream = CreditStream(learner.stub, "never-registered", give_up_s=0.5, log_every_s=0.2)
+    with caplog.at_level("WARNING", logger="rlfleet.actors.learner_client"):
+        stream.wait(10, lambda: False)  # refused each time: returns after give_up_s, unpaced
+    assert not stream.enabled and not stream.stop
+    assert "FAILED_PRECONDITION" in caplog.text and "runs unpaced" in caplog.text
+    stream.wait(10, lambda: False)  # no longer asks
+    assert learner.credits.owed() == 0

@@ -209,3 +209,36 @@ def test_the_env_step_account_adds_up():
     valid = torch.tensor([True] * 6 + [False] * 6 + [True, False, True, False])
     trained, masked = env_step_account(segs, valid)
     assert trained == 10 * 6 // 12 + 8 * 2 // 4 and trained + masked == 18
+
+
+def test_a_rejected_segment_gives_its_reservation_back_and_grants_go_on():
+    credits = SampleCredits(batch_samples=10, max_policy_lag=1)
+    for _ in range(5):  # without unreserve the second grant would never come
+        assert credits.grant("a", 10, timeout=0)
+        credits.unreserve("a", 10)
+        assert credits.owed() == 0
+    assert credits.grant("a", 10, timeout=0)
+    credits.unreserve("a", 1000)  # never more than the client holds
+    credits.unreserve("b", 10)
+    assert credits.owed() == 0 and credits.held("a") == 0
+
+
+def test_one_client_holds_at_most_max_held():
+    credits = SampleCredits(batch_samples=100, max_policy_lag=5, max_held=20)
+    assert credits.grant("a", 10, timeout=0) and credits.grant("a", 10, timeout=0)
+    assert not credits.grant("a", 10, timeout=0)  # room in the fleet, none in a's share
+    assert credits.grant("b", 10, timeout=0)
+    credits.arrived("a", 10)
+    assert credits.grant("a", 10, timeout=0)
+
+
+def test_stop_ends_waiting_grants_at_once():
+    credits = SampleCredits(batch_samples=10, max_policy_lag=0)
+    assert credits.grant("a", 10, timeout=0)
+    got: list[bool] = []
+    waiter = threading.Thread(target=lambda: got.append(credits.grant("b", 10, timeout=60)))
+    waiter.start()
+    credits.stop()
+    waiter.join(timeout=30)
+    assert got == [False]
+    assert not credits.grant("a", 0, timeout=0)  # and every later one
