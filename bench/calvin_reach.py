@@ -23,7 +23,7 @@ import argparse
 import numpy as np
 import torch
 
-from rlfleet.config import as_dict, eval_env_config, fill_model_dims, load_config
+from rlfleet.config import as_dict, eval_env_config, fill_model_dims, load_config, split_seed
 from rlfleet.envs.calvin.chains import pool_entry, pool_size
 from rlfleet.envs.calvin.layout import BLOCK_COLORS
 from rlfleet.envs.calvin.scene import ROBOT_OBS_DIM
@@ -43,13 +43,14 @@ def hand_to_block(state: np.ndarray, color: str) -> float:
     return float(np.linalg.norm(state[:3] - state[j : j + 3]))
 
 
-def block_first_seeds(first_seed: int, count: int) -> list[int]:
-    """The first `count` eval seeds from `first_seed` whose chain starts with a block subtask."""
+def block_first_seeds(first_seed: int, count: int, pool: str = "eval") -> list[int]:
+    """The first `count` seeds from `first_seed` whose chain in `pool` (the split's: `EnvConfig.pool`)
+    starts with a block subtask."""
     seeds, s = [], first_seed
     while len(seeds) < count:
-        if s - first_seed >= pool_size("eval"):
-            raise ValueError(f"the eval pool has fewer than {count} chains that start with a block subtask")
-        if SUBTASKS[pool_entry("eval", s % pool_size("eval")).subtasks[0]].kind in BLOCK_KINDS:
+        if s - first_seed >= pool_size(pool):
+            raise ValueError(f"the {pool} pool has fewer than {count} chains that start with a block subtask")
+        if SUBTASKS[pool_entry(pool, s % pool_size(pool)).subtasks[0]].kind in BLOCK_KINDS:
             seeds.append(s)
         s += 1
     return seeds
@@ -99,7 +100,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("overrides", nargs="*", help="the run's key=value overrides, e.g. env.wrist_camera=true")
     args = p.parse_intermixed_args(argv)
     cfg = load_config(args.recipe, [*args.overrides, f"policy.model_path={args.checkpoint}"])
-    rows, travel = reach(cfg, block_first_seeds(cfg.eval.seed, args.chains), args.sample)
+    # the eval.split's chains from its first seed, as the run's evaluation plays them
+    seeds = block_first_seeds(split_seed(cfg.eval), args.chains, eval_env_config(cfg).pool)
+    rows, travel = reach(cfg, seeds, args.sample)
     dist = np.array([r[1] for r in rows])
     print(
         f"{args.checkpoint} ({'sampled' if args.sample else 'deterministic'}): {len(rows)} chains that start "

@@ -654,7 +654,7 @@ def main(argv: list[str] | None = None) -> int:
     recorded = json.loads(wall_file.read_text()) if wall_file.exists() else {}
     # The code that trains is the code at each seed's launch, whatever is committed later.
     commits = recorded.setdefault("commits", {})
-    from rlfleet.config import load_config
+    from rlfleet.config import load_config, split_seed
 
     cfg = load_config(args.recipe, args.overrides)
     budget, wall_budget = int(cfg.runner.total_env_steps or 0), bool(cfg.runner.max_wall_seconds)
@@ -711,7 +711,9 @@ def main(argv: list[str] | None = None) -> int:
         path = plot_curves(curves, x, out / f"{name}_{x}.png", f"{name}: {label}", metric)
         plots[label] = path.name
     note = (
-        f"{cfg.eval.episodes_per_task} episodes per task from seed {cfg.eval.seed}, deterministic policy; "
+        f"{cfg.eval.episodes_per_task} episodes per task"
+        + (f" of the {cfg.eval.split} split" if cfg.eval.split != "test" else "")  # test: as pages always said
+        + f" from seed {split_seed(cfg.eval)}, deterministic policy; "
         "curves: periodic evaluation during training"
     )
     page = results_markdown(

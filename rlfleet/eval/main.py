@@ -61,13 +61,9 @@ def evaluate_checkpoint(args: Namespace) -> dict:
     split = getattr(args, "split", None)
     if split is not None and split not in EVAL_SPLITS:
         raise ValueError(f"--split must be one of {', '.join(EVAL_SPLITS)}, got {split!r}")
-    default_out = _default_eval_dir(checkpoint)
-    if split == "validation":  # a validation report never overwrites the test one
-        default_out = default_out.with_name(default_out.name + "_validation")
-    out = Path(args.out or default_out)
-    if is_run_folder(out):  # refused before any download or episode
+    if args.out and is_run_folder(Path(args.out)):  # refused before any download or episode
         raise ValueError(
-            f"--out {out} is a run folder: its episodes.jsonl is the run's final evaluation (pass another --out)"
+            f"--out {args.out} is a run folder: its episodes.jsonl is the run's final evaluation (pass another --out)"
         )
     if args.episodes is not None and args.episodes < 1:
         raise ValueError(f"--episodes must be at least 1, got {args.episodes}")
@@ -83,6 +79,10 @@ def evaluate_checkpoint(args: Namespace) -> dict:
     # as its config.json says its recipe evaluates it (an SFT cache, a Hub copy), else the defaults.
     run_eval = run_cfg.eval if run_cfg is not None else checkpoint_eval_config(meta)
     split = split or getattr(run_eval, "split", "test")  # the held-out split: test unless asked
+    default_out = _default_eval_dir(checkpoint)
+    if split == "validation":  # a validation report (asked, or the run's eval.split) never overwrites the test one
+        default_out = default_out.with_name(default_out.name + "_validation")
+    out = Path(args.out or default_out)
     if run_cfg is not None and args.seed is None:  # the run's start check: splits apart, held out
         eval_seed_range(run_cfg, len(task_list(eval_env_config(run_cfg, split))), split)
     seed = args.seed if args.seed is not None else split_seed(run_eval, split)

@@ -38,6 +38,8 @@ log = logging.getLogger(__name__)
 BEFORE_FILE = "eval_before.json"
 """The starting policy's success per task, in the run folder (a chained env's chains: CHAIN_BEFORE_FILE)."""
 CHAIN_BEFORE_FILE = "eval_chain_before.json"
+BEFORE_SPLIT_FILE = "eval_before_split.txt"
+"""The split the starting policy was evaluated on, beside BEFORE_FILE (none: test, from before splits)."""
 PERIODIC_DIR = "periodic_eval"
 """Under the run folder: update_N/ per periodic evaluation (its episodes.jsonl and videos)."""
 
@@ -130,11 +132,12 @@ class Evaluated:
         return returns_by_task(self.records)
 
 
-def keep_before(run_dir: Path, before: dict[str, float], chain_before: dict | None = None) -> None:
-    """The starting policy's success, on disk and on screen as soon as it is known: a fleet that
-    then fails to start must not lose minutes of evaluation, and `--resume` reuses it."""
+def keep_before(run_dir: Path, before: dict[str, float], chain_before: dict | None = None, split: str = "test") -> None:
+    """The starting policy's success on `split`, on disk and on screen as soon as it is known: a
+    fleet that then fails to start must not lose minutes of evaluation, and `--resume` reuses it."""
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / BEFORE_FILE).write_text(json.dumps(before, indent=2))
+    (run_dir / BEFORE_SPLIT_FILE).write_text(split + "\n")
     if chain_before is not None:
         (run_dir / CHAIN_BEFORE_FILE).write_text(json.dumps(chain_before, indent=2))
     cells = ", ".join(f"{task} {100 * v:.0f}%" for task, v in before.items())
@@ -145,10 +148,16 @@ def keep_before(run_dir: Path, before: dict[str, float], chain_before: dict | No
         print(f"starting policy chains: {chain_line(chain_before['all'])}", file=sys.stderr, flush=True)
 
 
-def kept_before(run_dir: Path) -> tuple[dict[str, float], dict | None] | None:
-    """The starting policy's success (and chain table) kept in the run folder, None if none is."""
+def kept_before(run_dir: Path, split: str = "test") -> tuple[dict[str, float], dict | None] | None:
+    """The starting policy's success (and chain table) kept in the run folder, None if none is or
+    if it was played on another split than `split` (said in one line)."""
     path = run_dir / BEFORE_FILE
     if not path.exists():
+        return None
+    split_file = run_dir / BEFORE_SPLIT_FILE
+    kept_split = split_file.read_text().strip() if split_file.exists() else "test"
+    if kept_split != split:  # a start measured on another split is not this run's start
+        print(f"{path} was played on the {kept_split} split, this run evaluates {split}: not reused", file=sys.stderr)
         return None
     chain = run_dir / CHAIN_BEFORE_FILE
     return json.loads(path.read_text()), (json.loads(chain.read_text()) if chain.exists() else None)
@@ -223,22 +232,26 @@ class EvaluationService(LoopObserver):
         """The starting policy's success (and chains): kept in the run folder (eval_before.json,
         episodes_before.jsonl); a resumed run reuses what its first life kept, without building
         the policy (`starting_policy` is called only to evaluate)."""
-        kept = kept_before(self.run_dir) if self.cfg.runner.resume else None
+        kept = kept_before(self.run_dir, self.cfg.eval.split) if self.cfg.runner.resume else None
         if kept is not None:  # a resumed run's starting policy is the one the first life evaluated
             print(f"--resume: the starting policy's evaluation from {self.run_dir / BEFORE_FILE}", file=sys.stderr)
             self.before_success, self.before_chain = kept
             return kept
         print("evaluating the starting policy ...", file=sys.stderr, flush=True)
         ev = self.play(
-            starting_policy(), self.cfg.eval.episodes_per_task, self.run_dir, episodes_file=BEFORE_EPISODES_FILE
+            starting_policy(),
+            self.cfg.eval.episodes_per_task,
+            self.run_dir,
+            episodes_file=BEFORE_EPISODES_FILE,
+            video=False,  # the start's videos would land beside the final evaluation's
         )  # paired with the final episodes.jsonl
         self.before_success, self.before_chain = ev.success, self.chains(ev)
-        keep_before(self.run_dir, ev.success, self.before_chain)
+        keep_before(self.run_dir, ev.success, self.before_chain, self.cfg.eval.split)
         return ev.success, self.before_chain
 
     def load_before(self) -> None:
         """The start's evaluation that `before` kept in the run folder, if any."""
-        kept = kept_before(self.run_dir)
+        kept = kept_before(self.run_dir, self.cfg.eval.split)
         if kept is not None:
             self.before_success, self.before_chain = kept
 
@@ -342,3 +355,5 @@ class EvaluationService(LoopObserver):
             loop.show("evaluating the trained policy ...")
             summary.update(self.final(loop.policy, loop.step, loop.writer))
         summary.update(self.before_fields())
+        if "eval_success" in summary or "eval_before" in summary:  # whichever evaluations ran, on this split
+            summary["eval_split"] = self.cfg.eval.split

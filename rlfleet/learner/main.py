@@ -71,7 +71,7 @@ def record_policy_outputs(cfg: DictConfig, policy: torch.nn.Module) -> None:
 
 RUN_OUTPUTS = ("checkpoints", "tensorboard", "summary.json", "episodes.jsonl", "periodic_eval")
 """What the learner writes in a run folder, which a fresh run in the same folder moves aside."""
-START_OUTPUTS = ("eval_before.json", "eval_chain_before.json", "episodes_before.jsonl")
+START_OUTPUTS = ("eval_before.json", "eval_before_split.txt", "eval_chain_before.json", "episodes_before.jsonl")
 """The starting policy's evaluation, written before the learner starts: `rlfleet train` and DAgger
 move an earlier run's aside with RUN_OUTPUTS before they evaluate their start."""
 

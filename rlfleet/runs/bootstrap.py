@@ -15,7 +15,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from rlfleet.config import SFTConfig, as_dict, evaluation_record, policy_settings
+from rlfleet.config import SFTConfig, as_dict, eval_env_config, evaluation_record, policy_settings, split_seed
 from rlfleet.data.lerobot import is_lerobot_path
 from rlfleet.envs.api import EnvConfig
 from rlfleet.envs.registry import demos_revision
@@ -100,6 +100,8 @@ def ensure_sft_checkpoint(cfg: DictConfig, progress: bool = True) -> Path:
         progress=progress,
         evaluation=evaluation_record(cfg),
         features=as_dict(cfg.demos.features),
+        eval_env=eval_env_config(cfg),
+        eval_seed=split_seed(cfg.eval),
     )
     return ckpt
 

@@ -33,7 +33,7 @@ from rlfleet.config import (
 )
 from rlfleet.data.demos import IMAGE_KEYS, DemoEpisode, drop_noop_frames, load_demos
 from rlfleet.data.lerobot import is_lerobot_path
-from rlfleet.envs.api import EnvConfig
+from rlfleet.envs.api import TEST_SEED_BASE, EnvConfig
 from rlfleet.envs.registry import gripper_action_dims, make_env
 from rlfleet.eval.episodes import evaluate_policy, report_evaluation
 from rlfleet.eval.report import evaluation_mode
@@ -222,10 +222,14 @@ def run_sft(
     progress: bool = True,
     evaluation: dict[str, Any] | None = None,
     features: dict[str, Any] | None = None,
+    eval_env: EnvConfig | None = None,
+    eval_seed: int = TEST_SEED_BASE,
 ) -> dict[str, Any]:
     """Demos folder -> trained checkpoint folder (config.json, model.safetensors, norm_stats.json);
     `evaluation` (`rlfleet.config.evaluation_record`) is how the recipe evaluates it; `features`
-    maps a LeRobot dataset's feature names onto rlfleet's keys (`demos.features`)."""
+    maps a LeRobot dataset's feature names onto rlfleet's keys (`demos.features`). The evaluations
+    during training (sft.eval_every) play `eval_env` (a recipe's: `eval_env_config`, default
+    `env_cfg`) from `eval_seed` (a recipe's: `split_seed(cfg.eval)`), its `eval.split`."""
     torch.set_num_threads(cfg.threads)
     t0 = time.monotonic()
     cameras = ("main_images",) + (("wrist_images",) if env_cfg.wrist_camera else ()) if env_cfg.image_size else ()
@@ -269,7 +273,9 @@ def run_sft(
     log.info("SFT on %d samples from %d episodes (%s)", len(data), len(episodes), demos)
 
     def evaluate(p):
-        success = evaluate_policy(p, env_cfg, cfg.eval_episodes_per_task, progress=False)  # inside the sft bar
+        success = evaluate_policy(
+            p, eval_env or env_cfg, cfg.eval_episodes_per_task, seed=eval_seed, progress=False
+        )  # inside the sft bar
         return {"eval_success_mean": float(np.mean(list(success.values())))}
 
     history = train_sft(policy, data, cfg, progress, evaluate)
@@ -308,6 +314,8 @@ def main(args: Namespace) -> int:
             **({"episodes_per_task": args.eval_episodes} if args.eval_episodes else {}),
         },
         features=as_dict(cfg.demos.features),
+        eval_env=eval_env_config(cfg),
+        eval_seed=split_seed(cfg.eval),
     )
     if args.eval_episodes:  # on the recipe's held-out evaluation env, reported as `rlfleet eval` reports
         policy, meta = load_checkpoint(args.out)

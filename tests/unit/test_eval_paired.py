@@ -204,6 +204,22 @@ def test_rlfleet_eval_of_a_runs_checkpoint_plays_the_runs_evaluation(tmp_path):
     assert [(r["task"], r["seed"]) for r in read_episodes(tmp_path / "c")] == [("reach-v3", 10_000)]
 
 
+def test_rlfleet_eval_of_a_validation_runs_checkpoint_writes_the_validation_report(tmp_path):
+    """A run with eval.split=validation, evaluated without --split, plays the validation seeds and
+    writes CHECKPOINT/eval_validation: never the test report's CHECKPOINT/eval."""
+    from rlfleet.cli import main
+    from rlfleet.config import load_config, to_yaml
+
+    run = tmp_path / "run"
+    ckpt = _checkpoint(run, 0)
+    cfg = load_config("metaworld_reach_ppo", ["env.task=reach-v3", "eval.split=validation", "eval.episodes_per_task=1"])
+    (run / "config.yaml").write_text(to_yaml(cfg))
+    assert main(["eval", str(ckpt)]) == 0
+    assert not (ckpt / "eval").exists()
+    report = json.loads((ckpt / "eval_validation" / "eval.json").read_text())
+    assert report["split"] == "validation" and report["seed"] == cfg.eval.validation_seed
+
+
 def test_rlfleet_eval_of_a_checkpoint_outside_its_run_plays_the_evaluation_its_config_records(tmp_path):
     """A checkpoint away from its run folder (an SFT cache, an export, a Hub copy) records in
     config.json how its recipe evaluates it (`evaluation_record`): `rlfleet eval` plays that task

@@ -110,8 +110,41 @@ def test_a_loop_whose_start_was_evaluated_elsewhere_reads_it_back(tmp_path):
     assert service.on_update(loop) == {}  # the recipe asks for no periodic evaluation
     summary: dict = {}
     service.on_end(loop, summary, completed=False)
-    assert summary == {"eval_before": {"reach-v3": 0.5}, "eval_before_mean": 0.5}
+    assert summary == {"eval_before": {"reach-v3": 0.5}, "eval_before_mean": 0.5, "eval_split": "test"}
     assert not (tmp_path / "episodes.jsonl").exists()
+
+
+def test_the_start_is_played_without_videos_on_the_runs_split_and_reused_only_on_it(tmp_path, monkeypatch):
+    """`before` records no videos (they would land beside the final evaluation's) and keeps its
+    split beside eval_before.json; a resumed run reuses the start only when it played the run's
+    `eval.split`, and the summary names the split when only the start was evaluated."""
+    import rlfleet.eval.service as service_module
+
+    video_cfgs = []
+    real = service_module.evaluate_policy
+
+    def recording(*args, **kwargs):
+        video_cfgs.append(kwargs["video_cfg"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(service_module, "evaluate_policy", recording)
+    cfg = _cfg(tmp_path, "eval.before=true", "eval.video_cfg.save_video=true")
+    service = EvaluationService(cfg, tmp_path)
+    service.before(lambda: starting_policy(cfg))
+    assert video_cfgs == [None]
+    assert (tmp_path / "eval_before_split.txt").read_text().strip() == "test"
+    summary: dict = {}
+    service.on_end(Loop(starting_policy(cfg), MetricsLogger({})), summary, completed=False)
+    assert summary["eval_split"] == "test" and "eval_success" not in summary
+
+    resumed = _cfg(tmp_path, "eval.before=true", "runner.resume=true")
+    EvaluationService(resumed, tmp_path).before(lambda: pytest.fail("the kept start is reused"))
+    validation = _cfg(tmp_path, "eval.before=true", "runner.resume=true", "eval.split=validation")
+    service = EvaluationService(validation, tmp_path)
+    service.before(lambda: starting_policy(validation))  # the kept start played test: played again
+    assert (tmp_path / "eval_before_split.txt").read_text().strip() == "validation"
+    seeds = [r["seed"] for r in read_episodes(tmp_path / "episodes_before.jsonl")]
+    assert seeds == [validation.eval.validation_seed, validation.eval.validation_seed + 1]
 
 
 def test_every_evaluation_plays_the_runs_split(tmp_path):

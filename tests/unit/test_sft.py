@@ -155,7 +155,7 @@ def test_demos_task_collects_on_its_own_tasks_and_keeps_their_cache(tmp_path, mo
 def test_the_recipes_sft_start_records_how_the_recipe_evaluates(tmp_path, monkeypatch):
     """The SFT checkpoint a run builds for itself records the recipe's evaluation (RoboTwin's
     X:eval layouts), so `rlfleet eval` of the cached start plays the held-out layouts."""
-    from rlfleet.config import load_config
+    from rlfleet.config import eval_env_config, load_config, split_seed
     from rlfleet.runs import bootstrap
 
     cfg = load_config("robotwin_multitask_ppo_mlp_cpu", [f"demos.cache_dir={tmp_path}"])
@@ -171,6 +171,29 @@ def test_the_recipes_sft_start_records_how_the_recipe_evaluates(tmp_path, monkey
         "episodes_per_task": cfg.eval.episodes_per_task,
     }
     assert cfg.eval.task.split(",")[0].endswith(":eval")
+    # its curve (sft.eval_every) plays the recipe's held-out evaluation, as its RL evaluations do
+    assert seen["eval_env"] == eval_env_config(cfg) and seen["eval_seed"] == split_seed(cfg.eval)
+
+
+def test_sft_evaluations_during_training_play_the_recipes_split(tmp_path, monkeypatch):
+    """sft.eval_every plays the recipe's evaluation env (`eval.task`) from its `eval.split`'s
+    first seed, not the training env from the test seeds."""
+    from rlfleet.cli import main
+    from rlfleet.runs import sft
+
+    played = []
+
+    def recording(policy, env, episodes, seed, **kwargs):
+        played.append((env.task, seed))
+        return {env.task: 0.0}
+
+    monkeypatch.setattr(sft, "evaluate_policy", recording)
+    demos = tmp_path / "demos"
+    collect_env_demos(demos, EnvConfig(task="reach-v3", max_episode_steps=60), 1, progress=False)
+    overrides = ["env.task=reach-v3", "env.max_episode_steps=60", "sft.steps=4", "sft.eval_every=2", "sft.threads=1"]
+    overrides += ["eval.task=push-v3", "eval.split=validation", "eval.validation_seed=600000"]
+    assert main(["sft", "metaworld_reach_ppo", "--demos", str(demos), "--out", str(tmp_path / "sft"), *overrides]) == 0
+    assert played == [("push-v3", 600_000)]
 
 
 def test_goal_marker_gets_its_own_demo_cache_and_leaves_the_others_keys_alone(tmp_path):
