@@ -359,7 +359,9 @@ def add_result(runs: Path, name: str, data: Path = DATA, selected_on: str = "") 
     if not seeds or not (runs / "results.json").exists():
         raise FileNotFoundError(f"{runs} holds no bench/reproduce.py result (results.json, seed*/summary.json)")
     dest = data / name
-    dest.mkdir(parents=True, exist_ok=True)
+    if dest.exists():  # a result added again replaces the earlier one whole: seeds never mix
+        shutil.rmtree(dest)
+    dest.mkdir(parents=True)
     for f in [*(runs / c for c in COPIED), *sorted(runs.glob("*.png"))]:
         if f.exists():
             shutil.copy2(f, dest / f.name)

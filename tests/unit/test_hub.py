@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from rlfleet.config import load_config, to_yaml
 from rlfleet.learner.checkpointer import Checkpointer, TrainerCounters
 from rlfleet.policies.checkpoint_io import model_config, parse_hub_path, policy_from_config
 
@@ -40,7 +41,8 @@ def make_run(tmp_path: Path) -> Path:
     folder = Checkpointer(run, info=info).save(
         policy, opt, TrainerCounters(update=5, env_steps=20480), model_config(policy_cfg, 39, 4, 1, ENV)
     )
-    (run / "config.yaml").write_text("runner:\n  experiment_name: reach\n")
+    # the whole resolved config, as `rlfleet train` writes it (evaluation reads the run's env and splits)
+    (run / "config.yaml").write_text(to_yaml(load_config("metaworld_reach_ppo", ["runner.experiment_name=reach"])))
     (run / "summary.json").write_text(
         json.dumps(
             {
