@@ -365,10 +365,17 @@ class Trainer:
 
     def prepare(self, segments: list[Segment], version: int) -> Batch:
         """One process's batch: every row of the segments, `valid` masking the rows to train on."""
+        lags, advantages, valid = self._plan(segments, version)
+        return self._prepare(segments, lags, advantages, shard_rows(segments, valid, 0, 1))
+
+    def _plan(
+        self, segments: list[Segment], version: int
+    ) -> tuple[list[torch.Tensor], list[Advantages] | None, torch.Tensor]:
+        """Each segment's step lags (computed once), the whole-segment advantages of critic-free
+        estimators (GRPO: before sharding, every rank has all segments) and the rows to train on."""
         lags = [policy_lag(version, self._t(s.versions)) for s in segments]
         advantages = self.segment_advantages(segments)
-        shard = shard_rows(segments, self.valid_rows(segments, lags, advantages), 0, 1)
-        return self._prepare(segments, lags, advantages, shard)
+        return lags, advantages, self.valid_rows(segments, lags, advantages)
 
     def _prepare(
         self, segments: list[Segment], lags: list[torch.Tensor], advantages: list[Advantages] | None, shard: RowShard
@@ -557,12 +564,9 @@ class Trainer:
         Under torchrun every rank calls it with the same segments (rank 0 broadcasts them) and
         trains on its shard; the returned metrics cover all ranks.
         """
-        lags = [policy_lag(version, self._t(s.versions)) for s in segments]  # per step, once
+        lags, advantages, valid = self._plan(segments, version)
         received = self._lag_stats(segments, lags)
-        # Critic-free estimators (GRPO) run on whole segments, before sharding (every rank has them all).
-        advantages = self.segment_advantages(segments)
         received.update(advantage_stats(advantages or [], [self._t(s.group_ids) for s in segments]))
-        valid = self.valid_rows(segments, lags, advantages)
         self.last_account = env_step_account(segments, valid)
         shard = shard_rows(segments, valid, self.ranks.rank, self.ranks.world_size)
         total = len(valid)
