@@ -23,13 +23,15 @@ import argparse
 import numpy as np
 import torch
 
-from rlfleet.config import as_dict, eval_env_config, fill_model_dims, load_config, split_seed
+from rlfleet.config import as_dict, eval_env_config, load_config, split_seed
+from rlfleet.envs.api import EnvConfig
 from rlfleet.envs.calvin.chains import pool_entry, pool_size
 from rlfleet.envs.calvin.layout import BLOCK_COLORS
 from rlfleet.envs.calvin.scene import ROBOT_OBS_DIM
 from rlfleet.envs.calvin.shaping import BLOCK_KINDS
 from rlfleet.envs.calvin.subtasks import SUBTASKS
 from rlfleet.envs.registry import make_env
+from rlfleet.envs.run_shapes import probe_env_dims
 from rlfleet.eval.episodes import obs_tensors
 from rlfleet.policies.checkpoint_io import policy_from_config
 
@@ -61,9 +63,8 @@ def reach(cfg, seeds: list[int], sample: bool = False) -> tuple[list[tuple[str, 
     """(first subtask, closest hand-to-block distance, completed) per chain, and the hand's travel (m)
     over each chunk of the first subtasks."""
     torch.manual_seed(cfg.runner.seed)
-    fill_model_dims(cfg)
-    d = cfg.model_dims
-    policy = policy_from_config(as_dict(cfg.policy), d.state_dim, d.action_dim, cfg.env.chunk_size, cfg.env.image_size)
+    state_dim, action_dim = probe_env_dims(EnvConfig(**as_dict(cfg.env)))
+    policy = policy_from_config(as_dict(cfg.policy), state_dim, action_dim, cfg.env.chunk_size, cfg.env.image_size)
     policy.eval()
     env = make_env(eval_env_config(cfg), len(seeds))
     try:

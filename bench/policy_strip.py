@@ -81,16 +81,23 @@ def main(argv: list[str] | None = None) -> int:
 
     from rlfleet.config import as_dict, config_from_yaml
     from rlfleet.envs.api import EnvConfig
-    from rlfleet.policies.checkpoint_io import load_checkpoint, policy_from_config
+    from rlfleet.policies.checkpoint_io import load_checkpoint, policy_from_config, read_model_config
+    from rlfleet.wire.run_spec import read_run_spec
 
     run = Path(args.run_dir)
     cfg = config_from_yaml((run / "config.yaml").read_text())
+    latest = run / "checkpoints" / (run / "checkpoints" / "latest").read_text().strip()
     env_cfg = dataclasses.replace(EnvConfig(**as_dict(cfg.env)), pool="eval")
     size = cfg.env.image_size or args.image_size
     torch.manual_seed(cfg.runner.seed)  # the same fresh weights the run started from
-    d = cfg.model_dims
-    before = policy_from_config(as_dict(cfg.policy), d.state_dim, d.action_dim, cfg.env.chunk_size, cfg.env.image_size)
-    after, _ = load_checkpoint(str(run / "checkpoints" / (run / "checkpoints" / "latest").read_text().strip()))
+    # the dims and the settings the run built its policy with: its run spec, else (a run from
+    # before the spec) its latest checkpoint's config.json
+    spec = read_run_spec(run)
+    meta = read_model_config(str(latest)) if spec is None else {}
+    state_dim, action_dim = (spec.state_dim, spec.action_dim) if spec else (meta["state_dim"], meta["action_dim"])
+    settings = dict(spec.policy) if spec else meta["policy"]
+    before = policy_from_config(settings, state_dim, action_dim, cfg.env.chunk_size, cfg.env.image_size)
+    after, _ = load_checkpoint(str(latest))
     rows = []
     for name, policy in (("before RL", before), ("after RL", after)):
         frames, ok = episode_frames(policy, env_cfg, args.seed, size)

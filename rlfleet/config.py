@@ -27,13 +27,12 @@ from rlfleet.envs.api import (
     TEST_SEED_BASE,
     VALIDATION_SEED_BASE,
     EnvConfig,
-    observation_spec,
 )
-from rlfleet.envs.registry import check_env_name, check_held_out_splits, make_env, require_env_extra
+from rlfleet.envs.registry import check_env_name, check_held_out_splits, require_env_extra
 from rlfleet.policies.checkpoint_io import is_hub_path, parse_hub_path, pin_hub_settings, pin_model_path, run_folder
 from rlfleet.policies.registry import check_policy_config, policy_classes
 from rlfleet.telemetry.trackers import check_backends, logger_backends
-from rlfleet.wire.slots import slot_layout
+from rlfleet.wire.run_spec import read_run_spec
 
 
 @dataclass
@@ -54,10 +53,6 @@ class RunnerConfig:
     checkpoint_every: int = 50  # updates
     seed: int = 0
     resume: bool = False
-    # Set by a resumed learner, not by hand: the env steps of the checkpoint it resumed from. Actors
-    # then start their envs on a new training episode stream (rlfleet.envs.core.resumed_stream_seeds)
-    # instead of replaying the first life's episodes from env.seed.
-    resumed_from_env_steps: int = 0
     # Evaluate policy.model_path (or the bootstrapped SFT checkpoint) and stop: RLinf's *_eval recipes
     only_eval: bool = False
 
@@ -227,16 +222,6 @@ class ClusterConfig:
 
 
 @dataclass
-class ModelDims:
-    """Filled in by the learner from the env spec and its policy, so remote roles size the same slots."""
-
-    state_dim: int = 0
-    action_dim: int = 0
-    logprob_shape: list[int] = field(default_factory=list)  # [] per chunk, [K] per action, [K*D] per token
-    extra_outputs: dict[str, list[int]] = field(default_factory=dict)  # float32 outputs the learner needs
-
-
-@dataclass
 class RunConfig:
     runner: RunnerConfig = field(default_factory=RunnerConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
@@ -252,7 +237,6 @@ class RunConfig:
     sft: SFTConfig = field(default_factory=SFTConfig)
     dagger: DAggerConfig = field(default_factory=DAggerConfig)  # enabled: DAgger instead of PPO
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
-    model_dims: ModelDims = field(default_factory=ModelDims)
 
 
 RECIPE_DIR = resources.files("rlfleet.recipes")
@@ -442,7 +426,7 @@ def config_keys(node: Any, prefix: str = "") -> list[str]:
 
 
 def _is_free_form(key: str) -> bool:
-    free = ("policy", "cluster.component_placement", "model_dims.extra_outputs", "env.gym_kwargs", "demos.features")
+    free = ("policy", "cluster.component_placement", "env.gym_kwargs", "demos.features")
     return key in free
 
 
@@ -466,6 +450,19 @@ _RENAMED = {
     "env steps) per update, not env steps",
 }
 
+# Keys the learner used to write into the config: what it learns at start (the env's dimensions,
+# the policy's outputs, a resume's env steps) now travels as the run spec (rlfleet.wire.run_spec).
+_REMOVED = {
+    "model_dims": "the learner sends the env's and policy's dimensions as the run spec (run_spec.json)",
+    "runner.resumed_from_env_steps": "a resumed learner sends its checkpoint's env steps in the run spec "
+    "(run_spec.json)",
+}
+
+
+def _removed_key(key: str) -> str | None:
+    return next((old for old in _REMOVED if key == old or key.startswith(old + ".")), None)
+
+
 _CONVERT = re.compile(r"Value '(.*)' of type '(\w+)' could not be converted to (\w+)", re.S)
 
 
@@ -477,6 +474,8 @@ def _merge(cfg: DictConfig, layer: DictConfig, source: str) -> DictConfig:
         if isinstance(exc, KeyError):  # ConfigKeyError: a key the schema does not have
             if key in _RENAMED:
                 raise ConfigError(f"{key} was renamed to {_RENAMED[key]} ({source})") from None
+            if (old := _removed_key(key)) is not None:
+                raise ConfigError(f"{old} is no longer a config key: {_REMOVED[old]} ({source})") from None
             raise ConfigError(_unknown_key_message(key, config_keys(cfg), source)) from None
         if not key and source.startswith("override "):
             key = source.split(" ", 1)[1].split("=", 1)[0]
@@ -528,31 +527,25 @@ def _check_policy(cfg: DictConfig) -> None:
         raise ConfigError("policy.wrist_camera reads wrist_images: set env.wrist_camera=true too")
 
 
-def fill_model_dims(cfg: DictConfig) -> EnvConfig:
-    """Probe one env for its dimensions and record them in `cfg.model_dims` (the config the learner
-    hands out); returns the run's EnvConfig."""
-    env_cfg = EnvConfig(**as_dict(cfg.env))
-    # shapes only: no renderer needed
-    probe = make_env(dataclasses.replace(env_cfg, image_size=0, wrist_camera=False), 1)
-    cfg.model_dims.state_dim = probe.spec.state_dim
-    cfg.model_dims.action_dim = probe.spec.action_dim
-    probe.close()
-    return env_cfg
-
-
 def config_from_yaml(text: str) -> DictConfig:
-    """Rebuild a run config sent by the learner (the source of truth for remote roles)."""
-    return OmegaConf.merge(OmegaConf.structured(RunConfig), OmegaConf.create(text))
+    """Rebuild a run config sent by the learner (the user's config as composed) or kept in a run
+    folder. A run folder written before the run spec also holds the keys the learner used to write
+    into it (`_REMOVED`): they are dropped, so its config still loads."""
+    data = OmegaConf.create(text)
+    data.pop("model_dims", None)
+    if OmegaConf.is_dict(data.get("runner")):
+        data.runner.pop("resumed_from_env_steps", None)
+    return OmegaConf.merge(OmegaConf.structured(RunConfig), data)  # type: ignore[return-value]
 
 
 def starting_checkpoint(cfg: DictConfig, run_dir: Path) -> str:
     """`policy.model_path` pinned to one Hub commit (`pin_model_path`). A resumed run keeps the
-    commit its first life pinned (the run folder's config.yaml) when that names the same Hub
+    commit its first life pinned (the run folder's run_spec.json) when that names the same Hub
     repository, so neither its start nor its KL reference moves with the branch between lives."""
     path = str(cfg.policy.model_path)
-    previous_yaml = run_dir / "config.yaml"
-    if cfg.runner.resume and is_hub_path(path) and previous_yaml.exists():
-        previous = config_from_yaml(previous_yaml.read_text()).policy.get("model_path")
+    if cfg.runner.resume and is_hub_path(path):
+        spec = read_run_spec(run_dir)
+        previous = spec.model_path if spec is not None else ""
         if previous and is_hub_path(previous) and parse_hub_path(previous)[0] == parse_hub_path(path)[0]:
             path = str(previous)
     return pin_model_path(path)
@@ -563,12 +556,29 @@ def pin_policy_hub_paths(cfg: DictConfig) -> None:
     to its commit, as `starting_checkpoint` pins `model_path`, and a local path written relative
     ("./models/x") made absolute: every process of the run, and the checkpoints' config.json, name
     what the run read."""
-    settings = {k: v for k, v in as_dict(cfg.policy).items() if k != "model_path"}
+    settings = policy_settings(cfg)
+    for key, value in _pinned_settings(settings).items():
+        if value != settings[key]:
+            cfg.policy[key] = value
+
+
+def _pinned_settings(settings: dict[str, Any]) -> dict[str, Any]:
+    pinned = {}
     for key, value in pin_hub_settings(settings).items():
         if isinstance(value, str) and value.startswith(("./", "../")) and Path(value).exists():
             value = str(Path(value).resolve())
-        if value != settings[key]:
-            cfg.policy[key] = value
+        pinned[key] = value
+    return pinned
+
+
+def pinned_policy_settings(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
+    """The run's policy settings as its learner builds the policy (the run spec's `policy`):
+    `model_path` pinned (`starting_checkpoint`), the other hf:// settings pinned and relative local
+    paths made absolute (`pin_policy_hub_paths`); `cfg` itself is left as the user composed it."""
+    settings = _pinned_settings(policy_settings(cfg))
+    if cfg.policy.get("model_path"):
+        settings["model_path"] = starting_checkpoint(cfg, run_dir)
+    return settings
 
 
 def policy_settings(cfg: DictConfig) -> dict[str, Any]:
@@ -652,20 +662,6 @@ def eval_seed_range(cfg: DictConfig, num_tasks: int, split: str | None = None) -
         )
     check_held_out_splits(eval_env_config(cfg, "test"), test, val)
     return ranges[split or cfg.eval.split]
-
-
-def run_observation_spec(cfg: DictConfig) -> dict[str, tuple[tuple[int, ...], str]]:
-    """The observation tensors of this run's env (needs `model_dims` filled in by the learner)."""
-    return observation_spec(EnvConfig(**as_dict(cfg.env)), cfg.model_dims.state_dim)
-
-
-def run_slot_layout(cfg: DictConfig, num_envs: int):
-    """An actor's shared-memory slots for this run's env and policy."""
-    dims = cfg.model_dims
-    extras = {name: (tuple(shape), "float32") for name, shape in dims.extra_outputs.items()}
-    return slot_layout(
-        num_envs, run_observation_spec(cfg), dims.action_dim, cfg.env.chunk_size, tuple(dims.logprob_shape), extras
-    )
 
 
 def to_yaml(cfg: DictConfig) -> str:

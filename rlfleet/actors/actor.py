@@ -21,9 +21,12 @@ from rlfleet.actors.inference_failover import connect_fleet
 from rlfleet.actors.learner_client import LearnerClient
 from rlfleet.actors.rollout import SegmentBuilder
 from rlfleet.algorithms.estimators import episode_schedule
-from rlfleet.config import as_dict, run_slot_layout
+from rlfleet.config import as_dict
+from rlfleet.envs.api import EnvConfig
 from rlfleet.envs.core import resumed_stream_seeds, training_stream
+from rlfleet.envs.run_shapes import run_slot_layout
 from rlfleet.telemetry.profiling import profiled
+from rlfleet.wire.run_spec import RunSpec
 from rlfleet.wire.segment import Segment
 
 log = logging.getLogger(__name__)
@@ -53,6 +56,7 @@ class ActorCounters:
 
 def run_actor(
     cfg: DictConfig,
+    spec: RunSpec,
     actor_index: int,
     client_id: str,
     learner_address: str,
@@ -61,16 +65,18 @@ def run_actor(
     counters: ActorCounters | None = None,
     restarts: int = 0,
 ) -> ActorStats:
-    """`restarts`: how often this client id registered with the learner before (a restarted
-    process plays a new episode stream, rlfleet.envs.core.training_stream)."""
+    """`spec`: the learner's run spec (slot shapes, a resumed run's env steps); `restarts`: how
+    often this client id registered with the learner before (a restarted process plays a new
+    episode stream, rlfleet.envs.core.training_stream)."""
     with profiled("actor"):
         return _run_actor(
-            cfg, actor_index, client_id, learner_address, inference_address, stop_event, counters, restarts
+            cfg, spec, actor_index, client_id, learner_address, inference_address, stop_event, counters, restarts
         )
 
 
 def _run_actor(
     cfg: DictConfig,
+    spec: RunSpec,
     actor_index: int,
     client_id: str,
     learner_address: str,
@@ -87,7 +93,8 @@ def _run_actor(
     counters = counters if counters is not None else ActorCounters()
     fleet = max(cfg.env.get("fleet_envs", 0), a.num_actors * E, (actor_index + 1) * E)  # actors beyond num_actors too
     env = {**as_dict(cfg.env), "fleet_envs": fleet}
-    pool = EnvWorkerPool(env, E, a.num_workers, S, run_slot_layout(cfg, E), env_offset=actor_index * E)
+    layout = run_slot_layout(EnvConfig(**as_dict(cfg.env)), spec, E)
+    pool = EnvWorkerPool(env, E, a.num_workers, S, layout, env_offset=actor_index * E)
     learner = inference = None
     segments, steps, t0 = 0, 0, time.monotonic()
 
@@ -103,7 +110,7 @@ def _run_actor(
             a.transport, inference_address, pool.slots, client_id, stopping, OmegaConf.to_object(a.failover)
         )
         # A resumed run's or a restarted actor's envs start a new episode stream, not replay an earlier life's.
-        stream = training_stream(int(cfg.runner.get("resumed_from_env_steps", 0)), restarts)
+        stream = training_stream(spec.resumed_from_env_steps, restarts)
         if stream:
             log.info("actor %s: its envs start training episode stream %d (restart %d)", client_id, stream, restarts)
         pool.reset(resumed_stream_seeds(cfg.env.seed, actor_index * E, E, stream) if stream > 0 else None)

@@ -1,6 +1,6 @@
 """The inference role's main: `rlfleet inference --learner HOST:PORT`.
 
-Registers with the learner for the run's config, pulls the current weights, serves gRPC and
+Registers with the learner for the run's config and run spec, pulls the current weights, serves gRPC and
 ZeroMQ (and shared memory on this host) until a signal arrives, following the learner's weights.
 """
 
@@ -26,6 +26,7 @@ from rlfleet.telemetry.prometheus import (
 )
 from rlfleet.wire.grpc_server import make_channel
 from rlfleet.wire.join import register, stop_on_signals, write_address
+from rlfleet.wire.run_spec import registered_spec
 
 log = logging.getLogger(__name__)
 
@@ -35,10 +36,11 @@ def main(args: Namespace) -> int:
     client_id = f"inference-{socket.gethostname()}-{os.getpid()}"
     reply = register(args.learner, client_id, "inference")
     cfg = config_from_yaml(reply.config_yaml)
+    spec = registered_spec(reply, args.learner)
     channel = make_channel(args.learner)
     if args.device:
         cfg.inference.device = args.device
-    runner, subscriber = build_runner_from_learner(channel, cfg, client_id)
+    runner, subscriber = build_runner_from_learner(channel, cfg, spec, client_id)
     server = InferenceServer(
         runner,
         args.host,

@@ -11,7 +11,9 @@ from dataclasses import dataclass
 import zmq
 from omegaconf import DictConfig
 
-from rlfleet.config import policy_settings, run_observation_spec
+from rlfleet.config import as_dict
+from rlfleet.envs.api import EnvConfig
+from rlfleet.envs.run_shapes import run_observation_spec
 from rlfleet.inference_server.batcher import DynamicBatcher, InferenceRequest
 from rlfleet.inference_server.grpc_frontend import InferenceServicer
 from rlfleet.inference_server.policy_runner import PolicyRunner
@@ -26,6 +28,7 @@ from rlfleet.wire.gen import inference_pb2_grpc, learner_pb2_grpc
 from rlfleet.wire.grpc_decoding import add_servicer
 from rlfleet.wire.grpc_server import start_grpc_server
 from rlfleet.wire.rejections import merge_counts
+from rlfleet.wire.run_spec import RunSpec
 
 log = logging.getLogger(__name__)
 
@@ -138,15 +141,18 @@ class InferenceServer:
         self.ctx.term()
 
 
-def build_runner_from_learner(channel, cfg: DictConfig, subscriber_id: str) -> tuple[PolicyRunner, WeightSubscriber]:
-    """The run's policy with the learner's current weights, plus a subscriber for newer ones."""
-    dims = cfg.model_dims
+def build_runner_from_learner(
+    channel, cfg: DictConfig, spec: RunSpec, subscriber_id: str
+) -> tuple[PolicyRunner, WeightSubscriber]:
+    """The run's policy (as the run spec says the learner built it) with the learner's current
+    weights, plus a subscriber for newer ones."""
     # a fresh policy of the run's kind: its weights come from the learner, not from model_path
     policy = make_policy(
-        policy_settings(cfg), dims.state_dim, dims.action_dim, cfg.env.chunk_size, image_size=cfg.env.image_size
+        spec.fresh_policy_settings(), spec.state_dim, spec.action_dim, cfg.env.chunk_size, image_size=cfg.env.image_size
     )
     stub = learner_pb2_grpc.LearnerServiceStub(channel)
     initial = pull_weights(stub)
     load_state_dict_bytes(policy, initial.data)
-    runner = PolicyRunner(policy, initial.version, cfg.inference.device, run_observation_spec(cfg))
+    obs_spec = run_observation_spec(EnvConfig(**as_dict(cfg.env)), spec)
+    runner = PolicyRunner(policy, initial.version, cfg.inference.device, obs_spec)
     return runner, WeightSubscriber(channel, initial, subscriber_id, delta=cfg.inference.weight_delta).start()

@@ -29,6 +29,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from rlfleet.wire.codec import decode_frames, encode_frames
+from rlfleet.wire.run_spec import RunSpec
 from rlfleet.wire.segment import Segment
 
 log = logging.getLogger(__name__)
@@ -137,7 +138,7 @@ class SingleRank:
     def sync_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
         return None
 
-    def send_config(self, yaml_text: str) -> None:
+    def send_config(self, yaml_text: str, spec: RunSpec) -> None:
         return None
 
     def send_update(self, segments: list[Segment], version: int) -> None:
@@ -249,12 +250,16 @@ class DDPRanks:
     def _send_header(self, command: int, version: int) -> None:
         dist.broadcast(torch.tensor([command, version], dtype=torch.int64), src=0, group=self.data_group)
 
-    def send_config(self, yaml_text: str) -> None:
-        """The resolved run config (model dims filled in) that ranks > 0 build their policy from."""
-        self._broadcast_array(np.frombuffer(yaml_text.encode(), np.uint8).copy(), np.uint8)
+    def send_config(self, yaml_text: str, spec: RunSpec) -> None:
+        """The user's run config and the run spec (the dims, the policy settings rank 0 built its
+        policy with) that ranks > 0 build their policy from."""
+        for text in (yaml_text, spec.to_json()):
+            self._broadcast_array(np.frombuffer(text.encode(), np.uint8).copy(), np.uint8)
 
-    def receive_config(self) -> str:
-        return self._broadcast_array(None, np.uint8).tobytes().decode()
+    def receive_config(self) -> tuple[str, RunSpec]:
+        yaml_text = self._broadcast_array(None, np.uint8).tobytes().decode()
+        spec = RunSpec.from_json(self._broadcast_array(None, np.uint8).tobytes().decode(), "run spec from rank 0")
+        return yaml_text, spec
 
     def send_update(self, segments: list[Segment], version: int) -> None:
         self._send_header(_UPDATE, version)

@@ -1,6 +1,6 @@
 """A learner rank other than 0 under torchrun: it trains in lockstep and does nothing else.
 
-It binds no port and writes no file: it builds the policy from the config rank 0 sends, then
+It binds no port and writes no file: it builds the policy from the config and run spec rank 0 sends, then
 runs the same PPO update on its share of each batch of segments rank 0 broadcasts, until rank 0
 says the run is over. Checkpoints, TensorBoard, weight publishing and evaluation are rank 0's.
 """
@@ -12,7 +12,7 @@ import signal
 
 import torch
 
-from rlfleet.config import as_dict, config_from_yaml
+from rlfleet.config import config_from_yaml
 from rlfleet.learner.distributed import DDPRanks, Ranks
 from rlfleet.learner.trainer import Trainer, ppo_config
 from rlfleet.policies.checkpoint_io import policy_from_config, reference_policy
@@ -27,21 +27,19 @@ def run_follower(ranks: Ranks) -> int:
     # Ctrl-C or SIGTERM from torchrun: rank 0 finishes its update, checkpoints and tells us to stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    cfg = config_from_yaml(ranks.receive_config())
+    config_yaml, spec = ranks.receive_config()
+    cfg = config_from_yaml(config_yaml)
     torch.manual_seed(cfg.runner.seed)
-    dims = cfg.model_dims
     # The architecture only: DDP replaces these weights with rank 0's at the first update.
-    policy = policy_from_config(
-        as_dict(cfg.policy), dims.state_dim, dims.action_dim, cfg.env.chunk_size, cfg.env.image_size
-    )
+    policy = policy_from_config(spec.policy, spec.state_dim, spec.action_dim, cfg.env.chunk_size, cfg.env.image_size)
     trainer = Trainer(
         policy,
         ppo_config(cfg.algorithm),
         cfg.learner.reward_scale,
         ranks.device(cfg.learner.device),
         ranks,
-        reference=reference_policy(cfg, policy),
-        freeze_normalization=bool(cfg.policy.get("model_path")),
+        reference=reference_policy(cfg, spec, policy),
+        freeze_normalization=bool(spec.model_path),
     )
     updates = 0
     while (received := ranks.receive_update()) is not None:

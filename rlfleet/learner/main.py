@@ -7,6 +7,7 @@ final evaluations), and writes summary.json once, with every observer's fields.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import signal
 import threading
@@ -28,14 +29,13 @@ from rlfleet.config import (
     eval_env_config,
     eval_seed_range,
     evaluation_record,
-    fill_model_dims,
     load_config,
-    pin_policy_hub_paths,
-    run_observation_spec,
-    starting_checkpoint,
+    pinned_policy_settings,
     to_yaml,
 )
+from rlfleet.envs.api import EnvConfig
 from rlfleet.envs.registry import scored_chain_length, task_list
+from rlfleet.envs.run_shapes import probe_env_dims, run_observation_spec
 from rlfleet.eval.service import EvaluationService, LoopObserver, PeriodicEval
 from rlfleet.eval.summary import print_summary, write_summary
 from rlfleet.learner.batches import samples, take_batch
@@ -57,16 +57,26 @@ from rlfleet.wire.grpc_decoding import add_servicer
 from rlfleet.wire.grpc_server import start_grpc_server
 from rlfleet.wire.join import EXIT_INTERRUPTED, write_address
 from rlfleet.wire.life_ledger import read_account, unreported
+from rlfleet.wire.run_spec import RunSpec, write_run_spec
 from rlfleet.wire.segment import Segment
 
 log = logging.getLogger(__name__)
 
 
-def record_policy_outputs(cfg: DictConfig, policy: torch.nn.Module) -> None:
-    """Log-prob shape and extra outputs size the actors' slots and the segments they push."""
+def built_run_spec(
+    state_dim: int, action_dim: int, policy: torch.nn.Module, settings: dict[str, Any], model_path: str
+) -> RunSpec:
+    """The run spec of a learner that built `policy` from `settings` (the checkpoint's own settings
+    where it started from one, `model_path` pinned): its log-prob shape and extra outputs size the
+    actors' slots and the segments they push; the settings build every other copy of it."""
     declared = cast(Policy, policy)  # every registered policy implements the protocol; nn.Module cannot say so
-    cfg.model_dims.logprob_shape = list(declared.logprob_shape)
-    cfg.model_dims.extra_outputs = {name: list(shape) for name, (shape, _) in declared.extra_outputs.items()}
+    return RunSpec(
+        state_dim=state_dim,
+        action_dim=action_dim,
+        logprob_shape=tuple(declared.logprob_shape),
+        extra_outputs={name: tuple(shape) for name, (shape, _) in declared.extra_outputs.items()},
+        policy={**settings, **({"model_path": model_path} if model_path else {})},
+    )
 
 
 RUN_OUTPUTS = ("checkpoints", "tensorboard", "summary.json", "episodes.jsonl", "periodic_eval")
@@ -103,36 +113,34 @@ class Learner:
         if not cfg.runner.resume:
             archive_previous_run(run_dir)
         torch.manual_seed(cfg.runner.seed)
-        self.env_cfg = fill_model_dims(cfg)
-        dims = cfg.model_dims
-        if cfg.policy.get("model_path"):  # the reads below, the ranks and the servers see one Hub revision
-            cfg.policy.model_path = starting_checkpoint(cfg, run_dir)
-        pin_policy_hub_paths(cfg)
-        self.policy = policy_from_config(
-            as_dict(cfg.policy), dims.state_dim, dims.action_dim, cfg.env.chunk_size, cfg.env.image_size
-        )
-        record_policy_outputs(cfg, self.policy)
+        # What the learner learns here travels as the run spec; `cfg` stays the user's config.
+        self.env_cfg = EnvConfig(**as_dict(cfg.env))
+        state_dim, action_dim = probe_env_dims(self.env_cfg)
+        # model_path and the other hf:// settings pinned: the ranks and the servers see one Hub revision
+        settings = pinned_policy_settings(cfg, run_dir)
+        self.policy = policy_from_config(settings, state_dim, action_dim, cfg.env.chunk_size, cfg.env.image_size)
         self.model_config = model_config(
-            as_dict(cfg.policy),
-            dims.state_dim,
-            dims.action_dim,
+            settings,
+            state_dim,
+            action_dim,
             cfg.env.chunk_size,
             as_dict(cfg.env),
             cfg.env.image_size,
             evaluation_record(cfg),
         )
-        # the settings the policy was built with, for the inference servers and actors that build
-        # their copy from the run's config (a model_path checkpoint's settings the recipe leaves out)
-        model_path = cfg.policy.get("model_path")
-        cfg.policy = {**self.model_config["policy"], **({"model_path": model_path} if model_path else {})}
+        # the settings the policy was built with (a model_path checkpoint's settings the recipe leaves
+        # out), for the inference servers and ranks that build their copy from the spec
+        self.spec = built_run_spec(
+            state_dim, action_dim, self.policy, self.model_config["policy"], settings.get("model_path", "")
+        )
         self.trainer = Trainer(
             self.policy,
             ppo_config(cfg.algorithm),
             cfg.learner.reward_scale,
             self.ranks.device(cfg.learner.device),
             self.ranks,
-            reference=reference_policy(cfg, self.policy),
-            freeze_normalization=bool(cfg.policy.get("model_path")),
+            reference=reference_policy(cfg, self.spec, self.policy),
+            freeze_normalization=bool(self.spec.model_path),
         )
         # what the estimator asks of segments; a schedule the actors cannot keep fails here, not in each
         self.schedule = episode_schedule(cfg.algorithm, cfg.env, cfg.actor)
@@ -148,8 +156,8 @@ class Learner:
                 if published > self.counters.version:  # the crashed run got further than its checkpoint
                     self.counters.version = published + 1
                 log.info("resumed from %s at version %d", latest, self.counters.version)
-                # actors read this from the run's config: their envs start a new episode stream
-                cfg.runner.resumed_from_env_steps = self.counters.env_steps
+                # actors read this from the run spec: their envs start a new episode stream
+                self.spec = dataclasses.replace(self.spec, resumed_from_env_steps=self.counters.env_steps)
         # env steps lost by cause, across restarts; life reports are checked against the largest
         # push and what one life can hold unsent (its send queue, a push in flight, unfinished segments)
         segment_env_steps = self.schedule.segment_len * cfg.actor.num_envs * cfg.env.chunk_size
@@ -163,7 +171,8 @@ class Learner:
             self.count_unreported_lives()  # lives the previous learner did not hear from
         else:
             self.losses.start(self.counters.env_steps)
-        (run_dir / "config.yaml").write_text(to_yaml(cfg))
+        (run_dir / "config.yaml").write_text(to_yaml(cfg))  # the user's config, as composed
+        write_run_spec(run_dir, self.spec)
         self.publisher = WeightPublisher()
         self._frozen = frozenset(n for n, p in self.policy.named_parameters() if not p.requires_grad)
         self._digests: dict[str, str] = {}
@@ -184,8 +193,9 @@ class Learner:
             seen_before=self.losses.seen_before,
             on_queued=self._queued,
         )
-        obs_spec = run_observation_spec(cfg)
-        lp_shape, extras = tuple(dims.logprob_shape), {k: tuple(v) for k, v in dims.extra_outputs.items()}
+        spec = self.spec
+        obs_spec = run_observation_spec(self.env_cfg, spec)
+        lp_shape, extras = spec.logprob_shape, dict(spec.extra_outputs)
         group_size = self.schedule.group_size
         self.servicer = LearnerServicer(
             to_yaml(cfg),
@@ -194,14 +204,14 @@ class Learner:
             self.publisher,
             cfg.learner.weight_chunk_bytes,
             check_segment=lambda seg: seg.check_schema(
-                obs_spec, dims.action_dim, cfg.env.chunk_size, lp_shape, extras, group_size
+                obs_spec, spec.action_dim, cfg.env.chunk_size, lp_shape, extras, group_size
             ),
             max_segment_bytes=segment_byte_limit(
                 obs_spec,
                 self.schedule.segment_len,
                 cfg.actor.num_envs,
                 cfg.env.chunk_size,
-                dims.action_dim,
+                spec.action_dim,
                 lp_shape,
                 extras,
             ),
@@ -209,6 +219,7 @@ class Learner:
             on_refused_push=self.losses.refused_push,
             credits=self.credits,
             segment_samples=segment_samples,
+            run_spec=spec,
         )
         self.server = None  # start() serves: constructing a Learner opens no port
         self.port, self.address = 0, ""
@@ -492,7 +503,7 @@ def run_learner(
     evaluation = EvaluationService(cfg, run_dir, PeriodicEval.from_config(cfg.eval))
     learner = Learner(cfg, run_dir, ranks, [evaluation])
     learner.start()
-    ranks.send_config(to_yaml(learner.cfg))
+    ranks.send_config(to_yaml(learner.cfg), learner.spec)
     try:
         metrics = start_role_metrics("learner", metrics_port, [LearnerCollector(learner)], metrics_host)
     except MetricsPortError:  # fail now, with the gRPC server stopped

@@ -22,6 +22,7 @@ from rlfleet.wire.gen import learner_pb2, learner_pb2_grpc, tensor_pb2
 from rlfleet.wire.grpc_decoding import UndecodableRequest
 from rlfleet.wire.grpc_limits import PeerRate, peer_host
 from rlfleet.wire.rejections import RejectionCounter
+from rlfleet.wire.run_spec import RunSpec
 from rlfleet.wire.segment import Segment
 
 log = logging.getLogger(__name__)
@@ -98,9 +99,12 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
         auth: AuthConfig | None = None,
         credits: SampleCredits | None = None,
         segment_samples: int = 0,
+        run_spec: RunSpec | None = None,
     ):
         self.auth = auth  # None: the process's settings (its token identities share the client table)
-        self.config_yaml = config_yaml
+        self.config_yaml = config_yaml  # the user's config as composed: never rewritten here
+        # what the learner learned at start, sent to every role that registers (None: tests of the service alone)
+        self.run_spec = run_spec.to_proto() if run_spec is not None else None
         self.run_id = run_id
         self.ingest = ingest
         self.weights = weights
@@ -235,6 +239,7 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
             policy_version=current.version if current else -1,
             heartbeat_interval_ms=self.heartbeat_ms,
             registrations=before,
+            run_spec=self.run_spec,
         )
 
     def _identity_quota(self, context: Any) -> tuple[str, int]:

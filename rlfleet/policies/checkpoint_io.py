@@ -19,13 +19,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import OmegaConf
 from safetensors import safe_open
 from safetensors.torch import load as st_load
 from safetensors.torch import load_file, save, save_file
 from torch import nn
 
 from rlfleet.policies.registry import complete_settings, make_policy
+from rlfleet.wire.run_spec import RunSpec
 
 log = logging.getLogger(__name__)
 
@@ -317,22 +317,15 @@ def policy_from_config(
     return policy
 
 
-def reference_policy(cfg: Any, policy: nn.Module) -> nn.Module | None:
-    """The frozen policy RL is kept near (`algorithm.kl_beta` > 0): the checkpoint at
-    `policy.model_path` (the SFT policy, also after a resume), else a copy of the fresh weights."""
+def reference_policy(cfg: Any, spec: RunSpec, policy: nn.Module) -> nn.Module | None:
+    """The frozen policy RL is kept near (`algorithm.kl_beta` > 0): the checkpoint at the run spec's
+    `model_path` (the SFT policy, also after a resume), else a copy of the fresh weights."""
     if not cfg.algorithm.get("kl_beta", 0.0):
         return None
-    if not cfg.policy.get("model_path"):
+    if not spec.model_path:
         return copy.deepcopy(policy)
-    dims = cfg.model_dims
-    reference = policy_from_config(
-        OmegaConf.to_container(cfg.policy, resolve=True),
-        dims.state_dim,
-        dims.action_dim,
-        cfg.env.chunk_size,
-        cfg.env.image_size,
-    )
-    with safe_open(resolve_model_path(cfg.policy.model_path) / "model.safetensors", framework="pt") as f:
+    reference = policy_from_config(spec.policy, spec.state_dim, spec.action_dim, cfg.env.chunk_size, cfg.env.image_size)
+    with safe_open(resolve_model_path(spec.model_path) / "model.safetensors", framework="pt") as f:
         saved = set(f.keys())
     own = policy.state_dict()
     fresh = exploration_only(reference, set(own) - saved)

@@ -48,20 +48,22 @@ from rlfleet.algorithms.dagger import (
     intervention_gate,
     mix_policies,
 )
-from rlfleet.config import as_dict, evaluation_record, fill_model_dims, to_yaml
+from rlfleet.config import as_dict, evaluation_record, to_yaml
 from rlfleet.data.demos import load_demos
 from rlfleet.envs.api import EnvConfig
 from rlfleet.envs.registry import make_env
+from rlfleet.envs.run_shapes import probe_env_dims
 from rlfleet.eval.episodes import obs_tensors
 from rlfleet.eval.service import EvaluationService, PeriodicEval
 from rlfleet.eval.summary import write_summary
 from rlfleet.learner.checkpointer import Checkpointer, TrainerCounters, run_info
-from rlfleet.learner.main import RUN_OUTPUTS, START_OUTPUTS, archive_previous_run
+from rlfleet.learner.main import RUN_OUTPUTS, START_OUTPUTS, archive_previous_run, built_run_spec
 from rlfleet.learner.metrics import MetricsWriter
 from rlfleet.policies.checkpoint_io import model_config, policy_from_config
 from rlfleet.policies.vla.normalization import compute_norm_stats, get_norm_stats, save_norm_stats, set_norm_stats
 from rlfleet.runs.bootstrap import demos_folder
 from rlfleet.runs.sft import augment_images, build_sft_data, without_noop_frames
+from rlfleet.wire.run_spec import write_run_spec
 
 log = logging.getLogger(__name__)
 
@@ -265,22 +267,25 @@ def run_dagger(cfg: DictConfig, progress: bool = True) -> dict[str, Any]:
         (run_dir / DATASET_FILE).unlink(missing_ok=True)
     torch.set_num_threads(dcfg.threads)
     torch.manual_seed(cfg.runner.seed)
-    fill_model_dims(cfg)
-    dims = cfg.model_dims
+    state_dim, action_dim = probe_env_dims(EnvConfig(**as_dict(cfg.env)))
     K = cfg.env.chunk_size
     fresh = not cfg.policy.get("model_path")
-    policy = policy_from_config(as_dict(cfg.policy), dims.state_dim, dims.action_dim, K, cfg.env.image_size)
+    policy = policy_from_config(as_dict(cfg.policy), state_dim, action_dim, K, cfg.env.image_size)
     policy.to(dcfg.device)
     model_cfg = model_config(
         as_dict(cfg.policy),
-        dims.state_dim,
-        dims.action_dim,
+        state_dim,
+        action_dim,
         K,
         as_dict(cfg.env),
         cfg.env.image_size,
         evaluation_record(cfg),
     )
-    (run_dir / "config.yaml").write_text(to_yaml(cfg))
+    (run_dir / "config.yaml").write_text(to_yaml(cfg))  # the user's config, as composed
+    # the dims and the settings the policy was built with, as a learner's run folder holds them
+    write_run_spec(
+        run_dir, built_run_spec(state_dim, action_dim, policy, model_cfg["policy"], cfg.policy.get("model_path", ""))
+    )
     optimizer = torch.optim.AdamW(
         [p for p in policy.parameters() if p.requires_grad], lr=dcfg.lr, weight_decay=dcfg.weight_decay
     )

@@ -28,13 +28,14 @@ from omegaconf import DictConfig
 from rlfleet.actors.learner_client import LEDGER_DIR_VAR
 from rlfleet.config import (
     as_dict,
-    fill_model_dims,
     load_config,
     pin_policy_hub_paths,
     starting_checkpoint,
     to_yaml,
 )
+from rlfleet.envs.api import EnvConfig
 from rlfleet.envs.registry import task_groups
+from rlfleet.envs.run_shapes import probe_env_dims
 from rlfleet.eval.report import success_table, write_before_after, write_report
 from rlfleet.eval.service import EvaluationService
 from rlfleet.eval.summary import print_summary, read_summary, write_summary
@@ -151,9 +152,8 @@ def _stop_all(procs: list[subprocess.Popen], grace: float) -> None:
 def starting_policy(cfg: DictConfig) -> torch.nn.Module:
     """The policy the run starts from (fresh, seeded by runner.seed, or `policy.model_path`)."""
     torch.manual_seed(cfg.runner.seed)
-    fill_model_dims(cfg)
-    d = cfg.model_dims
-    return policy_from_config(as_dict(cfg.policy), d.state_dim, d.action_dim, cfg.env.chunk_size, cfg.env.image_size)
+    state_dim, action_dim = probe_env_dims(EnvConfig(**as_dict(cfg.env)))
+    return policy_from_config(as_dict(cfg.policy), state_dim, action_dim, cfg.env.chunk_size, cfg.env.image_size)
 
 
 def evaluate_start(

@@ -69,8 +69,9 @@ def test_killed_actor_does_not_stop_the_others_and_resume_continues(roles, tmp_p
     resumed = json.loads((run / "summary.json").read_text())
     assert resumed["version"] > first_version  # the version counter goes on, never back
     assert resumed["env_steps"] >= 3000 and resumed["env_steps"] > summary["env_steps"]
-    # the run's config tells the new life's actors where it resumed: their envs start a new stream
-    assert yaml.safe_load((run / "config.yaml").read_text())["runner"]["resumed_from_env_steps"] == checkpointed > 0
+    # the run spec tells the new life's actors where it resumed: their envs start a new stream
+    assert json.loads((run / "run_spec.json").read_text())["resumed_from_env_steps"] == checkpointed > 0
+    assert "resumed_from_env_steps" not in yaml.safe_load((run / "config.yaml").read_text())["runner"]
 
 
 def _free_port() -> int:

@@ -22,7 +22,7 @@ import torch
 import zmq
 from role_processes import TINY
 
-from rlfleet.config import run_observation_spec
+from rlfleet.envs.run_shapes import run_observation_spec
 from rlfleet.inference_server.policy_runner import PolicyRunner
 from rlfleet.inference_server.server import InferenceServer
 from rlfleet.policies.gaussian_mlp import GaussianMLPPolicy, PolicyConfig
@@ -263,8 +263,8 @@ def _obs(spec: dict, lead: tuple[int, ...], rng: np.random.Generator) -> dict:
 
 def _segment_tensors(ln, rng: np.random.Generator) -> dict:
     """A valid segment for the learner's run (its env's observation keys, its policy's shapes)."""
-    d, T, B = ln.cfg.model_dims, 4, 2
-    spec = run_observation_spec(ln.cfg)
+    d, T, B = ln.spec, 4, 2
+    spec = run_observation_spec(ln.env_cfg, d)
     n = lambda *shape: rng.normal(size=shape).astype(np.float32)  # noqa: E731
     seg = Segment(
         obs=_obs(spec, (T, B), rng),

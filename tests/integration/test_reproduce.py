@@ -85,8 +85,8 @@ def test_two_seeds_give_a_results_page_with_plots(tmp_path):
     summary = json.loads((out / "seed0" / "summary.json").read_text())
     assert summary["env_steps"] >= 1280 and summary["eval_before"] == before
     assert summary["train_seconds_all_lives"] > summary["train_seconds"]  # the first life's time counts too
-    config = yaml.safe_load((out / "seed0" / "config.yaml").read_text())
-    assert 640 <= config["runner"]["resumed_from_env_steps"] < 1280  # its envs drew a new episode stream
+    spec = json.loads((out / "seed0" / "run_spec.json").read_text())
+    assert 640 <= spec["resumed_from_env_steps"] < 1280  # its envs drew a new episode stream
     log = (out / "seed0.log").read_text()
     assert "--resume: the starting policy's evaluation from" in log and "resumed from" in log
     assert "Resumed (`--resume`, same folder): seed 0 from" in (out / "results.md").read_text()

@@ -50,15 +50,17 @@ def test_block_first_seeds_are_the_chains_that_start_with_a_block_subtask():
 
 def test_the_script_reports_each_chain(tmp_path, capsys):
     torch = pytest.importorskip("torch")
-    from rlfleet.config import fill_model_dims, load_config, policy_settings
+    from rlfleet.config import load_config, policy_settings
+    from rlfleet.envs.api import EnvConfig
+    from rlfleet.envs.run_shapes import probe_env_dims
     from rlfleet.policies.checkpoint_io import model_config, policy_from_config, save_checkpoint_folder
 
     cfg = load_config("calvin_d_d_ppo_tinypi0_cpu", ["policy.dim=16", "policy.depth=1", "policy.heads=2"])
-    fill_model_dims(cfg)
+    state_dim, action_dim = probe_env_dims(EnvConfig(**cfg.env))
     torch.manual_seed(0)
-    d, settings = cfg.model_dims, policy_settings(cfg)
-    policy = policy_from_config(settings, d.state_dim, d.action_dim, cfg.env.chunk_size, cfg.env.image_size)
-    config = model_config(settings, d.state_dim, d.action_dim, cfg.env.chunk_size, image_size=cfg.env.image_size)
+    settings = policy_settings(cfg)
+    policy = policy_from_config(settings, state_dim, action_dim, cfg.env.chunk_size, cfg.env.image_size)
+    config = model_config(settings, state_dim, action_dim, cfg.env.chunk_size, image_size=cfg.env.image_size)
     save_checkpoint_folder(tmp_path / "ckpt", policy, config)
 
     assert calvin_reach.main([str(tmp_path / "ckpt"), "--chains", "2"]) == 0

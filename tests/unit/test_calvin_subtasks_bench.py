@@ -33,18 +33,20 @@ def test_the_script_evaluates_a_checkpoint_on_the_eval_chains(tmp_path, capsys):
     subtask, attempted once and never completed, as the eval chains' pool entries say. The policy
     reads the gripper camera, which the run's overrides turn on."""
     pytest.importorskip("pybullet")
-    from rlfleet.config import fill_model_dims, load_config, policy_settings
+    from rlfleet.config import load_config, policy_settings
+    from rlfleet.envs.api import EnvConfig
     from rlfleet.envs.calvin.chains import pool_entry, pool_size
+    from rlfleet.envs.run_shapes import probe_env_dims
     from rlfleet.policies.checkpoint_io import model_config, policy_from_config, save_checkpoint_folder
 
     wrist = ["env.wrist_camera=true", "policy.wrist_camera=true"]
     cfg = load_config("calvin_d_d_ppo_tinypi0_cpu", ["policy.dim=16", "policy.depth=1", "policy.heads=2", *wrist])
-    fill_model_dims(cfg)
+    state_dim, action_dim = probe_env_dims(EnvConfig(**cfg.env))
     torch = pytest.importorskip("torch")
     torch.manual_seed(0)
-    d, settings = cfg.model_dims, policy_settings(cfg)
-    policy = policy_from_config(settings, d.state_dim, d.action_dim, cfg.env.chunk_size, cfg.env.image_size)
-    config = model_config(settings, d.state_dim, d.action_dim, cfg.env.chunk_size, image_size=cfg.env.image_size)
+    settings = policy_settings(cfg)
+    policy = policy_from_config(settings, state_dim, action_dim, cfg.env.chunk_size, cfg.env.image_size)
+    config = model_config(settings, state_dim, action_dim, cfg.env.chunk_size, image_size=cfg.env.image_size)
     save_checkpoint_folder(tmp_path / "ckpt", policy, config)
 
     assert calvin_subtasks.main([str(tmp_path / "ckpt"), "--chains", "2", *wrist]) == 0

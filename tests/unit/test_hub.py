@@ -230,6 +230,7 @@ _PIN_SCRIPT = textwrap.dedent("""
     from rlfleet.config import config_from_yaml, load_config
     from rlfleet.learner.main import Learner
     from rlfleet.policies.checkpoint_io import pin_model_path
+    from rlfleet.wire.run_spec import RunSpec, read_run_spec
     lookups = []  # every snapshot_download the run makes, by revision
     real = huggingface_hub.snapshot_download
     def counted(repo_id, revision=None, **kw):
@@ -242,7 +243,8 @@ _PIN_SCRIPT = textwrap.dedent("""
     cfg = load_config("metaworld_reach_ppo", [f"runner.logger.log_path={run_dir}", "actor.num_envs=4",
         "policy.model_path=hf://acme/reach-mlp", "policy.hidden_sizes=[16,16]", "algorithm.kl_beta=0.1"])
     learner = Learner(cfg, pathlib.Path(run_dir))
-    out["served"] = config_from_yaml(learner.servicer.config_yaml).policy.model_path
+    out["served"] = RunSpec.from_proto(learner.servicer.run_spec).model_path
+    out["run_spec_json"] = read_run_spec(pathlib.Path(run_dir)).model_path
     out["config_yaml"] = config_from_yaml(open(f"{run_dir}/config.yaml").read()).policy.model_path
     out["lookups"] = list(lookups)
     learner.close()
@@ -254,7 +256,7 @@ _PIN_SCRIPT = textwrap.dedent("""
         cfg = load_config("metaworld_reach_ppo", [f"runner.logger.log_path={folder}", "actor.num_envs=4",
             "policy.model_path=hf://acme/reach-mlp", "policy.hidden_sizes=[16,16]", f"runner.resume={resume}"])
         learner = Learner(cfg, pathlib.Path(folder))
-        out[name] = config_from_yaml(learner.servicer.config_yaml).policy.model_path
+        out[name] = RunSpec.from_proto(learner.servicer.run_spec).model_path
         learner.close()
     print(json.dumps(out))
 """)
@@ -262,9 +264,10 @@ _PIN_SCRIPT = textwrap.dedent("""
 
 def test_a_run_pins_its_hub_checkpoint_to_one_commit(tmp_path):
     """The learner reads its starting checkpoint several times (policy, KL reference, config.json)
-    and serves the config other processes build from: all of it names the commit the branch
+    and serves the run spec other processes build from: all of it names the commit the branch
     pointed to once, so one lookup resolves the branch and nothing can mix two revisions; a
-    resumed life keeps that commit after the branch moved."""
+    resumed life keeps that commit (its run_spec.json) after the branch moved. config.yaml keeps
+    the user's model_path as written."""
     ckpt, out, cache, env = exported_run(tmp_path)
     lay_hf_cache(cache, "acme/reach-mlp", out, COMMIT_MAIN, ("main", "v1"))
     lay_hf_cache(cache, "acme/reach-mlp", out, COMMIT_V1, ())  # the commit main moves to
@@ -272,7 +275,8 @@ def test_a_run_pins_its_hub_checkpoint_to_one_commit(tmp_path):
     pinned = f"hf://acme/reach-mlp@{COMMIT_MAIN}"
     assert result["hf://acme/reach-mlp"] == result["hf://acme/reach-mlp@v1"] == pinned
     assert result[str(ckpt)] == str(ckpt)  # a local folder stays as it is
-    assert result["served"] == result["config_yaml"] == pinned  # what --resume can name
+    assert result["served"] == result["run_spec_json"] == pinned  # what --resume can name
+    assert result["config_yaml"] == "hf://acme/reach-mlp"  # the user's config, not rewritten
     assert result["lookups"][0] is None and len(result["lookups"]) > 1  # the branch once, then the commit
     assert all(rev == COMMIT_MAIN for rev in result["lookups"][1:]), result["lookups"]
     # after the branch moved: a resumed life keeps its first life's commit, a new run takes the new one

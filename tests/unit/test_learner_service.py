@@ -15,10 +15,12 @@ from rlfleet.learner.weight_publisher import WeightPublisher
 from rlfleet.wire import codec
 from rlfleet.wire.gen import learner_pb2, learner_pb2_grpc
 from rlfleet.wire.grpc_server import make_channel, start_grpc_server
+from rlfleet.wire.run_spec import RunSpec, registered_spec
 from rlfleet.wire.segment import Segment
 
 SERVICE = "rlfleet.v1.LearnerService"
 CONFIG_YAML = "runner:\n  experiment_name: unit\n"
+RUN_SPEC = RunSpec(3, 2, logprob_shape=(1,), policy={"name": "gaussian_mlp"}, resumed_from_env_steps=64)
 T, B, S, K, D = 3, 2, 4, 1, 2
 RPC_TIMEOUT = 10.0
 
@@ -69,7 +71,7 @@ class Fleet:
         self.ingest = IngestQueue(maxsize=8)
         self.publisher = WeightPublisher()
         self.servicer = LearnerServicer(
-            CONFIG_YAML, "run123", self.ingest, self.publisher, chunk_bytes=4096, heartbeat_ms=250
+            CONFIG_YAML, "run123", self.ingest, self.publisher, chunk_bytes=4096, heartbeat_ms=250, run_spec=RUN_SPEC
         )
         self.server, self.port = start_grpc_server(
             "127.0.0.1",
@@ -132,7 +134,8 @@ def test_health_check_reports_serving(fleet):
 def test_register_returns_config_and_stable_index(fleet):
     stub = fleet.stub
     a = stub.Register(learner_pb2.RegisterRequest(client_id="actor-a", role="actor", host="h"), timeout=RPC_TIMEOUT)
-    assert a.config_yaml == CONFIG_YAML
+    assert a.config_yaml == CONFIG_YAML  # the config as given, the run spec beside it
+    assert registered_spec(a, "learner") == RUN_SPEC
     assert a.run_id == "run123"
     assert a.heartbeat_interval_ms == 250
     assert a.policy_version == -1  # nothing published yet

@@ -31,32 +31,40 @@ def test_close_without_start_is_fine(tmp_path):
     assert learner.server is None
 
 
-def test_the_run_config_it_serves_holds_the_settings_of_the_checkpoint_it_started_from(tmp_path):
+def test_the_run_spec_it_serves_holds_the_settings_of_the_checkpoint_it_started_from(tmp_path):
     """RL from a checkpoint whose settings the recipe does not name (here activation and
-    init_log_std): inference servers and actors build their copy from the config the
-    learner serves, so it carries the checkpoint's settings, as the learner's policy has them."""
-    from rlfleet.config import config_from_yaml, fill_model_dims, policy_settings
+    init_log_std): inference servers and DDP ranks build their copy from the run spec the
+    learner serves, so it carries the checkpoint's settings, as the learner's policy has them;
+    the config it serves (and config.yaml) stays the user's, without them."""
+    from rlfleet.config import config_from_yaml
+    from rlfleet.envs.api import EnvConfig
+    from rlfleet.envs.run_shapes import probe_env_dims
     from rlfleet.policies.checkpoint_io import model_config, save_checkpoint_folder
     from rlfleet.policies.registry import make_policy
+    from rlfleet.wire.run_spec import RunSpec, read_run_spec
 
     overrides = [f"runner.logger.log_path={tmp_path / 'run'}", "actor.num_envs=4"]
     cfg = load_config("metaworld_reach_ppo", overrides)
-    fill_model_dims(cfg)
-    d = cfg.model_dims
+    state_dim, action_dim = probe_env_dims(EnvConfig(**cfg.env))
     sft = {"name": "gaussian_mlp", "hidden_sizes": [64, 64], "activation": "relu", "init_log_std": -1.5}
     save_checkpoint_folder(
         tmp_path / "sft",
-        make_policy(sft, d.state_dim, d.action_dim, 1),
-        model_config(sft, d.state_dim, d.action_dim, 1),
+        make_policy(sft, state_dim, action_dim, 1),
+        model_config(sft, state_dim, action_dim, 1),
     )
     cfg = load_config("metaworld_reach_ppo", [*overrides, f"policy.model_path={tmp_path / 'sft'}"])
     learner = Learner(cfg, tmp_path / "run")
     try:
-        served = config_from_yaml(learner.servicer.config_yaml)
-        assert served.policy.activation == "relu" and served.policy.model_path == str(tmp_path / "sft")
-        copy = make_policy(policy_settings(served), d.state_dim, d.action_dim, 1)  # what an inference server builds
+        spec = RunSpec.from_proto(learner.servicer.run_spec)
+        assert (spec.state_dim, spec.action_dim) == (state_dim, action_dim)
+        assert spec.policy["activation"] == "relu" and spec.model_path == str(tmp_path / "sft")
+        copy = make_policy(spec.fresh_policy_settings(), state_dim, action_dim, 1)  # what an inference server builds
         assert copy.cfg == learner.policy.cfg
         assert learner.model_config["policy"]["activation"] == "relu"
+        assert read_run_spec(tmp_path / "run") == spec  # run_spec.json beside config.yaml
+        served = config_from_yaml(learner.servicer.config_yaml)
+        assert "activation" not in served.policy and served.policy.model_path == str(tmp_path / "sft")
+        assert learner.servicer.config_yaml == (tmp_path / "run" / "config.yaml").read_text()
     finally:
         learner.close()
 

@@ -203,18 +203,18 @@ def test_flow_noise_reference_shares_the_trained_copys_fresh_noise_net(tmp_path)
     from test_flow_policies import SIZE, STATE_DIM, D
 
     from rlfleet.policies.checkpoint_io import load_checkpoint, reference_policy
+    from rlfleet.wire.run_spec import RunSpec
 
     _, settings = _sft_checkpoint(tmp_path / "sft")
     policy, _ = load_checkpoint(tmp_path / "sft", overrides={"flow_rl": "noise"})
     cfg = OmegaConf.create(
         {
-            "policy": {**settings, "flow_rl": "noise", "model_path": str(tmp_path / "sft")},
             "algorithm": {"kl_beta": 0.1},
-            "model_dims": {"state_dim": STATE_DIM, "action_dim": D},
             "env": {"chunk_size": policy.chunk_size, "image_size": SIZE},
         }
     )
-    reference = reference_policy(cfg, policy)
+    spec = RunSpec(STATE_DIM, D, policy={**settings, "flow_rl": "noise", "model_path": str(tmp_path / "sft")})
+    reference = reference_policy(cfg, spec, policy)
     for name, value in policy.state_dict().items():
         assert torch.equal(value, reference.state_dict()[name]), name
 

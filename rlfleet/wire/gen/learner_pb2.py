@@ -25,43 +25,51 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18rlfleet/v1/learner.proto\x12\nrlfleet.v1\"R\n\x0fRegisterRequest\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x0c\n\x04host\x18\x03 \x01(\t\x12\x10\n\x08num_envs\x18\x04 \x01(\x05\"\x98\x01\n\rRegisterReply\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x13\n\x0b\x63onfig_yaml\x18\x02 \x01(\t\x12\x16\n\x0epolicy_version\x18\x03 \x01(\x03\x12\x1d\n\x15heartbeat_interval_ms\x18\x04 \x01(\x05\x12\x14\n\x0c\x63lient_index\x18\x05 \x01(\x05\x12\x15\n\rregistrations\x18\x06 \x01(\x05\"\x8b\x02\n\x10HeartbeatRequest\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\x11\n\tenv_steps\x18\x02 \x01(\x03\x12\x15\n\rsegments_sent\x18\x03 \x01(\x03\x12\x0c\n\x04life\x18\x04 \x01(\x04\x12%\n\x05\x65nded\x18\x05 \x01(\x0b\x32\x16.rlfleet.v1.LifeReport\x12?\n\nenv_faults\x18\x06 \x03(\x0b\x32+.rlfleet.v1.HeartbeatRequest.EnvFaultsEntry\x12\x12\n\nexit_cause\x18\x07 \x01(\t\x1a\x30\n\x0e\x45nvFaultsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"v\n\nLifeReport\x12\x0c\n\x04life\x18\x01 \x01(\x04\x12\x11\n\tenv_steps\x18\x02 \x01(\x03\x12\x1a\n\x12\x61\x63\x63\x65pted_env_steps\x18\x03 \x01(\x03\x12\x1a\n\x12rejected_env_steps\x18\x04 \x01(\x03\x12\x0f\n\x07\x63rashed\x18\x05 \x01(\x08\"6\n\x0eHeartbeatReply\x12\x0c\n\x04stop\x18\x01 \x01(\x08\x12\x16\n\x0epolicy_version\x18\x02 \x01(\x03\"r\n\x0fTrajectoryChunk\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\x12\n\nsegment_id\x18\x02 \x01(\x04\x12\x13\n\x0b\x63hunk_index\x18\x03 \x01(\r\x12\x12\n\nnum_chunks\x18\x04 \x01(\r\x12\x0f\n\x07payload\x18\x05 \x01(\x0c\"x\n\x07PushAck\x12\x12\n\nsegment_id\x18\x01 \x01(\x04\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x02 \x01(\x08\x12\x11\n\tduplicate\x18\x03 \x01(\x08\x12\r\n\x05\x65rror\x18\x04 \x01(\t\x12\x17\n\x0flearner_version\x18\x05 \x01(\x03\x12\x0c\n\x04stop\x18\x06 \x01(\x08\"K\n\rCreditRequest\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\x0f\n\x07samples\x18\x02 \x01(\x03\x12\x16\n\x0epolicy_version\x18\x03 \x01(\x03\"E\n\x0b\x43reditReply\x12\x0f\n\x07granted\x18\x01 \x01(\x08\x12\x0c\n\x04stop\x18\x02 \x01(\x08\x12\x17\n\x0flearner_version\x18\x03 \x01(\x03\"<\n\x0cWatchRequest\x12\x15\n\rsubscriber_id\x18\x01 \x01(\t\x12\x15\n\rknown_version\x18\x02 \x01(\x03\"Z\n\x12WeightAnnouncement\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x10\n\x08\x63hecksum\x18\x02 \x01(\t\x12\x12\n\nsize_bytes\x18\x03 \x01(\x04\x12\r\n\x05\x66inal\x18\x04 \x01(\x08\"\\\n\x0bPullRequest\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x17\n\x0fmax_chunk_bytes\x18\x02 \x01(\r\x12\r\n\x05\x64\x65lta\x18\x03 \x01(\x08\x12\x14\n\x0c\x62\x61se_version\x18\x04 \x01(\x03\"\x8b\x01\n\x0bWeightChunk\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x10\n\x08\x63hecksum\x18\x02 \x01(\t\x12\x12\n\ntotal_size\x18\x03 \x01(\x04\x12\r\n\x05index\x18\x04 \x01(\r\x12\x12\n\nnum_chunks\x18\x05 \x01(\r\x12\x0c\n\x04\x64\x61ta\x18\x06 \x01(\x0c\x12\x14\n\x0c\x62\x61se_version\x18\x07 \x01(\x03\x32\xb3\x03\n\x0eLearnerService\x12\x42\n\x08Register\x12\x1b.rlfleet.v1.RegisterRequest\x1a\x19.rlfleet.v1.RegisterReply\x12\x45\n\tHeartbeat\x12\x1c.rlfleet.v1.HeartbeatRequest\x1a\x1a.rlfleet.v1.HeartbeatReply\x12\x44\n\x0ePushTrajectory\x12\x1b.rlfleet.v1.TrajectoryChunk\x1a\x13.rlfleet.v1.PushAck(\x01\x12\x41\n\x07\x43redits\x12\x19.rlfleet.v1.CreditRequest\x1a\x17.rlfleet.v1.CreditReply(\x01\x30\x01\x12J\n\x0cWatchWeights\x12\x18.rlfleet.v1.WatchRequest\x1a\x1e.rlfleet.v1.WeightAnnouncement0\x01\x12\x41\n\x0bPullWeights\x12\x17.rlfleet.v1.PullRequest\x1a\x17.rlfleet.v1.WeightChunk0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18rlfleet/v1/learner.proto\x12\nrlfleet.v1\"R\n\x0fRegisterRequest\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x0c\n\x04host\x18\x03 \x01(\t\x12\x10\n\x08num_envs\x18\x04 \x01(\x05\"\xbf\x01\n\rRegisterReply\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x13\n\x0b\x63onfig_yaml\x18\x02 \x01(\t\x12\x16\n\x0epolicy_version\x18\x03 \x01(\x03\x12\x1d\n\x15heartbeat_interval_ms\x18\x04 \x01(\x05\x12\x14\n\x0c\x63lient_index\x18\x05 \x01(\x05\x12\x15\n\rregistrations\x18\x06 \x01(\x05\x12%\n\x08run_spec\x18\x07 \x01(\x0b\x32\x13.rlfleet.v1.RunSpec\"\x82\x02\n\x07RunSpec\x12\x11\n\tstate_dim\x18\x01 \x01(\x05\x12\x12\n\naction_dim\x18\x02 \x01(\x05\x12\x15\n\rlogprob_shape\x18\x03 \x03(\x05\x12<\n\rextra_outputs\x18\x04 \x03(\x0b\x32%.rlfleet.v1.RunSpec.ExtraOutputsEntry\x12\x13\n\x0bpolicy_json\x18\x05 \x01(\t\x12\x1e\n\x16resumed_from_env_steps\x18\x06 \x01(\x03\x1a\x46\n\x11\x45xtraOutputsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12 \n\x05value\x18\x02 \x01(\x0b\x32\x11.rlfleet.v1.Shape:\x02\x38\x01\"\x15\n\x05Shape\x12\x0c\n\x04\x64ims\x18\x01 \x03(\x05\"\x8b\x02\n\x10HeartbeatRequest\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\x11\n\tenv_steps\x18\x02 \x01(\x03\x12\x15\n\rsegments_sent\x18\x03 \x01(\x03\x12\x0c\n\x04life\x18\x04 \x01(\x04\x12%\n\x05\x65nded\x18\x05 \x01(\x0b\x32\x16.rlfleet.v1.LifeReport\x12?\n\nenv_faults\x18\x06 \x03(\x0b\x32+.rlfleet.v1.HeartbeatRequest.EnvFaultsEntry\x12\x12\n\nexit_cause\x18\x07 \x01(\t\x1a\x30\n\x0e\x45nvFaultsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"v\n\nLifeReport\x12\x0c\n\x04life\x18\x01 \x01(\x04\x12\x11\n\tenv_steps\x18\x02 \x01(\x03\x12\x1a\n\x12\x61\x63\x63\x65pted_env_steps\x18\x03 \x01(\x03\x12\x1a\n\x12rejected_env_steps\x18\x04 \x01(\x03\x12\x0f\n\x07\x63rashed\x18\x05 \x01(\x08\"6\n\x0eHeartbeatReply\x12\x0c\n\x04stop\x18\x01 \x01(\x08\x12\x16\n\x0epolicy_version\x18\x02 \x01(\x03\"r\n\x0fTrajectoryChunk\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\x12\n\nsegment_id\x18\x02 \x01(\x04\x12\x13\n\x0b\x63hunk_index\x18\x03 \x01(\r\x12\x12\n\nnum_chunks\x18\x04 \x01(\r\x12\x0f\n\x07payload\x18\x05 \x01(\x0c\"x\n\x07PushAck\x12\x12\n\nsegment_id\x18\x01 \x01(\x04\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x02 \x01(\x08\x12\x11\n\tduplicate\x18\x03 \x01(\x08\x12\r\n\x05\x65rror\x18\x04 \x01(\t\x12\x17\n\x0flearner_version\x18\x05 \x01(\x03\x12\x0c\n\x04stop\x18\x06 \x01(\x08\"K\n\rCreditRequest\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\x0f\n\x07samples\x18\x02 \x01(\x03\x12\x16\n\x0epolicy_version\x18\x03 \x01(\x03\"E\n\x0b\x43reditReply\x12\x0f\n\x07granted\x18\x01 \x01(\x08\x12\x0c\n\x04stop\x18\x02 \x01(\x08\x12\x17\n\x0flearner_version\x18\x03 \x01(\x03\"<\n\x0cWatchRequest\x12\x15\n\rsubscriber_id\x18\x01 \x01(\t\x12\x15\n\rknown_version\x18\x02 \x01(\x03\"Z\n\x12WeightAnnouncement\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x10\n\x08\x63hecksum\x18\x02 \x01(\t\x12\x12\n\nsize_bytes\x18\x03 \x01(\x04\x12\r\n\x05\x66inal\x18\x04 \x01(\x08\"\\\n\x0bPullRequest\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x17\n\x0fmax_chunk_bytes\x18\x02 \x01(\r\x12\r\n\x05\x64\x65lta\x18\x03 \x01(\x08\x12\x14\n\x0c\x62\x61se_version\x18\x04 \x01(\x03\"\x8b\x01\n\x0bWeightChunk\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x10\n\x08\x63hecksum\x18\x02 \x01(\t\x12\x12\n\ntotal_size\x18\x03 \x01(\x04\x12\r\n\x05index\x18\x04 \x01(\r\x12\x12\n\nnum_chunks\x18\x05 \x01(\r\x12\x0c\n\x04\x64\x61ta\x18\x06 \x01(\x0c\x12\x14\n\x0c\x62\x61se_version\x18\x07 \x01(\x03\x32\xb3\x03\n\x0eLearnerService\x12\x42\n\x08Register\x12\x1b.rlfleet.v1.RegisterRequest\x1a\x19.rlfleet.v1.RegisterReply\x12\x45\n\tHeartbeat\x12\x1c.rlfleet.v1.HeartbeatRequest\x1a\x1a.rlfleet.v1.HeartbeatReply\x12\x44\n\x0ePushTrajectory\x12\x1b.rlfleet.v1.TrajectoryChunk\x1a\x13.rlfleet.v1.PushAck(\x01\x12\x41\n\x07\x43redits\x12\x19.rlfleet.v1.CreditRequest\x1a\x17.rlfleet.v1.CreditReply(\x01\x30\x01\x12J\n\x0cWatchWeights\x12\x18.rlfleet.v1.WatchRequest\x1a\x1e.rlfleet.v1.WeightAnnouncement0\x01\x12\x41\n\x0bPullWeights\x12\x17.rlfleet.v1.PullRequest\x1a\x17.rlfleet.v1.WeightChunk0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'rlfleet.v1.learner_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_RUNSPEC_EXTRAOUTPUTSENTRY']._loaded_options = None
+  _globals['_RUNSPEC_EXTRAOUTPUTSENTRY']._serialized_options = b'8\001'
   _globals['_HEARTBEATREQUEST_ENVFAULTSENTRY']._loaded_options = None
   _globals['_HEARTBEATREQUEST_ENVFAULTSENTRY']._serialized_options = b'8\001'
   _globals['_REGISTERREQUEST']._serialized_start=40
   _globals['_REGISTERREQUEST']._serialized_end=122
   _globals['_REGISTERREPLY']._serialized_start=125
-  _globals['_REGISTERREPLY']._serialized_end=277
-  _globals['_HEARTBEATREQUEST']._serialized_start=280
-  _globals['_HEARTBEATREQUEST']._serialized_end=547
-  _globals['_HEARTBEATREQUEST_ENVFAULTSENTRY']._serialized_start=499
-  _globals['_HEARTBEATREQUEST_ENVFAULTSENTRY']._serialized_end=547
-  _globals['_LIFEREPORT']._serialized_start=549
-  _globals['_LIFEREPORT']._serialized_end=667
-  _globals['_HEARTBEATREPLY']._serialized_start=669
-  _globals['_HEARTBEATREPLY']._serialized_end=723
-  _globals['_TRAJECTORYCHUNK']._serialized_start=725
-  _globals['_TRAJECTORYCHUNK']._serialized_end=839
-  _globals['_PUSHACK']._serialized_start=841
-  _globals['_PUSHACK']._serialized_end=961
-  _globals['_CREDITREQUEST']._serialized_start=963
-  _globals['_CREDITREQUEST']._serialized_end=1038
-  _globals['_CREDITREPLY']._serialized_start=1040
-  _globals['_CREDITREPLY']._serialized_end=1109
-  _globals['_WATCHREQUEST']._serialized_start=1111
-  _globals['_WATCHREQUEST']._serialized_end=1171
-  _globals['_WEIGHTANNOUNCEMENT']._serialized_start=1173
-  _globals['_WEIGHTANNOUNCEMENT']._serialized_end=1263
-  _globals['_PULLREQUEST']._serialized_start=1265
-  _globals['_PULLREQUEST']._serialized_end=1357
-  _globals['_WEIGHTCHUNK']._serialized_start=1360
-  _globals['_WEIGHTCHUNK']._serialized_end=1499
-  _globals['_LEARNERSERVICE']._serialized_start=1502
-  _globals['_LEARNERSERVICE']._serialized_end=1937
+  _globals['_REGISTERREPLY']._serialized_end=316
+  _globals['_RUNSPEC']._serialized_start=319
+  _globals['_RUNSPEC']._serialized_end=577
+  _globals['_RUNSPEC_EXTRAOUTPUTSENTRY']._serialized_start=507
+  _globals['_RUNSPEC_EXTRAOUTPUTSENTRY']._serialized_end=577
+  _globals['_SHAPE']._serialized_start=579
+  _globals['_SHAPE']._serialized_end=600
+  _globals['_HEARTBEATREQUEST']._serialized_start=603
+  _globals['_HEARTBEATREQUEST']._serialized_end=870
+  _globals['_HEARTBEATREQUEST_ENVFAULTSENTRY']._serialized_start=822
+  _globals['_HEARTBEATREQUEST_ENVFAULTSENTRY']._serialized_end=870
+  _globals['_LIFEREPORT']._serialized_start=872
+  _globals['_LIFEREPORT']._serialized_end=990
+  _globals['_HEARTBEATREPLY']._serialized_start=992
+  _globals['_HEARTBEATREPLY']._serialized_end=1046
+  _globals['_TRAJECTORYCHUNK']._serialized_start=1048
+  _globals['_TRAJECTORYCHUNK']._serialized_end=1162
+  _globals['_PUSHACK']._serialized_start=1164
+  _globals['_PUSHACK']._serialized_end=1284
+  _globals['_CREDITREQUEST']._serialized_start=1286
+  _globals['_CREDITREQUEST']._serialized_end=1361
+  _globals['_CREDITREPLY']._serialized_start=1363
+  _globals['_CREDITREPLY']._serialized_end=1432
+  _globals['_WATCHREQUEST']._serialized_start=1434
+  _globals['_WATCHREQUEST']._serialized_end=1494
+  _globals['_WEIGHTANNOUNCEMENT']._serialized_start=1496
+  _globals['_WEIGHTANNOUNCEMENT']._serialized_end=1586
+  _globals['_PULLREQUEST']._serialized_start=1588
+  _globals['_PULLREQUEST']._serialized_end=1680
+  _globals['_WEIGHTCHUNK']._serialized_start=1683
+  _globals['_WEIGHTCHUNK']._serialized_end=1822
+  _globals['_LEARNERSERVICE']._serialized_start=1825
+  _globals['_LEARNERSERVICE']._serialized_end=2260
 # @@protoc_insertion_point(module_scope)

@@ -2,7 +2,7 @@
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Mapping as _Mapping
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
@@ -20,20 +20,51 @@ class RegisterRequest(_message.Message):
     def __init__(self, client_id: _Optional[str] = ..., role: _Optional[str] = ..., host: _Optional[str] = ..., num_envs: _Optional[int] = ...) -> None: ...
 
 class RegisterReply(_message.Message):
-    __slots__ = ("run_id", "config_yaml", "policy_version", "heartbeat_interval_ms", "client_index", "registrations")
+    __slots__ = ("run_id", "config_yaml", "policy_version", "heartbeat_interval_ms", "client_index", "registrations", "run_spec")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     CONFIG_YAML_FIELD_NUMBER: _ClassVar[int]
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
     CLIENT_INDEX_FIELD_NUMBER: _ClassVar[int]
     REGISTRATIONS_FIELD_NUMBER: _ClassVar[int]
+    RUN_SPEC_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     config_yaml: str
     policy_version: int
     heartbeat_interval_ms: int
     client_index: int
     registrations: int
-    def __init__(self, run_id: _Optional[str] = ..., config_yaml: _Optional[str] = ..., policy_version: _Optional[int] = ..., heartbeat_interval_ms: _Optional[int] = ..., client_index: _Optional[int] = ..., registrations: _Optional[int] = ...) -> None: ...
+    run_spec: RunSpec
+    def __init__(self, run_id: _Optional[str] = ..., config_yaml: _Optional[str] = ..., policy_version: _Optional[int] = ..., heartbeat_interval_ms: _Optional[int] = ..., client_index: _Optional[int] = ..., registrations: _Optional[int] = ..., run_spec: _Optional[_Union[RunSpec, _Mapping]] = ...) -> None: ...
+
+class RunSpec(_message.Message):
+    __slots__ = ("state_dim", "action_dim", "logprob_shape", "extra_outputs", "policy_json", "resumed_from_env_steps")
+    class ExtraOutputsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: Shape
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[Shape, _Mapping]] = ...) -> None: ...
+    STATE_DIM_FIELD_NUMBER: _ClassVar[int]
+    ACTION_DIM_FIELD_NUMBER: _ClassVar[int]
+    LOGPROB_SHAPE_FIELD_NUMBER: _ClassVar[int]
+    EXTRA_OUTPUTS_FIELD_NUMBER: _ClassVar[int]
+    POLICY_JSON_FIELD_NUMBER: _ClassVar[int]
+    RESUMED_FROM_ENV_STEPS_FIELD_NUMBER: _ClassVar[int]
+    state_dim: int
+    action_dim: int
+    logprob_shape: _containers.RepeatedScalarFieldContainer[int]
+    extra_outputs: _containers.MessageMap[str, Shape]
+    policy_json: str
+    resumed_from_env_steps: int
+    def __init__(self, state_dim: _Optional[int] = ..., action_dim: _Optional[int] = ..., logprob_shape: _Optional[_Iterable[int]] = ..., extra_outputs: _Optional[_Mapping[str, Shape]] = ..., policy_json: _Optional[str] = ..., resumed_from_env_steps: _Optional[int] = ...) -> None: ...
+
+class Shape(_message.Message):
+    __slots__ = ("dims",)
+    DIMS_FIELD_NUMBER: _ClassVar[int]
+    dims: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, dims: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
     __slots__ = ("client_id", "env_steps", "segments_sent", "life", "ended", "env_faults", "exit_cause")
