@@ -23,7 +23,7 @@ import argparse
 import numpy as np
 import torch
 
-from rlfleet.config import as_dict, eval_env_config, fill_model_dims, load_config, split_seed
+from rlfleet.config import as_dict, fill_model_dims, load_config
 from rlfleet.envs.calvin.chains import pool_entry, pool_size
 from rlfleet.envs.calvin.layout import BLOCK_COLORS
 from rlfleet.envs.calvin.scene import ROBOT_OBS_DIM
@@ -31,6 +31,7 @@ from rlfleet.envs.calvin.shaping import BLOCK_KINDS
 from rlfleet.envs.calvin.subtasks import SUBTASKS
 from rlfleet.envs.registry import make_env
 from rlfleet.eval.episodes import obs_tensors
+from rlfleet.eval.splits import eval_env_config, split_seed
 from rlfleet.policies.checkpoint_io import policy_from_config
 
 STALL_M = 0.003  # a chunk after which the hand is within this of where it was

@@ -80,12 +80,12 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from rlfleet.config import as_dict, config_from_yaml
-    from rlfleet.envs.api import EnvConfig
+    from rlfleet.envs.registry import build_env_config
     from rlfleet.policies.checkpoint_io import load_checkpoint, policy_from_config
 
     run = Path(args.run_dir)
     cfg = config_from_yaml((run / "config.yaml").read_text())
-    env_cfg = dataclasses.replace(EnvConfig(**as_dict(cfg.env)), pool="eval")
+    env_cfg = build_env_config(as_dict(cfg.env)).held_out("test")
     size = cfg.env.image_size or args.image_size
     torch.manual_seed(cfg.runner.seed)  # the same fresh weights the run started from
     d = cfg.model_dims

@@ -25,9 +25,6 @@ from safetensors.torch import save as st_save
 from rlfleet.algorithms.estimators import episode_schedule
 from rlfleet.config import (
     as_dict,
-    eval_env_config,
-    eval_seed_range,
-    evaluation_record,
     fill_model_dims,
     load_config,
     pin_policy_hub_paths,
@@ -37,6 +34,7 @@ from rlfleet.config import (
 )
 from rlfleet.envs.registry import scored_chain_length, task_list
 from rlfleet.eval.service import EvaluationService, LoopObserver, PeriodicEval
+from rlfleet.eval.splits import eval_env_config, eval_seed_range, evaluation_record
 from rlfleet.eval.summary import print_summary, write_summary
 from rlfleet.learner.batches import samples, take_batch
 from rlfleet.learner.checkpointer import Checkpointer, TrainerCounters, run_info
@@ -218,7 +216,8 @@ class Learner:
             task_list(self.env_cfg), chain_length=scored_chain_length(cfg.env.name, cfg.env.reward_type)
         )
         # fail at start, not at the first evaluation, if the eval seeds would meet the demo seeds
-        eval_tasks = self.episodes.task_names if not cfg.eval.task else task_list(eval_env_config(cfg))
+        same_tasks = (cfg.eval_env.name, cfg.eval_env.task) == (cfg.env.name, cfg.env.task)
+        eval_tasks = self.episodes.task_names if same_tasks else task_list(eval_env_config(cfg))
         eval_seed_range(cfg, len(eval_tasks))
         self.last_stats: dict[str, float] = {}
         self.writer: MetricsWriter | None = None  # opened by train()

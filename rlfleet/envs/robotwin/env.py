@@ -32,6 +32,7 @@ import numpy as np
 
 from rlfleet.envs.api import EnvConfig
 from rlfleet.envs.core import EpisodeEnv, Outcome
+from rlfleet.envs.robotwin.config import RoboTwinEnvConfig
 from rlfleet.envs.robotwin.experts import ScriptedExpert
 from rlfleet.envs.robotwin.scene import ARMS, DualArmScene, require_renderer
 from rlfleet.envs.robotwin.seeds import HELD_OUT_SHIFT, SPLITS, check_splits_disjoint, held_out_seeds, load_seeds
@@ -133,6 +134,8 @@ class RoboTwinEnv(EpisodeEnv):
     """
 
     GRIPPER_ACTION_DIMS = (3, 7)  # per arm dx, dy, dz (end-effector target deltas), gripper
+    CONFIG_CLASS = RoboTwinEnvConfig
+    _cfg: RoboTwinEnvConfig
 
     def __init__(
         self,
@@ -143,6 +146,7 @@ class RoboTwinEnv(EpisodeEnv):
         allow_held_out: bool = False,
     ) -> None:
         """`allow_held_out`: split `any` plays the eval seeds too (only for the eval seed search)."""
+        cfg = RoboTwinEnvConfig.of(cfg)
         self._init_core(cfg, num_envs, env_offset, STATE_DIM, ACTION_DIM, resolve_tasks(cfg.task))
         if cfg.image_size > 0:
             require_renderer()
