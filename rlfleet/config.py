@@ -27,6 +27,7 @@ from rlfleet.envs.registry import (
     env_config_class,
     family_configs,
     make_env,
+    recorded_env_settings,
     require_env_extra,
 )
 from rlfleet.policies.checkpoint_io import is_hub_path, parse_hub_path, pin_hub_settings, pin_model_path, run_folder
@@ -607,10 +608,31 @@ def fill_model_dims(cfg: DictConfig) -> EnvConfig:
 
 
 def config_from_yaml(text: str) -> DictConfig:
-    """Rebuild a run config sent by the learner (the source of truth for remote roles), its `env`
-    and `eval_env` typed by their env's settings class as load_config types them."""
-    layer = OmegaConf.create(text)
+    """Rebuild a run config sent by the learner (the source of truth for remote roles), or a run
+    folder's config.yaml, its `env` and `eval_env` typed by their env's settings class as
+    load_config types them. A config.yaml written before each env owned its settings loads too:
+    other families' keys at their defaults are dropped and `eval.task` becomes `eval_env.task`."""
+    data = OmegaConf.to_container(OmegaConf.create(text))
+    if isinstance(data, dict):
+        _upgrade_recorded(data)
+    layer = OmegaConf.create(data)
     return OmegaConf.merge(run_schema(*_env_names([("yaml", layer)])), layer)  # type: ignore[arg-type, return-value]
+
+
+def _upgrade_recorded(data: dict[str, Any]) -> None:
+    """A recorded run config of an earlier layout in today's (see config_from_yaml)."""
+    evaluation = data.get("eval")
+    if isinstance(evaluation, dict) and "task" in evaluation:
+        task = evaluation.pop("task")
+        if task:
+            data.setdefault("eval_env", {}).setdefault("task", task)
+    for section in ("env", "eval_env"):
+        settings = data.get(section)
+        if isinstance(settings, dict) and isinstance(settings.get("name", EnvConfig.name), str):
+            try:
+                data[section] = recorded_env_settings(settings)
+            except ValueError:  # an env name no process here resolves: left for the merge to refuse
+                pass
 
 
 def starting_checkpoint(cfg: DictConfig, run_dir: Path) -> str:

@@ -148,16 +148,22 @@ def _default(f: dataclasses.Field) -> Any:
     return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
 
 
-def recorded_env_config(settings: Mapping[str, Any]) -> EnvConfig:
-    """An env a checkpoint recorded (its config.json's "env") as `build_env_config` builds it,
-    except that a key of another family holding that family's default is dropped: records written
-    before each env owned its settings hold every family's keys, at their defaults where unused."""
+def recorded_env_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """Env settings recorded before each env owned its settings (a checkpoint's config.json "env",
+    a run's config.yaml), which hold every family's keys, at their defaults where unused: without
+    another family's keys that hold that family's default (a set one stays, to be refused)."""
     keys = {f.name for f in dataclasses.fields(env_config_class(str(settings.get("name", EnvConfig.name))))}
     defaults: dict[str, Any] = {}
     for config_class in family_configs().values():
         for f in dataclasses.fields(config_class):
             defaults.setdefault(f.name, _default(f))
-    return build_env_config({k: v for k, v in settings.items() if k in keys or k not in defaults or defaults[k] != v})
+    return {k: v for k, v in settings.items() if k in keys or k not in defaults or defaults[k] != v}
+
+
+def recorded_env_config(settings: Mapping[str, Any]) -> EnvConfig:
+    """An env a checkpoint recorded (its config.json's "env"), old records included
+    (`recorded_env_settings`), as `build_env_config` builds it."""
+    return build_env_config(recorded_env_settings(settings))
 
 
 def env_factory(name: str) -> Any:

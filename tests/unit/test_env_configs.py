@@ -185,17 +185,32 @@ def test_remote_roles_rebuild_both_sections_typed():
 def test_recorded_envs_from_before_the_split_still_load():
     """A checkpoint's config.json written when EnvConfig held every family's keys: the other
     families' keys at their defaults are dropped; a set one is still refused."""
-    flat = {
-        "name": "metaworld",
-        "task": "reach-v3",
-        "goal_marker_size": 0.05,
-        "pool": "train",
-        "subtask_steps": 0,
-        "progress_reward": 0.0,
-        "success_key": "",
-        "gym_kwargs": {},
-        "gym_render_quality": "fast",
-    }
+    flat = {**FLAT_DEFAULTS, "name": "metaworld", "task": "reach-v3", "goal_marker_size": 0.05}
     assert recorded_env_config(flat) == MetaWorldEnvConfig(task="reach-v3", goal_marker_size=0.05)
     with pytest.raises(ValueError, match="env.subtask_steps is not a setting of env metaworld"):
         recorded_env_config({**flat, "subtask_steps": 100})
+
+
+@pytest.mark.parametrize(
+    "recipe", ["metaworld_45_ppo_tinyoft_cpu", "calvin_abc_d_ppo_tinypi0_cpu", "gym_inverted_pendulum_ppo"]
+)
+def test_a_run_config_written_before_the_split_still_loads(recipe):
+    """A run folder's config.yaml from before (every family's keys in `env`, `eval.task`) loads
+    as today's config of the same recipe: resume and `rlfleet eval` of older runs keep working."""
+    cfg = load_config(recipe)
+    old = as_dict(cfg)
+    old["env"] = {**as_dict(cfg.env), **{k: v for k, v in FLAT_DEFAULTS.items() if k not in old["env"]}}
+    old["eval"]["task"] = cfg.eval_env.task if cfg.eval_env.task != cfg.env.task else ""
+    del old["eval_env"]
+    assert as_dict(config_from_yaml(OmegaConf.to_yaml(old))) == as_dict(cfg)
+
+
+FLAT_DEFAULTS = {  # the family keys EnvConfig held before each env owned its settings
+    "goal_marker_size": 0.0,
+    "pool": "train",
+    "subtask_steps": 0,
+    "progress_reward": 0.0,
+    "success_key": "",
+    "gym_kwargs": {},
+    "gym_render_quality": "fast",
+}
