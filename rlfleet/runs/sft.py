@@ -227,7 +227,8 @@ def run_sft(
     `evaluation` (`rlfleet.eval.splits.evaluation_record`) is how the recipe evaluates it; `features`
     maps a LeRobot dataset's feature names onto rlfleet's keys (`demos.features`). The evaluations
     during training (sft.eval_every) play `eval_env` (a recipe's: `eval_env_config`, default
-    `env_cfg`) from `eval_seed` (a recipe's: `split_seed(cfg.eval)`), its `eval.split`."""
+    `env_cfg` in the test split's held-out form) from `eval_seed` (a recipe's:
+    `split_seed(cfg.eval)`), its `eval.split`."""
     torch.set_num_threads(cfg.threads)
     t0 = time.monotonic()
     cameras = ("main_images",) + (("wrist_images",) if env_cfg.wrist_camera else ()) if env_cfg.image_size else ()
@@ -272,7 +273,7 @@ def run_sft(
 
     def evaluate(p):
         success = evaluate_policy(
-            p, eval_env or env_cfg, cfg.eval_episodes_per_task, seed=eval_seed, progress=False
+            p, eval_env or env_cfg.held_out("test"), cfg.eval_episodes_per_task, seed=eval_seed, progress=False
         )  # inside the sft bar
         return {"eval_success_mean": float(np.mean(list(success.values())))}
 

@@ -214,3 +214,13 @@ FLAT_DEFAULTS = {  # the family keys EnvConfig held before each env owned its se
     "gym_kwargs": {},
     "gym_render_quality": "fast",
 }
+
+
+def test_env_server_overrides_are_the_envs_own_settings():
+    from rlfleet.envs.env_server import env_config
+
+    cfg = env_config("metaworld", "reach-v3", ["goal_marker_size=0.05", "max_episode_steps=20"])
+    assert cfg == MetaWorldEnvConfig(task="reach-v3", goal_marker_size=0.05, max_episode_steps=20)
+    assert isinstance(env_config("calvin", "D", ["subtask_steps=100"]), CalvinEnvConfig)
+    with pytest.raises(ValueError, match="subtask_steps"):
+        env_config("metaworld", "reach-v3", ["subtask_steps=100"])

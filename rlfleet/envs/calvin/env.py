@@ -1,6 +1,6 @@
 """`CalvinEnv`: a batch of playtables, each episode a chain of 5 subtasks (CALVIN's long-horizon eval).
 
-Episodes. Each episode is a `ChainSpec` from the train, eval (test) or validation pool (`EnvConfig.pool`): the scene
+Episodes. Each episode is a `ChainSpec` from the train, eval (test) or validation pool (`env.pool`): the scene
 starts in the chain's initial state and the instruction observation (`instructions`,
 `task_descriptions`) is the current subtask's; it switches to the next subtask's the step after
 one completes. The episode terminates once all 5 are done, and is truncated when the current

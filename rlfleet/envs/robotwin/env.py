@@ -3,7 +3,7 @@
 Config string (`EnvConfig.task`): comma-separated items `task[:setting][:split]`, or `all[...]` for
 all ten tasks. setting: `clean` (default) or `randomized`; split: `train` (default), `eval`,
 `validation` or `any`. `task_list` holds the items as written (with `all` expanded), so `place_empty_cup` and
-`place_empty_cup:randomized` are different tasks to `obs["task_ids"]`. With `EnvConfig.pool`
+`place_empty_cup:randomized` are different tasks to `obs["task_ids"]`. With `RoboTwinEnvConfig.pool`
 "validation" (`rlfleet eval --split validation`, `eval.split=validation`) every item plays its
 validation seed file instead, under the same item name.
 
