@@ -420,12 +420,13 @@ def load_config(recipe: str | None, overrides: list[str] | None = None) -> DictC
                 raise ConfigError(
                     f"override {override}: cannot parse the value ({getattr(exc, 'problem', None) or _first_line(exc)})"
                 ) from None
+    names = _env_names(layers)
     try:
-        cfg = run_schema(*_env_names(layers))
+        cfg = run_schema(*names)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     for source, layer in layers:
-        cfg = _merge(cfg, layer, source)
+        cfg = _merge(cfg, layer, source, names)
     try:
         OmegaConf.to_container(cfg, resolve=True)  # a bad ${...} interpolation fails now, not mid-run
     except OmegaConfBaseException as exc:
@@ -515,12 +516,10 @@ _RENAMED = {
 }
 
 
-def _env_key_message(cfg: DictConfig, key: str, source: str) -> str:
-    """One line for a key the `env` or `eval_env` section's settings class lacks: the env, the
-    family the key belongs to (or the nearest key), and the class's keys."""
+def _env_key_message(cfg: DictConfig, key: str, source: str, name: str) -> str:
+    """One line for a key the `env` or `eval_env` section's settings class (that of env `name`)
+    lacks: the env, the family the key belongs to (or the nearest key), and the class's keys."""
     section, leaf = key.split(".", 1)
-    name = cfg[section]._get_node("name")._value()
-    name = cfg.env.name if isinstance(name, str) and name.startswith("${") else name
     keys = [f.name for f in dataclasses.fields(OmegaConf.get_type(cfg[section]))]  # type: ignore[arg-type]
     owners = [fam for fam, cls in family_configs().items() if leaf in {f.name for f in dataclasses.fields(cls)}]
     near = difflib.get_close_matches(leaf, keys, n=2, cutoff=0.6)
@@ -534,7 +533,9 @@ def _env_key_message(cfg: DictConfig, key: str, source: str) -> str:
 _CONVERT = re.compile(r"Value '(.*)' of type '(\w+)' could not be converted to (\w+)", re.S)
 
 
-def _merge(cfg: DictConfig, layer: DictConfig, source: str) -> DictConfig:
+def _merge(cfg: DictConfig, layer: DictConfig, source: str, env_names: tuple[str, str]) -> DictConfig:
+    """`layer` merged onto `cfg`; a mistake is a ConfigError naming the key and `source`
+    (`env_names`: the envs whose settings classes type `env` and `eval_env`)."""
     try:
         return OmegaConf.merge(cfg, layer)  # type: ignore[return-value]
     except OmegaConfBaseException as exc:
@@ -543,7 +544,8 @@ def _merge(cfg: DictConfig, layer: DictConfig, source: str) -> DictConfig:
             if key in _RENAMED:
                 raise ConfigError(f"{key} was renamed to {_RENAMED[key]} ({source})") from None
             if key.split(".", 1)[0] in ("env", "eval_env") and key.count(".") == 1:
-                raise ConfigError(_env_key_message(cfg, key, source)) from None
+                name = env_names[0] if key.startswith("env.") else env_names[1]
+                raise ConfigError(_env_key_message(cfg, key, source, name)) from None
             raise ConfigError(_unknown_key_message(key, config_keys(cfg), source)) from None
         if not key and source.startswith("override "):
             key = source.split(" ", 1)[1].split("=", 1)[0]

@@ -224,3 +224,15 @@ def test_env_server_overrides_are_the_envs_own_settings():
     assert isinstance(env_config("calvin", "D", ["subtask_steps=100"]), CalvinEnvConfig)
     with pytest.raises(ValueError, match="subtask_steps"):
         env_config("metaworld", "reach-v3", ["subtask_steps=100"])
+
+
+def test_the_error_names_the_env_the_recipe_composes_to(tmp_path):
+    """The family is picked from the composed env.name, also when one file sets the name and a key."""
+    recipe = tmp_path / "mine.yaml"
+    recipe.write_text("env:\n  name: calvin\n  task: D\n  goal_marker_size: 0.1\n")
+    with pytest.raises(
+        ConfigError, match=r"^env.goal_marker_size is not a setting of env calvin \(a setting of env metaworld\) \(in "
+    ):
+        load_config(str(recipe))
+    recipe.write_text("env:\n  name: calvin\n  task: D\n  subtask_steps: 90\n")
+    assert load_config(str(recipe)).env.subtask_steps == 90
