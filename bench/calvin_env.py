@@ -17,6 +17,7 @@ import time
 import numpy as np
 
 from rlfleet.envs.api import EnvConfig
+from rlfleet.envs.calvin.config import CalvinEnvConfig
 from rlfleet.envs.calvin.env import SUBTASK_STEPS, CalvinEnv
 
 
@@ -38,7 +39,7 @@ def step_rate(image_size: int, seconds: float, seed: int = 0) -> tuple[float, fl
 def expert_chains(n: int, variants: str, pool: str, first: int) -> dict:
     """Run the scripted expert on `n` pool chains; chain and per-subtask success counts."""
     envs = {
-        v: CalvinEnv(EnvConfig(name="calvin", task=v, pool=pool, max_episode_steps=5 * SUBTASK_STEPS), 1)
+        v: CalvinEnv(CalvinEnvConfig(name="calvin", task=v, pool=pool, max_episode_steps=5 * SUBTASK_STEPS), 1)
         for v in variants
     }
     tried: collections.Counter = collections.Counter()

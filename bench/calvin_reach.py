@@ -23,16 +23,16 @@ import argparse
 import numpy as np
 import torch
 
-from rlfleet.config import as_dict, eval_env_config, load_config, split_seed
-from rlfleet.envs.api import EnvConfig
+from rlfleet.config import as_dict, load_config
 from rlfleet.envs.calvin.chains import pool_entry, pool_size
 from rlfleet.envs.calvin.layout import BLOCK_COLORS
 from rlfleet.envs.calvin.scene import ROBOT_OBS_DIM
 from rlfleet.envs.calvin.shaping import BLOCK_KINDS
 from rlfleet.envs.calvin.subtasks import SUBTASKS
-from rlfleet.envs.registry import make_env
+from rlfleet.envs.registry import build_env_config, make_env
 from rlfleet.envs.run_shapes import probe_env_dims
 from rlfleet.eval.episodes import obs_tensors
+from rlfleet.eval.splits import eval_env_config, split_seed
 from rlfleet.policies.checkpoint_io import policy_from_config
 
 STALL_M = 0.003  # a chunk after which the hand is within this of where it was
@@ -63,7 +63,7 @@ def reach(cfg, seeds: list[int], sample: bool = False) -> tuple[list[tuple[str, 
     """(first subtask, closest hand-to-block distance, completed) per chain, and the hand's travel (m)
     over each chunk of the first subtasks."""
     torch.manual_seed(cfg.runner.seed)
-    state_dim, action_dim = probe_env_dims(EnvConfig(**as_dict(cfg.env)))
+    state_dim, action_dim = probe_env_dims(build_env_config(as_dict(cfg.env)))
     policy = policy_from_config(as_dict(cfg.policy), state_dim, action_dim, cfg.env.chunk_size, cfg.env.image_size)
     policy.eval()
     env = make_env(eval_env_config(cfg), len(seeds))

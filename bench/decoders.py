@@ -37,9 +37,10 @@ def main() -> int:
     p.add_argument("--json", help="also write the results here")
     args = p.parse_args()
 
-    from rlfleet.config import eval_env_config, eval_seed_range, load_config
+    from rlfleet.config import load_config
     from rlfleet.envs.registry import task_list
     from rlfleet.eval.episodes import evaluate_policy
+    from rlfleet.eval.splits import eval_env_config, eval_seed_range
     from rlfleet.policies.checkpoint_io import load_checkpoint
     from rlfleet.runs.bootstrap import ensure_sft_checkpoint
 

@@ -22,7 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from rlfleet.envs import EnvConfig, make_env
+from rlfleet.envs import make_env
+from rlfleet.envs.gymnasium_config import GymEnvConfig
 
 RECIPE = """
 defaults:
@@ -37,7 +38,7 @@ eval:
 """
 
 
-def bare(cfg: EnvConfig, num_envs: int, seconds: float) -> float:
+def bare(cfg: GymEnvConfig, num_envs: int, seconds: float) -> float:
     env = make_env(cfg, num_envs)
     try:
         env.reset()
@@ -97,7 +98,7 @@ def main() -> None:
     parser.add_argument("--fleet-steps", type=int, default=6400, help="env steps of the fleet run")
     parser.add_argument("--fleet-seconds", type=float, default=0, help="wall budget of the fleet run (0: none)")
     args = parser.parse_args()
-    cfg = EnvConfig(
+    cfg = GymEnvConfig(
         name=args.env,
         image_size=64,
         chunk_size=args.chunk_size,

@@ -21,15 +21,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rlfleet.envs import EnvConfig
 from rlfleet.envs.metaworld import MetaWorldEnv
+from rlfleet.envs.metaworld.config import MetaWorldEnvConfig
 from rlfleet.envs.metaworld.env import GOAL
 from rlfleet.policies.vla.backbone import CNN_GRID, CNNImageEncoder
 
 
 def render_goals(task: str, frames: int, image_size: int, marker: float) -> tuple[np.ndarray, np.ndarray]:
     """First frames [N, H, W, 3] and goals [N, 3] of `frames` episodes (reset seeds 0..N-1)."""
-    cfg = EnvConfig(task=task, image_size=image_size, goal_marker_size=marker)
+    cfg = MetaWorldEnvConfig(task=task, image_size=image_size, goal_marker_size=marker)
     images, goals = [], []
     with MetaWorldEnv(cfg, 1) as env:
         for seed in range(frames):

@@ -80,14 +80,14 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from rlfleet.config import as_dict, config_from_yaml
-    from rlfleet.envs.api import EnvConfig
+    from rlfleet.envs.registry import build_env_config
     from rlfleet.policies.checkpoint_io import load_checkpoint, policy_from_config, read_model_config
     from rlfleet.wire.run_spec import read_run_spec
 
     run = Path(args.run_dir)
     cfg = config_from_yaml((run / "config.yaml").read_text())
     latest = run / "checkpoints" / (run / "checkpoints" / "latest").read_text().strip()
-    env_cfg = dataclasses.replace(EnvConfig(**as_dict(cfg.env)), pool="eval")
+    env_cfg = build_env_config(as_dict(cfg.env)).held_out("test")
     size = cfg.env.image_size or args.image_size
     torch.manual_seed(cfg.runner.seed)  # the same fresh weights the run started from
     # the dims and the settings the run built its policy with: its run spec, else (a run from

@@ -654,7 +654,8 @@ def main(argv: list[str] | None = None) -> int:
     recorded = json.loads(wall_file.read_text()) if wall_file.exists() else {}
     # The code that trains is the code at each seed's launch, whatever is committed later.
     commits = recorded.setdefault("commits", {})
-    from rlfleet.config import load_config, split_seed
+    from rlfleet.config import load_config
+    from rlfleet.eval.splits import split_seed
 
     cfg = load_config(args.recipe, args.overrides)
     budget, wall_budget = int(cfg.runner.total_env_steps or 0), bool(cfg.runner.max_wall_seconds)

@@ -67,10 +67,9 @@ FLEET_OVERRIDES = ["eval.at_end=false", "eval.before=false", "demos.bootstrap=fa
 def _bare_worker(
     env_cfg: dict, slices: list, seconds: float, barrier: Any, out: Any, seed: int
 ) -> None:  # one env worker's job, without the fleet
-    from rlfleet.envs.api import EnvConfig
-    from rlfleet.envs.registry import make_env
+    from rlfleet.envs.registry import build_env_config, make_env
 
-    cfg = EnvConfig(**env_cfg)
+    cfg = build_env_config(env_cfg)
     envs = [make_env(cfg, sl.hi - sl.lo, env_offset=sl.global_offset) for sl in slices]
     for env in envs:
         env.reset()

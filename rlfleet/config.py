@@ -20,15 +20,14 @@ from omegaconf.errors import OmegaConfBaseException
 
 from rlfleet.algorithms.dagger import DAggerConfig
 from rlfleet.algorithms.ppo import PPOConfig
-from rlfleet.data.demos import DEMO_SEED_BASE
-from rlfleet.envs.api import (
-    EVAL_SPLITS,
-    SPLIT_POOL,
-    TEST_SEED_BASE,
-    VALIDATION_SEED_BASE,
-    EnvConfig,
+from rlfleet.envs.api import EVAL_SPLITS, TEST_SEED_BASE, VALIDATION_SEED_BASE, EnvConfig
+from rlfleet.envs.registry import (
+    check_env_name,
+    env_config_class,
+    family_configs,
+    recorded_env_settings,
+    require_env_extra,
 )
-from rlfleet.envs.registry import check_env_name, check_held_out_splits, require_env_extra
 from rlfleet.policies.checkpoint_io import is_hub_path, parse_hub_path, pin_hub_settings, pin_model_path, run_folder
 from rlfleet.policies.registry import check_policy_config, policy_classes
 from rlfleet.telemetry.trackers import check_backends, logger_backends
@@ -152,7 +151,6 @@ class EvalConfig:
     episodes_per_task: int = 10
     num_workers: int = 2
     at_end: bool = True
-    task: str = ""  # task or task set to evaluate on; empty: the training tasks (ML45: "ML45_test")
     before: bool = False  # also evaluate the starting policy, for a before/after table
     # Which held-out split evaluations play: "test" (what results report) or "validation" (where
     # every choice made by looking at success is made): rlfleet.envs.api.EVAL_SPLITS.
@@ -224,7 +222,13 @@ class ClusterConfig:
 @dataclass
 class RunConfig:
     runner: RunnerConfig = field(default_factory=RunnerConfig)
+    # The env training plays and the env evaluation plays, each typed by the env's own settings
+    # class (`rlfleet.envs.registry.env_config_class`; load_config picks it from env.name).
+    # `eval_env` defaults to the train env's settings (each key `${env.KEY}`), with the recipe's
+    # overrides (held-out tasks: eval_env.task); evaluation applies the split's held-out form
+    # (`EnvConfig.held_out`, rlfleet.eval.splits.eval_env_config).
     env: EnvConfig = field(default_factory=EnvConfig)
+    eval_env: EnvConfig = field(default_factory=EnvConfig)
     # Free-form: each policy validates its own keys (see rlfleet.policies.registry); `model_path`
     # starts from a checkpoint folder (e.g. an SFT checkpoint) instead of fresh weights.
     policy: dict[str, Any] = field(default_factory=lambda: {"name": "gaussian_mlp"})
@@ -350,41 +354,76 @@ def _recipe_layers(recipe: str) -> list[tuple[str, DictConfig]]:
     return layers
 
 
+def _env_names(layers: list[tuple[str, DictConfig]]) -> tuple[str, str]:
+    """The env names the layers compose to (env.name, eval_env.name; the latter defaults to the
+    former), read before the typed merge so the `env` and `eval_env` sections get their family's
+    class. A value that is not a plain string is left to the typed merge to refuse."""
+    name, eval_name = EnvConfig.name, ""
+    for _, layer in layers:
+        for section in ("env", "eval_env"):
+            node = layer.get(section) if OmegaConf.is_dict(layer) else None
+            value = node._get_node("name")._value() if OmegaConf.is_dict(node) and "name" in node else None
+            if isinstance(value, str) and not value.startswith("${"):
+                if section == "env":
+                    name = value
+                else:
+                    eval_name = value
+    return name, eval_name or name
+
+
+def run_schema(env_name: str = EnvConfig.name, eval_env_name: str = "") -> DictConfig:
+    """The run config's schema for these envs: RunConfig with `env` typed by env `env_name`'s
+    settings class and `eval_env` by `eval_env_name`'s (default the same), each eval_env key the
+    train env has defaulting to `${env.KEY}`. A one-line ValueError for an unknown env name."""
+    cfg = OmegaConf.structured(RunConfig)
+    train_class, eval_class = env_config_class(env_name), env_config_class(eval_env_name or env_name)
+    cfg.env = OmegaConf.structured(train_class)
+    cfg.eval_env = OmegaConf.structured(eval_class)
+    train_keys = {f.name for f in dataclasses.fields(train_class)}
+    for f in dataclasses.fields(eval_class):
+        if f.name in train_keys:
+            cfg.eval_env[f.name] = f"${{env.{f.name}}}"
+    return cfg  # type: ignore[return-value]
+
+
 def load_config(recipe: str | None, overrides: list[str] | None = None) -> DictConfig:
     """Schema defaults <- recipe (its `defaults:` blocks, then itself) <- `key=value` overrides,
-    type-checked. A mistake raises ConfigError (or FileNotFoundError for a missing recipe) with a
-    short message, never an OmegaConf traceback."""
-    cfg = OmegaConf.structured(RunConfig)
-    if recipe:
-        for source, layer in _recipe_layers(recipe):
-            cfg = _merge(cfg, layer, source)
+    type-checked; `env` and `eval_env` are typed by their env's settings class, picked from the
+    composed env.name (`run_schema`). A mistake raises ConfigError (or FileNotFoundError for a
+    missing recipe) with a short message, never an OmegaConf traceback."""
+    layers = _recipe_layers(recipe) if recipe else []
     if overrides:
         bad = [o for o in overrides if "=" not in o or o.startswith("=")]
         if bad:
             raise ConfigError(f"overrides must look like key=value, got {bad}")
         for override in overrides:
             try:
-                layer = OmegaConf.from_dotlist([override])
+                layers.append((f"override {override}", OmegaConf.from_dotlist([override])))
             except (yaml.YAMLError, OmegaConfBaseException) as exc:
                 raise ConfigError(
                     f"override {override}: cannot parse the value ({getattr(exc, 'problem', None) or _first_line(exc)})"
                 ) from None
-            cfg = _merge(cfg, layer, f"override {override}")
+    names = _env_names(layers)
+    try:
+        cfg = run_schema(*names)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    for source, layer in layers:
+        cfg = _merge(cfg, layer, source, names)
     try:
         OmegaConf.to_container(cfg, resolve=True)  # a bad ${...} interpolation fails now, not mid-run
     except OmegaConfBaseException as exc:
         raise ConfigError(f"{getattr(exc, 'full_key', '') or 'config'}: {_first_line(exc)}") from None
-    for section in ("algorithm", "dagger", "learner"):
+    for section in ("algorithm", "dagger", "learner", "env", "eval_env"):
         try:
             OmegaConf.to_object(cfg[section])  # the section's own checks (its dataclass's __post_init__)
         except ValueError as exc:
             raise ConfigError(f"bad value in {section}: {_first_line(exc)}") from None
     try:
         check_backends(logger_backends(cfg.runner.logger))  # a tracker that is not installed: fail before the run
-        require_env_extra(cfg.env.name)  # a simulator whose extra is not installed: the same
-        check_env_name(cfg.env.name)  # a name no process could resolve: one line, before anything starts
-        if cfg.env.gym_kwargs and not str(cfg.env.name).startswith("gym:"):
-            raise ValueError(f"env.gym_kwargs are gym.make arguments: only for env.name=gym:<id>, not {cfg.env.name!r}")
+        for section in ("env", "eval_env"):
+            require_env_extra(cfg[section].name)  # a simulator whose extra is not installed: the same
+            check_env_name(cfg[section].name)  # a name no process could resolve: one line, before anything starts
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     _check_policy(cfg)
@@ -426,7 +465,13 @@ def config_keys(node: Any, prefix: str = "") -> list[str]:
 
 
 def _is_free_form(key: str) -> bool:
-    free = ("policy", "cluster.component_placement", "env.gym_kwargs", "demos.features")
+    free = (
+        "policy",
+        "cluster.component_placement",
+        "env.gym_kwargs",
+        "eval_env.gym_kwargs",
+        "demos.features",
+    )
     return key in free
 
 
@@ -448,6 +493,8 @@ def _unknown_key_message(key: str, known: list[str], source: str) -> str:
 _RENAMED = {
     "learner.batch_env_steps": "learner.batch_samples: it counts samples (chunks of env.chunk_size "
     "env steps) per update, not env steps",
+    "eval.task": "eval_env.task: the env evaluation plays is its own section, eval_env (the train "
+    "env's settings unless set)",
 }
 
 # Keys the learner used to write into the config: what it learns at start (the env's dimensions,
@@ -463,10 +510,26 @@ def _removed_key(key: str) -> str | None:
     return next((old for old in _REMOVED if key == old or key.startswith(old + ".")), None)
 
 
+def _env_key_message(cfg: DictConfig, key: str, source: str, name: str) -> str:
+    """One line for a key the `env` or `eval_env` section's settings class (that of env `name`)
+    lacks: the env, the family the key belongs to (or the nearest key), and the class's keys."""
+    section, leaf = key.split(".", 1)
+    keys = [f.name for f in dataclasses.fields(OmegaConf.get_type(cfg[section]))]  # type: ignore[arg-type]
+    owners = [fam for fam, cls in family_configs().items() if leaf in {f.name for f in dataclasses.fields(cls)}]
+    near = difflib.get_close_matches(leaf, keys, n=2, cutoff=0.6)
+    if owners:
+        hint = f" (a setting of env {' and '.join(owners)})"
+    else:
+        hint = f" (did you mean {' or '.join(f'{section}.{n}' for n in near)}?)" if near else ""
+    return f"{key} is not a setting of env {name}{hint} ({source}); its keys: {', '.join(keys)}"
+
+
 _CONVERT = re.compile(r"Value '(.*)' of type '(\w+)' could not be converted to (\w+)", re.S)
 
 
-def _merge(cfg: DictConfig, layer: DictConfig, source: str) -> DictConfig:
+def _merge(cfg: DictConfig, layer: DictConfig, source: str, env_names: tuple[str, str]) -> DictConfig:
+    """`layer` merged onto `cfg`; a mistake is a ConfigError naming the key and `source`
+    (`env_names`: the envs whose settings classes type `env` and `eval_env`)."""
     try:
         return OmegaConf.merge(cfg, layer)  # type: ignore[return-value]
     except OmegaConfBaseException as exc:
@@ -476,6 +539,9 @@ def _merge(cfg: DictConfig, layer: DictConfig, source: str) -> DictConfig:
                 raise ConfigError(f"{key} was renamed to {_RENAMED[key]} ({source})") from None
             if (old := _removed_key(key)) is not None:
                 raise ConfigError(f"{old} is no longer a config key: {_REMOVED[old]} ({source})") from None
+            if key.split(".", 1)[0] in ("env", "eval_env") and key.count(".") == 1:
+                name = env_names[0] if key.startswith("env.") else env_names[1]
+                raise ConfigError(_env_key_message(cfg, key, source, name)) from None
             raise ConfigError(_unknown_key_message(key, config_keys(cfg), source)) from None
         if not key and source.startswith("override "):
             key = source.split(" ", 1)[1].split("=", 1)[0]
@@ -528,14 +594,35 @@ def _check_policy(cfg: DictConfig) -> None:
 
 
 def config_from_yaml(text: str) -> DictConfig:
-    """Rebuild a run config sent by the learner (the user's config as composed) or kept in a run
-    folder. A run folder written before the run spec also holds the keys the learner used to write
-    into it (`_REMOVED`): they are dropped, so its config still loads."""
-    data = OmegaConf.create(text)
+    """Rebuild a run config sent by the learner (the source of truth for remote roles), or a run
+    folder's config.yaml, its `env` and `eval_env` typed by their env's settings class as
+    load_config types them. A config.yaml written before each env owned its settings loads too:
+    other families' keys at their defaults are dropped and `eval.task` becomes `eval_env.task`."""
+    data = OmegaConf.to_container(OmegaConf.create(text))
+    if isinstance(data, dict):
+        _upgrade_recorded(data)
+    layer = OmegaConf.create(data)
+    return OmegaConf.merge(run_schema(*_env_names([("yaml", layer)])), layer)  # type: ignore[arg-type, return-value]
+
+
+def _upgrade_recorded(data: dict[str, Any]) -> None:
+    """A recorded run config of an earlier layout in today's (see config_from_yaml). Keys the
+    learner used to write into it before the run spec (`_REMOVED`) are dropped."""
     data.pop("model_dims", None)
-    if OmegaConf.is_dict(data.get("runner")):
-        data.runner.pop("resumed_from_env_steps", None)
-    return OmegaConf.merge(OmegaConf.structured(RunConfig), data)  # type: ignore[return-value]
+    if isinstance(data.get("runner"), dict):
+        data["runner"].pop("resumed_from_env_steps", None)
+    evaluation = data.get("eval")
+    if isinstance(evaluation, dict) and "task" in evaluation:
+        task = evaluation.pop("task")
+        if task:
+            data.setdefault("eval_env", {}).setdefault("task", task)
+    for section in ("env", "eval_env"):
+        settings = data.get(section)
+        if isinstance(settings, dict) and isinstance(settings.get("name", EnvConfig.name), str):
+            try:
+                data[section] = recorded_env_settings(settings)
+            except ValueError:  # an env name no process here resolves: left for the merge to refuse
+                pass
 
 
 def starting_checkpoint(cfg: DictConfig, run_dir: Path) -> str:
@@ -586,82 +673,11 @@ def policy_settings(cfg: DictConfig) -> dict[str, Any]:
     return {k: v for k, v in as_dict(cfg.policy).items() if k != "model_path"}
 
 
-def held_out_env(env: EnvConfig, task: str = "", split: str = "test") -> EnvConfig:
-    """`env` as evaluation runs it: on `task` when given (held-out tasks), with the `split`'s
-    held-out episodes where the env keeps them apart (CALVIN's chain pools, RoboTwin's seed files:
-    `EnvConfig.pool`) and the env's own per-subtask budget (a training-only `env.subtask_steps`
-    never shortens evaluation)."""
-    if split not in SPLIT_POOL:
-        raise ValueError(f"evaluation split must be one of {', '.join(EVAL_SPLITS)}, got {split!r}")
-    env = dataclasses.replace(env, pool=SPLIT_POOL[split], subtask_steps=0)
-    return dataclasses.replace(env, task=task) if task else env
-
-
-def eval_env_config(cfg: DictConfig, split: str | None = None) -> EnvConfig:
-    """The env a run's evaluation runs in: its training env, or `eval.task` on it, held out
-    (`split`, default `eval.split`)."""
-    return held_out_env(EnvConfig(**as_dict(cfg.env)), cfg.eval.task, split or cfg.eval.split)
-
-
-def split_seed(evaluation: Any, split: str | None = None) -> int:
-    """The first episode seed of a held-out split (default the section's `split`) of an `eval`
-    section: a run's, or the EvalConfig a checkpoint records."""
-    split = split or evaluation.split
-    if split not in EVAL_SPLITS:
-        raise ValueError(f"evaluation split must be one of {', '.join(EVAL_SPLITS)}, got {split!r}")
-    return int(evaluation.seed if split == "test" else evaluation.validation_seed)
-
-
-EVALUATION_KEYS = ("task", "seed", "validation_seed", "episodes_per_task")  # what config.json records of `eval`
-
-
-def evaluation_record(cfg: DictConfig) -> dict[str, Any]:
-    """How a recipe evaluates its policies, as a checkpoint's config.json records it."""
-    return {key: cfg.eval[key] for key in EVALUATION_KEYS}
-
-
-def checkpoint_eval_config(meta: dict[str, Any]) -> EvalConfig:
-    """The evaluation a checkpoint's config.json records (`evaluation_record`), else the defaults
-    (checkpoints written before it was recorded)."""
-    recorded = meta.get("evaluation") or {}
-    return EvalConfig(**{key: recorded[key] for key in EVALUATION_KEYS if key in recorded})
-
-
 def checkpoint_run_config(checkpoint: str | Path) -> DictConfig | None:
     """The config of the run a checkpoint RUN/checkpoints/update_N was written by (its config.yaml),
     or None for any other folder or a Hub path."""
     run = run_folder(checkpoint)
     return config_from_yaml((run / "config.yaml").read_text()) if run else None
-
-
-def eval_seed_range(cfg: DictConfig, num_tasks: int, split: str | None = None) -> range:
-    """The episode seeds evaluation on `split` (default `eval.split`) uses
-    (`rlfleet.eval.episodes.evaluate_policy`: seed + j * tasks + i), after the start check.
-
-    Held out by construction: demo seeds start at DEMO_SEED_BASE, above both splits' ranges
-    (checked here), and training envs draw episodes from their own streams
-    (`rlfleet.envs.core.TRAIN_STREAM`), or after a resume from integer seeds at or above
-    `RESUMED_SEED_BASE`, so no training run replays them. The test and validation ranges must not
-    meet (checked here), nor the env's own held-out sets (CALVIN's chain pools, RoboTwin's seed
-    files: `ChunkedEnv.check_held_out_splits`); each refusal is one line (ValueError)."""
-    episodes = max(cfg.eval.episodes_per_task, cfg.eval.periodic_episodes_per_task)
-    ranges = {}
-    for name in EVAL_SPLITS:
-        start = split_seed(cfg.eval, name)
-        ranges[name] = seeds = range(start, start + episodes * num_tasks)
-        if seeds.start < 0 or seeds.stop > DEMO_SEED_BASE:
-            raise ValueError(
-                f"{name} eval seeds {seeds.start}..{seeds.stop - 1} must lie in [0, {DEMO_SEED_BASE}) "
-                "where no demo episode starts"
-            )
-    test, val = ranges["test"], ranges["validation"]
-    if test.start < val.stop and val.start < test.stop:
-        raise ValueError(
-            f"validation eval seeds {val.start}..{val.stop - 1} overlap the test eval seeds "
-            f"{test.start}..{test.stop - 1}: set eval.validation_seed apart from eval.seed"
-        )
-    check_held_out_splits(eval_env_config(cfg, "test"), test, val)
-    return ranges[split or cfg.eval.split]
 
 
 def to_yaml(cfg: DictConfig) -> str:

@@ -22,8 +22,8 @@ from rlfleet.actors.learner_client import LearnerClient
 from rlfleet.actors.rollout import SegmentBuilder
 from rlfleet.algorithms.estimators import episode_schedule
 from rlfleet.config import as_dict
-from rlfleet.envs.api import EnvConfig
 from rlfleet.envs.core import resumed_stream_seeds, training_stream
+from rlfleet.envs.registry import build_env_config
 from rlfleet.envs.run_shapes import run_slot_layout
 from rlfleet.telemetry.profiling import profiled
 from rlfleet.wire.run_spec import RunSpec
@@ -93,7 +93,7 @@ def _run_actor(
     counters = counters if counters is not None else ActorCounters()
     fleet = max(cfg.env.get("fleet_envs", 0), a.num_actors * E, (actor_index + 1) * E)  # actors beyond num_actors too
     env = {**as_dict(cfg.env), "fleet_envs": fleet}
-    layout = run_slot_layout(EnvConfig(**as_dict(cfg.env)), spec, E)
+    layout = run_slot_layout(build_env_config(as_dict(cfg.env)), spec, E)
     pool = EnvWorkerPool(env, E, a.num_workers, S, layout, env_offset=actor_index * E)
     learner = inference = None
     segments, steps, t0 = 0, 0, time.monotonic()

@@ -18,8 +18,7 @@ from multiprocessing.connection import Connection
 
 import numpy as np
 
-from rlfleet.envs.api import EnvConfig
-from rlfleet.envs.registry import make_env
+from rlfleet.envs.registry import build_env_config, make_env
 from rlfleet.telemetry.profiling import profiled
 from rlfleet.wire.auth import configure
 from rlfleet.wire.auth import current as current_auth
@@ -138,7 +137,7 @@ def _serve(env_cfg: dict, slices: list[EnvSlice], shm_name: str, layout_json: st
     slots = SharedArrays.attach(shm_name, layout_from_json(layout_json), untrack=False)
     envs = {}
     try:
-        cfg = EnvConfig(**env_cfg)
+        cfg = build_env_config(env_cfg)
         try:
             envs = {sl.stage: make_env(cfg, sl.hi - sl.lo, env_offset=sl.global_offset) for sl in slices}
         except Exception as exc:  # the cause in one line for the actor's error, the traceback for DEBUG

@@ -47,7 +47,7 @@ step_instructions [L,128] uint8     the instruction each action was chosen under
 
 An episode stops 10 steps after its first success (so a policy also sees "hold still" frames
 at the goal) or at the env's episode limit. Demo seeds start at DEMO_SEED_BASE, above every
-evaluation seed (`rlfleet.config.eval_seed_range` checks it), so demos never replay an eval episode.
+evaluation seed (`rlfleet.eval.splits.eval_seed_range` checks it), so demos never replay an eval episode.
 """
 
 from __future__ import annotations

@@ -15,8 +15,9 @@ Semantics shared by all adapters:
 """
 
 import abc
-from dataclasses import dataclass, field
-from typing import Any
+import dataclasses
+from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 
@@ -25,7 +26,8 @@ import numpy as np
 # counts, checkpoints) is made on, so the test episodes stay unseen. Seed-keyed envs (MetaWorld,
 # gymnasium, the bench env, plugins) play a split's episode j of task i from reset seed
 # base + j * tasks + i (`eval.seed` / `eval.validation_seed`, defaults below); envs with their own
-# held-out sets also get `EnvConfig.pool` (SPLIT_POOL: CALVIN's chain pools, RoboTwin's seed files).
+# held-out sets also select them in `EnvConfig.held_out` (SPLIT_POOL: the `pool` setting of
+# CALVIN's chain pools and RoboTwin's seed files).
 # Demo seeds start at rlfleet.data.demos.DEMO_SEED_BASE (1_000_000), above both ranges.
 EVAL_SPLITS = ("test", "validation")
 TEST_SEED_BASE = 10_000
@@ -33,9 +35,19 @@ VALIDATION_SEED_BASE = 500_000
 SPLIT_POOL = {"test": "eval", "validation": "validation"}
 
 
+_C = TypeVar("_C", bound="EnvConfig")
+
+
 @dataclass
 class EnvConfig:
-    """Which simulator and tasks to run; simple types only so it works as an OmegaConf structured config."""
+    """Which simulator and tasks to run: the settings every env reads. Simple types only, so it works
+    as an OmegaConf structured config.
+
+    Each simulator family declares its own settings in a subclass next to its code (MetaWorld's
+    goal marker, CALVIN's subtask budget, ...), registered by env name (`rlfleet.envs.registry.
+    env_config_class`); envs that declare none (the bench env, remote envs, plugins) use this class.
+    The run config types its `env` and `eval_env` sections with the env's class, so a setting of
+    another family is a one-line error."""
 
     name: str = "metaworld"
     # What the simulator plays, in its own terms (MetaWorld: a task "reach-v3", a set "MT10" or a
@@ -57,35 +69,31 @@ class EnvConfig:
     # Also render the env's gripper (wrist) camera into `wrist_images`, at image_size like
     # `main_images` (RLinf's key). Needs image_size > 0 and an env that has one (`WRIST_CAMERA`).
     wrist_camera: bool = False
-    # MetaWorld: draw the task's `goal` site (where it has one) as a green sphere of this radius (m)
-    # in `main_images`; 0: as the task ships it (a 1.5-2 cm red dot, a pixel or two at 64 px).
-    # Only the frames change: sites never collide, and rewards and success ignore their size.
-    goal_marker_size: float = 0.0
-    # Held-out episodes: "train" (training), "eval" (the test split) or "validation" (SPLIT_POOL), for
-    # envs with their own held-out sets (CALVIN's chain pools, RoboTwin's seed files; others ignore it)
-    pool: str = "train"
-    # Chained envs (CALVIN): env steps the current subtask may take before the episode is truncated;
-    # 0: the env's own budget (CALVIN's 360). Training only: `rlfleet.config.eval_env_config` sets it
-    # back to 0, so held-out evaluation keeps the benchmark's budget. A shorter training budget stops
-    # spending env steps on an attempt long after it has failed (a time limit, as max_episode_steps).
-    subtask_steps: int = 0
     # Envs in the whole fleet (actors set it to num_actors x num_envs; 0: this batch alone). Envs that
     # walk a seed list (RoboTwin) stride by it, so workers and actors never replay each other's seeds.
     fleet_envs: int = 0
-    # RoboTwin tasks with stages (`Task.progress`, e.g. place_empty_cup): add w * (progress after the
-    # step - progress before) to each step's reward, with w this value (0: off). Potential-based
-    # shaping (Ng, Harada & Russell 1999): an episode's shaping sums to w * (last - first progress),
-    # so it pays for progress the sparse success reward cannot see, not for loitering in a stage.
-    progress_reward: float = 0.0
-    # gymnasium envs (`gym:<id>`): the info key that says the task is solved ("": "is_success" or "success")
-    success_key: str = ""
-    # gymnasium envs (`gym:<id>`): keyword arguments for `gym.make` (e.g. {reward_type: dense}), in
-    # every process that makes the env; other envs refuse a non-empty mapping (they would ignore it).
-    gym_kwargs: dict[str, Any] = field(default_factory=dict)
-    # gymnasium MuJoCo envs rendering `main_images`: "fast" turns the scene's shadow maps and
-    # multisampling off (a CPU renderer spends most of a frame on them: docs/simulators.md);
-    # "env": as the env ships it.
-    gym_render_quality: str = "fast"
+
+    def held_out(self: _C, split: str) -> _C:
+        """These settings as evaluation on held-out `split` plays them (EVAL_SPLITS). By default the
+        same: a seed-keyed env's split is its episode seeds (`eval.seed` / `eval.validation_seed`);
+        a family with its own held-out sets (CALVIN's chain pools, RoboTwin's seed files) selects
+        the split's here."""
+        if split not in EVAL_SPLITS:
+            raise ValueError(f"evaluation split must be one of {', '.join(EVAL_SPLITS)}, got {split!r}")
+        return dataclasses.replace(self)
+
+    @classmethod
+    def of(cls: type[_C], cfg: "EnvConfig") -> _C:
+        """`cfg` as this class: its settings, this class's defaults for the rest (an env built
+        from a plain EnvConfig); a ValueError when `cfg` holds a setting this class lacks."""
+        if isinstance(cfg, cls):
+            return cfg
+        own = {f.name for f in dataclasses.fields(cls)}
+        given = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
+        extra = [k for k in given if k not in own]
+        if extra:
+            raise ValueError(f"env.{extra[0]} of env {cfg.name} is not a setting of {cls.__name__}")
+        return cls(**given)
 
 
 INSTRUCTION_BYTES = 128  # fixed width of the `instructions` observation (UTF-8, zero padded)
@@ -107,25 +115,16 @@ def decode_instructions(arr: np.ndarray) -> list[str]:
 
 
 def check_env_args(cfg: EnvConfig, num_envs: int, env_offset: int) -> None:
-    """The constructor checks every in-process adapter makes: clear errors for a bad batch or config."""
+    """The constructor checks every in-process adapter makes: clear errors for a bad batch or config
+    (a family's own settings check themselves: its config class's __post_init__)."""
     if num_envs < 1 or env_offset < 0:
         raise ValueError(f"need num_envs >= 1 and env_offset >= 0, got {num_envs}, {env_offset}")
     if cfg.chunk_size < 1 or cfg.max_episode_steps < 1:
         raise ValueError(
             f"chunk_size and max_episode_steps must be >= 1, got {cfg.chunk_size}, {cfg.max_episode_steps}"
         )
-    if cfg.subtask_steps < 0:
-        raise ValueError(f"subtask_steps must be >= 0 (0: the env's own budget), got {cfg.subtask_steps}")
-    if cfg.progress_reward < 0:
-        raise ValueError(f"progress_reward must be >= 0 (0: off), got {cfg.progress_reward}")
-    if cfg.goal_marker_size < 0:
-        raise ValueError(f"goal_marker_size must be >= 0 (0: as the task ships it), got {cfg.goal_marker_size}")
     if cfg.wrist_camera and cfg.image_size <= 0:
         raise ValueError("wrist_camera renders at image_size: set env.image_size > 0 too")
-    if cfg.gym_kwargs and not cfg.name.startswith("gym:"):
-        raise ValueError(f"env.gym_kwargs are gym.make arguments: only for env.name=gym:<id>, not {cfg.name!r}")
-    if cfg.gym_render_quality not in ("fast", "env"):
-        raise ValueError(f"gym_render_quality must be 'fast' or 'env', got {cfg.gym_render_quality!r}")
     if cfg.reward_type not in ("dense", "success", "success_once"):
         raise ValueError(f"reward_type must be 'dense', 'success' or 'success_once', got {cfg.reward_type!r}")
 
@@ -220,6 +219,9 @@ class ChunkedEnv(abc.ABC):
     _task_list: list[str] | None = None
 
     # Declared capabilities (generic modules read these, never a simulator's name):
+    # the env's settings class (an EnvConfig subclass holding its own keys; `rlfleet.envs.registry.
+    # env_config_class`), which its constructor receives.
+    CONFIG_CLASS: type[EnvConfig] = EnvConfig
     # an episode is a chain of CHAIN_LENGTH instructions whose return counts those done in a row
     # (CALVIN's metrics); 0 for an ordinary env.
     CHAIN_LENGTH: int = 0
@@ -237,7 +239,7 @@ class ChunkedEnv(abc.ABC):
     def check_held_out_splits(cls, cfg: "EnvConfig", test_seeds: range, validation_seeds: range) -> None:
         """A one-line ValueError if the env's own validation episodes (played from `validation_seeds`,
         pool "validation") meet its test or training ones. Nothing to check by default: a seed-keyed
-        env's splits are their seed ranges, which `rlfleet.config.eval_seed_range` checks."""
+        env's splits are their seed ranges, which `rlfleet.eval.splits.eval_seed_range` checks."""
         return None
 
     @staticmethod

@@ -26,7 +26,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from rlfleet.envs.api import ChunkedEnv, EnvConfig, observation_spec
 from rlfleet.envs.env_messages import reset_reply, spec_reply, step_reply
-from rlfleet.envs.registry import make_env
+from rlfleet.envs.registry import build_env_config, env_config_class, make_env
 from rlfleet.telemetry.prometheus import EnvServerCollector, MetricsPortError, start_role_metrics
 from rlfleet.wire import codec
 from rlfleet.wire.gen import env_pb2, env_pb2_grpc
@@ -322,18 +322,20 @@ def serve_env(cfg: EnvServerConfig) -> tuple[grpc.Server, int, EnvServicer]:
 
 
 def env_config(name: str, task: str | None = None, overrides: list[str] | None = None) -> EnvConfig:
-    """EnvConfig from `--env`, `--task` and `key=value` overrides, type-checked like recipe overrides."""
+    """The env's settings (its family's EnvConfig class) from `--env`, `--task` and `key=value`
+    overrides, type-checked like recipe overrides."""
     bad = [o for o in overrides or [] if "=" not in o]
     if bad:
         raise ValueError(f"env overrides must look like key=value (EnvConfig fields), got {bad}")
     try:
-        cfg = OmegaConf.merge(OmegaConf.structured(EnvConfig), OmegaConf.from_dotlist(list(overrides or [])))
+        schema = OmegaConf.structured(env_config_class(name))
+        cfg = OmegaConf.merge(schema, OmegaConf.from_dotlist(list(overrides or [])))
     except OmegaConfBaseException as exc:
         raise ValueError(f"bad env override: {exc}".splitlines()[0]) from exc
     cfg.name = name
     if task:
         cfg.task = task
-    return EnvConfig(**OmegaConf.to_container(cfg))  # type: ignore[arg-type]
+    return build_env_config(OmegaConf.to_container(cfg))  # type: ignore[arg-type]
 
 
 def main(args: Namespace) -> int:

@@ -34,6 +34,7 @@ import numpy as np
 
 from rlfleet.envs.api import EnvConfig
 from rlfleet.envs.core import EpisodeEnv, Outcome
+from rlfleet.envs.gymnasium_config import GymEnvConfig
 
 PREFIX = "gym:"
 SUCCESS_KEY_EPISODES = 3  # episodes ended before a success key never seen in `info` is warned about
@@ -136,9 +137,13 @@ def _resize(frame: np.ndarray, size: int) -> np.ndarray:
 class GymEnv(EpisodeEnv):
     """A batch of gymnasium envs of one id behind the chunked, auto-resetting API."""
 
+    CONFIG_CLASS = GymEnvConfig
+    _cfg: GymEnvConfig
+
     def __init__(self, cfg: EnvConfig, num_envs: int, env_offset: int = 0) -> None:
         from gymnasium import spaces  # optional: the [gym] extra
 
+        cfg = GymEnvConfig.of(cfg)
         env_id = gym_id(cfg.name)
         kwargs = dict(cfg.gym_kwargs)
         first = self._make(env_id, cfg, kwargs)

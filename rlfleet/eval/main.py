@@ -16,17 +16,9 @@ import yaml
 from omegaconf.errors import OmegaConfBaseException
 from rich.console import Console
 
-from rlfleet.config import (
-    VideoConfig,
-    checkpoint_eval_config,
-    checkpoint_run_config,
-    eval_env_config,
-    eval_seed_range,
-    held_out_env,
-    split_seed,
-)
-from rlfleet.envs.api import EVAL_SPLITS, EnvConfig
-from rlfleet.envs.registry import task_list
+from rlfleet.config import VideoConfig, checkpoint_run_config
+from rlfleet.envs.api import EVAL_SPLITS
+from rlfleet.envs.registry import recorded_env_config, task_list
 from rlfleet.eval.episodes import evaluate_policy, report_evaluation
 from rlfleet.eval.paired import (
     EPISODES_FILE,
@@ -37,6 +29,13 @@ from rlfleet.eval.paired import (
     read_episodes,
 )
 from rlfleet.eval.report import atomic_write, evaluation_mode, write_report
+from rlfleet.eval.splits import (
+    checkpoint_eval_config,
+    checkpoint_eval_task,
+    eval_env_config,
+    eval_seed_range,
+    split_seed,
+)
 from rlfleet.policies.checkpoint_io import checkpoint_folder, is_hub_path, is_run_folder, load_checkpoint
 
 
@@ -74,7 +73,7 @@ def evaluate_checkpoint(args: Namespace) -> dict:
     except (OmegaConfBaseException, yaml.YAMLError, OSError) as exc:  # e.g. a key a later rlfleet dropped
         print(f"note: the run's config.yaml does not load ({type(exc).__name__}); evaluating as its config.json says")
         run_cfg = None
-    # A run's checkpoint is evaluated as the run evaluated it (its `eval.task`, e.g. RoboTwin's
+    # A run's checkpoint is evaluated as the run evaluated it (its `eval_env`, e.g. RoboTwin's
     # X:eval scenes), so its final evaluation replays here episode by episode; any other checkpoint
     # as its config.json says its recipe evaluates it (an SFT cache, a Hub copy), else the defaults.
     run_eval = run_cfg.eval if run_cfg is not None else checkpoint_eval_config(meta)
@@ -91,8 +90,8 @@ def evaluate_checkpoint(args: Namespace) -> dict:
         if run_cfg is not None:
             env = dataclasses.asdict(eval_env_config(run_cfg, split))
             print(f"evaluating on the run's evaluation env: {env['name']} {env['task']}", flush=True)
-        elif env and run_eval.task:
-            env["task"] = run_eval.task
+        elif env and checkpoint_eval_task(meta):
+            env["task"] = checkpoint_eval_task(meta)
             print(f"evaluating on the checkpoint's evaluation env: {env['name']} {env['task']}", flush=True)
     if args.env_address:  # the same policy against another (or a restarted) env server
         query = env.get("name", "").partition("?")[2] if str(env.get("name", "")).startswith("remote://") else ""
@@ -106,7 +105,7 @@ def evaluate_checkpoint(args: Namespace) -> dict:
         env["task"] = args.task
     if not env:
         raise SystemExit("the checkpoint does not name its env: pass --task")
-    env_cfg = held_out_env(EnvConfig(**env), split=split)  # a checkpoint's own env, evaluated as a run evaluates it
+    env_cfg = recorded_env_config(env).held_out(split)  # a checkpoint's own env, evaluated as a run evaluates it
     print(f"held-out split: {split} (episode seeds from {seed})", flush=True)
     other = None
     if args.compare:  # a bad path fails before any episode runs

@@ -24,12 +24,12 @@ from typing import Any, Protocol
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from rlfleet.config import eval_env_config, split_seed
 from rlfleet.envs.chains import chain_report
 from rlfleet.envs.registry import scored_chain_length
 from rlfleet.eval.episodes import evaluate_policy, returns_by_task
 from rlfleet.eval.paired import BEFORE_EPISODES_FILE, EPISODES_FILE, write_episodes
 from rlfleet.eval.report import chain_line, write_chain_table
+from rlfleet.eval.splits import eval_env_config, split_seed
 from rlfleet.eval.summary import mean_returns
 from rlfleet.telemetry.trackers import MetricsLogger, log_eval
 
@@ -179,7 +179,7 @@ class EvaluationService(LoopObserver):
         self.run_dir = Path(run_dir)
         self.env = eval_env_config(cfg)
         # chained envs (CALVIN) are judged by their chain metrics, from the same episodes' returns
-        self.chain_length = scored_chain_length(cfg.env.name, cfg.env.reward_type)
+        self.chain_length = scored_chain_length(self.env.name, self.env.reward_type)
         self.schedule = periodic
         self.evaluate_start = evaluate_start
         self.before_success: dict[str, float] | None = None

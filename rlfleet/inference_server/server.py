@@ -12,7 +12,7 @@ import zmq
 from omegaconf import DictConfig
 
 from rlfleet.config import as_dict
-from rlfleet.envs.api import EnvConfig
+from rlfleet.envs.registry import build_env_config
 from rlfleet.envs.run_shapes import run_observation_spec
 from rlfleet.inference_server.batcher import DynamicBatcher, InferenceRequest
 from rlfleet.inference_server.grpc_frontend import InferenceServicer
@@ -153,6 +153,6 @@ def build_runner_from_learner(
     stub = learner_pb2_grpc.LearnerServiceStub(channel)
     initial = pull_weights(stub)
     load_state_dict_bytes(policy, initial.data)
-    obs_spec = run_observation_spec(EnvConfig(**as_dict(cfg.env)), spec)
+    obs_spec = run_observation_spec(build_env_config(as_dict(cfg.env)), spec)
     runner = PolicyRunner(policy, initial.version, cfg.inference.device, obs_spec)
     return runner, WeightSubscriber(channel, initial, subscriber_id, delta=cfg.inference.weight_delta).start()

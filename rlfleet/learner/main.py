@@ -26,17 +26,14 @@ from safetensors.torch import save as st_save
 from rlfleet.algorithms.estimators import episode_schedule
 from rlfleet.config import (
     as_dict,
-    eval_env_config,
-    eval_seed_range,
-    evaluation_record,
     load_config,
     pinned_policy_settings,
     to_yaml,
 )
-from rlfleet.envs.api import EnvConfig
-from rlfleet.envs.registry import scored_chain_length, task_list
+from rlfleet.envs.registry import build_env_config, scored_chain_length, task_list
 from rlfleet.envs.run_shapes import probe_env_dims, run_observation_spec
 from rlfleet.eval.service import EvaluationService, LoopObserver, PeriodicEval
+from rlfleet.eval.splits import eval_env_config, eval_seed_range, evaluation_record
 from rlfleet.eval.summary import print_summary, write_summary
 from rlfleet.learner.batches import samples, take_batch
 from rlfleet.learner.checkpointer import Checkpointer, TrainerCounters, run_info
@@ -114,7 +111,7 @@ class Learner:
             archive_previous_run(run_dir)
         torch.manual_seed(cfg.runner.seed)
         # What the learner learns here travels as the run spec; `cfg` stays the user's config.
-        self.env_cfg = EnvConfig(**as_dict(cfg.env))
+        self.env_cfg = build_env_config(as_dict(cfg.env))
         state_dim, action_dim = probe_env_dims(self.env_cfg)
         # model_path and the other hf:// settings pinned: the ranks and the servers see one Hub revision
         settings = pinned_policy_settings(cfg, run_dir)
@@ -229,7 +226,8 @@ class Learner:
             task_list(self.env_cfg), chain_length=scored_chain_length(cfg.env.name, cfg.env.reward_type)
         )
         # fail at start, not at the first evaluation, if the eval seeds would meet the demo seeds
-        eval_tasks = self.episodes.task_names if not cfg.eval.task else task_list(eval_env_config(cfg))
+        same_tasks = (cfg.eval_env.name, cfg.eval_env.task) == (cfg.env.name, cfg.env.task)
+        eval_tasks = self.episodes.task_names if same_tasks else task_list(eval_env_config(cfg))
         eval_seed_range(cfg, len(eval_tasks))
         self.last_stats: dict[str, float] = {}
         self.writer: MetricsWriter | None = None  # opened by train()

@@ -15,10 +15,10 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from rlfleet.config import SFTConfig, as_dict, eval_env_config, evaluation_record, policy_settings, split_seed
+from rlfleet.config import SFTConfig, as_dict, policy_settings
 from rlfleet.data.lerobot import is_lerobot_path
-from rlfleet.envs.api import EnvConfig
-from rlfleet.envs.registry import demos_revision
+from rlfleet.envs.registry import build_env_config, demos_revision
+from rlfleet.eval.splits import eval_env_config, evaluation_record, split_seed
 from rlfleet.runs.collect import collect_env_demos
 from rlfleet.runs.sft import run_sft
 
@@ -87,7 +87,7 @@ def ensure_sft_checkpoint(cfg: DictConfig, progress: bool = True) -> Path:
         if cfg.demos.path:
             raise FileNotFoundError(f"demos.path {demos} holds no demo dataset (index.json)")
         log.info("collecting %d expert demos per task into %s", cfg.demos.episodes_per_task, demos)
-        env = EnvConfig(**{**as_dict(cfg.env), "task": cfg.demos.task or cfg.env.task})
+        env = build_env_config({**as_dict(cfg.env), "task": cfg.demos.task or cfg.env.task})
         collect_env_demos(demos, env, cfg.demos.episodes_per_task, seed=cfg.demos.seed, progress=progress)
     log.info("behaviour cloning %s on %s -> %s", cfg.policy.get("name"), demos, ckpt)
     sft_cfg = SFTConfig(**as_dict(cfg.sft))
@@ -95,7 +95,7 @@ def ensure_sft_checkpoint(cfg: DictConfig, progress: bool = True) -> Path:
         cfg.demos.path or demos,  # as written: hf://datasets/... is no local Path
         ckpt,
         policy_settings(cfg),
-        EnvConfig(**as_dict(cfg.env)),
+        build_env_config(as_dict(cfg.env)),
         sft_cfg,
         progress=progress,
         evaluation=evaluation_record(cfg),

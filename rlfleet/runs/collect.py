@@ -33,7 +33,7 @@ from rich.table import Table
 from rlfleet.data.demos import ATTEMPTS_PER_EPISODE, DEMO_SEED_BASE, FORMAT, IMAGE_KEYS, load_demos
 from rlfleet.data.lerobot import write_lerobot
 from rlfleet.envs.api import EnvConfig, decode_instructions
-from rlfleet.envs.registry import make_env
+from rlfleet.envs.registry import build_env_config, make_env
 
 STOP_AFTER_SUCCESS = 10  # as rlfleet.data.demos: recorded steps after the first success
 
@@ -222,13 +222,15 @@ def _write_episode(tmp: Path, ep_id: int, task: str, seed: int, attempt: int, ar
 
 def main(args: Namespace) -> int:
     """`rlfleet collect --tasks T --out DIR`: record scripted-expert demonstrations (the SFT data)."""
-    cfg = EnvConfig(
-        name=args.env,
-        task=args.tasks,
-        max_episode_steps=args.max_episode_steps,
-        image_size=args.image_size,
-        camera=args.camera,
-        wrist_camera=getattr(args, "wrist_camera", False),
+    cfg = build_env_config(
+        dict(
+            name=args.env,
+            task=args.tasks,
+            max_episode_steps=args.max_episode_steps,
+            image_size=args.image_size,
+            camera=args.camera,
+            wrist_camera=getattr(args, "wrist_camera", False),
+        )
     )
     out = Path(args.out)
     lerobot = getattr(args, "format", "rlfleet") == "lerobot"

@@ -48,13 +48,13 @@ from rlfleet.algorithms.dagger import (
     intervention_gate,
     mix_policies,
 )
-from rlfleet.config import as_dict, evaluation_record, to_yaml
+from rlfleet.config import as_dict, to_yaml
 from rlfleet.data.demos import load_demos
-from rlfleet.envs.api import EnvConfig
-from rlfleet.envs.registry import make_env
+from rlfleet.envs.registry import build_env_config, make_env
 from rlfleet.envs.run_shapes import probe_env_dims
 from rlfleet.eval.episodes import obs_tensors
 from rlfleet.eval.service import EvaluationService, PeriodicEval
+from rlfleet.eval.splits import evaluation_record
 from rlfleet.eval.summary import write_summary
 from rlfleet.learner.checkpointer import Checkpointer, TrainerCounters, run_info
 from rlfleet.learner.main import RUN_OUTPUTS, START_OUTPUTS, archive_previous_run, built_run_spec
@@ -256,7 +256,7 @@ def _maybe_set_norm_stats(policy: torch.nn.Module, data: AggregatedDataset) -> b
 def run_dagger(cfg: DictConfig, progress: bool = True) -> dict[str, Any]:
     """Run DAgger / HG-DAgger as configured in `cfg.dagger`; returns (and writes) the run summary."""
     dcfg: DAggerConfig = OmegaConf.to_object(cfg.dagger)
-    env = make_env(EnvConfig(**as_dict(cfg.env)), dcfg.num_envs)
+    env = make_env(build_env_config(as_dict(cfg.env)), dcfg.num_envs)
     if not env.has_expert:
         env.close()
         raise ValueError(f"DAgger needs an env with scripted experts; env {cfg.env.name!r} declares none")
@@ -267,7 +267,7 @@ def run_dagger(cfg: DictConfig, progress: bool = True) -> dict[str, Any]:
         (run_dir / DATASET_FILE).unlink(missing_ok=True)
     torch.set_num_threads(dcfg.threads)
     torch.manual_seed(cfg.runner.seed)
-    state_dim, action_dim = probe_env_dims(EnvConfig(**as_dict(cfg.env)))
+    state_dim, action_dim = probe_env_dims(build_env_config(as_dict(cfg.env)))
     K = cfg.env.chunk_size
     fresh = not cfg.policy.get("model_path")
     policy = policy_from_config(as_dict(cfg.policy), state_dim, action_dim, K, cfg.env.image_size)

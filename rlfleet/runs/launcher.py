@@ -33,8 +33,7 @@ from rlfleet.config import (
     starting_checkpoint,
     to_yaml,
 )
-from rlfleet.envs.api import EnvConfig
-from rlfleet.envs.registry import task_groups
+from rlfleet.envs.registry import build_env_config, task_groups
 from rlfleet.envs.run_shapes import probe_env_dims
 from rlfleet.eval.report import success_table, write_before_after, write_report
 from rlfleet.eval.service import EvaluationService
@@ -152,7 +151,7 @@ def _stop_all(procs: list[subprocess.Popen], grace: float) -> None:
 def starting_policy(cfg: DictConfig) -> torch.nn.Module:
     """The policy the run starts from (fresh, seeded by runner.seed, or `policy.model_path`)."""
     torch.manual_seed(cfg.runner.seed)
-    state_dim, action_dim = probe_env_dims(EnvConfig(**as_dict(cfg.env)))
+    state_dim, action_dim = probe_env_dims(build_env_config(as_dict(cfg.env)))
     return policy_from_config(as_dict(cfg.policy), state_dim, action_dim, cfg.env.chunk_size, cfg.env.image_size)
 
 

@@ -25,18 +25,16 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rlfleet.config import (
     SFTConfig,
     as_dict,
-    eval_env_config,
-    evaluation_record,
     load_config,
     policy_settings,
-    split_seed,
 )
 from rlfleet.data.demos import IMAGE_KEYS, DemoEpisode, drop_noop_frames, load_demos
 from rlfleet.data.lerobot import is_lerobot_path
 from rlfleet.envs.api import TEST_SEED_BASE, EnvConfig
-from rlfleet.envs.registry import gripper_action_dims, make_env
+from rlfleet.envs.registry import build_env_config, gripper_action_dims, make_env
 from rlfleet.eval.episodes import evaluate_policy, report_evaluation
 from rlfleet.eval.report import evaluation_mode
+from rlfleet.eval.splits import eval_env_config, evaluation_record, split_seed
 from rlfleet.eval.summary import print_summary
 from rlfleet.policies.checkpoint_io import load_checkpoint, model_config, save_checkpoint_folder
 from rlfleet.policies.registry import make_policy
@@ -226,10 +224,11 @@ def run_sft(
     eval_seed: int = TEST_SEED_BASE,
 ) -> dict[str, Any]:
     """Demos folder -> trained checkpoint folder (config.json, model.safetensors, norm_stats.json);
-    `evaluation` (`rlfleet.config.evaluation_record`) is how the recipe evaluates it; `features`
+    `evaluation` (`rlfleet.eval.splits.evaluation_record`) is how the recipe evaluates it; `features`
     maps a LeRobot dataset's feature names onto rlfleet's keys (`demos.features`). The evaluations
     during training (sft.eval_every) play `eval_env` (a recipe's: `eval_env_config`, default
-    `env_cfg`) from `eval_seed` (a recipe's: `split_seed(cfg.eval)`), its `eval.split`."""
+    `env_cfg` in the test split's held-out form) from `eval_seed` (a recipe's:
+    `split_seed(cfg.eval)`), its `eval.split`."""
     torch.set_num_threads(cfg.threads)
     t0 = time.monotonic()
     cameras = ("main_images",) + (("wrist_images",) if env_cfg.wrist_camera else ()) if env_cfg.image_size else ()
@@ -274,7 +273,7 @@ def run_sft(
 
     def evaluate(p):
         success = evaluate_policy(
-            p, eval_env or env_cfg, cfg.eval_episodes_per_task, seed=eval_seed, progress=False
+            p, eval_env or env_cfg.held_out("test"), cfg.eval_episodes_per_task, seed=eval_seed, progress=False
         )  # inside the sft bar
         return {"eval_success_mean": float(np.mean(list(success.values())))}
 
@@ -306,7 +305,7 @@ def main(args: Namespace) -> int:
         args.demos,
         args.out,
         policy_settings(cfg),
-        EnvConfig(**as_dict(cfg.env)),
+        build_env_config(as_dict(cfg.env)),
         SFTConfig(**as_dict(cfg.sft)),
         # what `--eval-episodes N` plays is what a later plain `rlfleet eval CKPT` replays
         evaluation={

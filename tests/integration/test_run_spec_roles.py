@@ -10,8 +10,8 @@ import yaml
 from role_processes import TINY
 
 from rlfleet.config import as_dict, load_config, to_yaml
-from rlfleet.envs.api import EnvConfig
 from rlfleet.envs.core import training_stream
+from rlfleet.envs.registry import build_env_config
 from rlfleet.envs.run_shapes import probe_env_dims, run_slot_layout
 from rlfleet.learner.main import Learner
 from rlfleet.wire.join import register
@@ -35,7 +35,7 @@ def test_a_registering_actor_gets_the_run_spec_and_the_users_config_as_composed(
         assert served["policy"] == as_dict(composed.policy) == {"name": "gaussian_mlp", "hidden_sizes": [32, 32]}
         spec = registered_spec(reply, address)
         assert spec == learner.spec == read_run_spec(run)
-        env = EnvConfig(**as_dict(composed.env))
+        env = build_env_config(as_dict(composed.env))
         assert (spec.state_dim, spec.action_dim) == probe_env_dims(env)
         assert spec.resumed_from_env_steps == 0 and spec.model_path == ""
         # the settings the learner built its policy with: the user's and the policy's defaults

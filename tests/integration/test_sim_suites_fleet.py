@@ -21,7 +21,7 @@ SUITES = {
         "env.task=click_bell,place_empty_cup",
         "env.max_episode_steps=40",
         "env.reward_type=dense",
-        "eval.task=click_bell:eval,place_empty_cup:eval",
+        "eval_env.task=click_bell:eval,place_empty_cup:eval",
     ],
     "calvin": [
         "env.name=calvin",
@@ -73,7 +73,7 @@ def test_short_fleet_run_then_eval_only(tmp_path, suite):
         assert re.search(r"eval at \d+ env steps: success_once [\d.]+, avg_num_subtasks [\d.]+", res.stderr)
     ckpt = run / "checkpoints" / (run / "checkpoints" / "latest").read_text().strip()
 
-    # `rlfleet eval` of the run's checkpoint evaluates as the run did (RoboTwin: its eval.task's
+    # `rlfleet eval` of the run's checkpoint evaluates as the run did (RoboTwin: its eval_env.task's
     # held-out X:eval scenes; CALVIN: the eval chain pool), so the final evaluation replays.
     ev = _cli("eval", str(ckpt), "--episodes", "1", "--compare", str(run), "--json", timeout=300)
     assert ev.returncode == 0, ev.stderr[-3000:]

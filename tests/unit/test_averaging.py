@@ -42,7 +42,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
 def test_rlfleet_average_of_a_run_writes_the_mean_of_its_last_checkpoints(tmp_path):
     run = tmp_path / "run"
     folders = _run_with_checkpoints(run, [10, 20, 30])
-    cfg = load_config("metaworld_reach_ppo", ["env.task=reach-v3", "eval.task=push-v3", "eval.episodes_per_task=1"])
+    cfg = load_config("metaworld_reach_ppo", ["env.task=reach-v3", "eval_env.task=push-v3", "eval.episodes_per_task=1"])
     (run / "config.yaml").write_text(to_yaml(cfg))
     res = _cli("average", str(run), "--last", "2")
     assert res.returncode == 0, res.stderr[-3000:]

@@ -8,8 +8,9 @@ import pytest
 
 p = pytest.importorskip("pybullet")
 
-from rlfleet.envs.api import INSTRUCTION_BYTES, EnvConfig, decode_instructions, observation_spec  # noqa: E402
+from rlfleet.envs.api import INSTRUCTION_BYTES, decode_instructions, observation_spec  # noqa: E402
 from rlfleet.envs.calvin.chains import CHAIN_LENGTH, EVAL_POOL_SIZE, chain_split, pool_entry  # noqa: E402
+from rlfleet.envs.calvin.config import CalvinEnvConfig  # noqa: E402
 from rlfleet.envs.calvin.env import ACTION_DIM, CalvinEnv  # noqa: E402
 from rlfleet.envs.calvin.layout import VARIANTS, resolve_variants  # noqa: E402
 from rlfleet.envs.calvin.scene import STATE_DIM, Scene  # noqa: E402
@@ -18,10 +19,10 @@ from rlfleet.envs.calvin.symbolic import sample_initial_state  # noqa: E402
 from rlfleet.envs.registry import make_env, registered_envs  # noqa: E402
 
 
-def _cfg(**kw) -> EnvConfig:
+def _cfg(**kw) -> CalvinEnvConfig:
     base = dict(name="calvin", task="A", max_episode_steps=1800, chunk_size=1, reward_type="success")
     base.update(kw)
-    return EnvConfig(**base)
+    return CalvinEnvConfig(**base)
 
 
 def _run_expert(env: CalvinEnv, max_chunks: int = 2000):

@@ -51,12 +51,12 @@ def test_block_first_seeds_are_the_chains_that_start_with_a_block_subtask():
 def test_the_script_reports_each_chain(tmp_path, capsys):
     torch = pytest.importorskip("torch")
     from rlfleet.config import load_config, policy_settings
-    from rlfleet.envs.api import EnvConfig
+    from rlfleet.envs.registry import build_env_config
     from rlfleet.envs.run_shapes import probe_env_dims
     from rlfleet.policies.checkpoint_io import model_config, policy_from_config, save_checkpoint_folder
 
     cfg = load_config("calvin_d_d_ppo_tinypi0_cpu", ["policy.dim=16", "policy.depth=1", "policy.heads=2"])
-    state_dim, action_dim = probe_env_dims(EnvConfig(**cfg.env))
+    state_dim, action_dim = probe_env_dims(build_env_config(cfg.env))
     torch.manual_seed(0)
     settings = policy_settings(cfg)
     policy = policy_from_config(settings, state_dim, action_dim, cfg.env.chunk_size, cfg.env.image_size)

@@ -34,14 +34,14 @@ def test_the_script_evaluates_a_checkpoint_on_the_eval_chains(tmp_path, capsys):
     reads the gripper camera, which the run's overrides turn on."""
     pytest.importorskip("pybullet")
     from rlfleet.config import load_config, policy_settings
-    from rlfleet.envs.api import EnvConfig
     from rlfleet.envs.calvin.chains import pool_entry, pool_size
+    from rlfleet.envs.registry import build_env_config
     from rlfleet.envs.run_shapes import probe_env_dims
     from rlfleet.policies.checkpoint_io import model_config, policy_from_config, save_checkpoint_folder
 
     wrist = ["env.wrist_camera=true", "policy.wrist_camera=true"]
     cfg = load_config("calvin_d_d_ppo_tinypi0_cpu", ["policy.dim=16", "policy.depth=1", "policy.heads=2", *wrist])
-    state_dim, action_dim = probe_env_dims(EnvConfig(**cfg.env))
+    state_dim, action_dim = probe_env_dims(build_env_config(cfg.env))
     torch = pytest.importorskip("torch")
     torch.manual_seed(0)
     settings = policy_settings(cfg)

@@ -32,7 +32,7 @@ def test_config_prints_the_resolved_config_with_overrides(capsys):
         ),
         (["actor.num_env=3"], ["unknown config key actor.num_env", "did you mean actor.num_envs?"]),
         (["actor.max_batch=3"], ["did you mean inference.max_batch?"]),
-        (["nosuch=1"], ["unknown config key nosuch", "keys: runner, env, policy"]),
+        (["nosuch=1"], ["unknown config key nosuch", "keys: runner, env, eval_env, policy"]),
         (["actor.num_envs=abc"], ["bad value for actor.num_envs", "expected an int, got 'abc'"]),
         (["algorithm.lr=fast"], ["bad value for algorithm.lr", "expected a float, got 'fast'"]),
         (["runner.resume=maybe"], ["bad value for runner.resume", "'maybe'"]),

@@ -3,7 +3,7 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, ValidationError
 
-from rlfleet.config import ConfigError, RunConfig, config_from_yaml, load_config, recipe_files, recipe_names, to_yaml
+from rlfleet.config import ConfigError, config_from_yaml, load_config, recipe_files, recipe_names, run_schema, to_yaml
 
 RECIPES = recipe_names()
 
@@ -52,9 +52,7 @@ def test_every_recipe_splits_its_envs_over_stages_and_workers(name):
 
 def test_no_recipe_gives_schema_defaults():
     cfg = load_config(None)
-    assert OmegaConf.to_container(cfg, resolve=True) == OmegaConf.to_container(
-        OmegaConf.structured(RunConfig), resolve=True
-    )
+    assert OmegaConf.to_container(cfg, resolve=True) == OmegaConf.to_container(run_schema(), resolve=True)
 
 
 def test_overrides_apply_with_their_types():
@@ -230,9 +228,9 @@ def test_every_block_is_valid_config():
 
 
 def test_eval_env_keeps_the_benchmark_budget_and_the_held_out_pool():
-    from rlfleet.config import eval_env_config
+    from rlfleet.eval.splits import eval_env_config
 
-    cfg = load_config("calvin_d_d_ppo_tinypi0_cpu", ["env.subtask_steps=120", "eval.task=ABC"])
+    cfg = load_config("calvin_d_d_ppo_tinypi0_cpu", ["env.subtask_steps=120", "eval_env.task=ABC"])
     assert cfg.env.subtask_steps == 120 and cfg.env.pool == "train"
     env = eval_env_config(cfg)
     assert (env.subtask_steps, env.pool, env.task, env.image_size) == (0, "eval", "ABC", 64)
@@ -242,7 +240,7 @@ def test_gym_kwargs_are_a_mapping_for_gym_envs_only():
     cfg = load_config("gym_inverted_pendulum_ppo", ["env.gym_kwargs.reset_noise_scale=0.2", "env.gym_kwargs.x=[1,2]"])
     assert OmegaConf.to_container(cfg.env.gym_kwargs) == {"reset_noise_scale": 0.2, "x": [1, 2]}
     assert "gym_kwargs:\n    reset_noise_scale: 0.2" in to_yaml(cfg)
-    with pytest.raises(ConfigError, match="env.gym_kwargs are gym.make arguments: only for env.name=gym:<id>"):
+    with pytest.raises(ConfigError, match="env.gym_kwargs is not a setting of env metaworld"):
         load_config("metaworld_reach_ppo", ["env.gym_kwargs.reward_type=dense"])
 
 

@@ -172,7 +172,7 @@ def test_rlfleet_eval_compare_refuses_in_one_line(tmp_path):
 
 
 def test_rlfleet_eval_of_a_runs_checkpoint_plays_the_runs_evaluation(tmp_path):
-    """A checkpoint in a run folder is evaluated on the run's `eval.task` from its `eval.seed` for
+    """A checkpoint in a run folder is evaluated on the run's `eval_env.task` from its `eval.seed` for
     its `eval.episodes_per_task` (config.yaml), given as a checkpoint or as the run folder;
     `--task` / `--seed` still override, and a config.yaml that no longer loads costs a note, not
     the evaluation."""
@@ -181,7 +181,8 @@ def test_rlfleet_eval_of_a_runs_checkpoint_plays_the_runs_evaluation(tmp_path):
     run = tmp_path / "run"
     ckpt = _checkpoint(run, 0)  # trained on reach-v3
     cfg = load_config(
-        "metaworld_reach_ppo", ["env.task=reach-v3", "eval.task=push-v3", "eval.seed=12345", "eval.episodes_per_task=2"]
+        "metaworld_reach_ppo",
+        ["env.task=reach-v3", "eval_env.task=push-v3", "eval.seed=12345", "eval.episodes_per_task=2"],
     )
     (run / "config.yaml").write_text(to_yaml(cfg))
     for target in (ckpt, run):
@@ -227,9 +228,10 @@ def test_rlfleet_eval_of_a_checkpoint_outside_its_run_plays_the_evaluation_its_c
     written before the record plays its own env from the defaults."""
     import shutil
 
-    from rlfleet.config import evaluation_record, load_config
+    from rlfleet.config import load_config
+    from rlfleet.eval.splits import evaluation_record
 
-    cfg = load_config("metaworld_reach_ppo", ["eval.task=push-v3", "eval.seed=12345", "eval.episodes_per_task=2"])
+    cfg = load_config("metaworld_reach_ppo", ["eval_env.task=push-v3", "eval.seed=12345", "eval.episodes_per_task=2"])
     record = evaluation_record(cfg)
     assert record == {"task": "push-v3", "seed": 12345, "validation_seed": 500_000, "episodes_per_task": 2}
     copy = tmp_path / "exported"

@@ -9,7 +9,7 @@ import pytest
 gym = pytest.importorskip("gymnasium")
 from gymnasium import spaces  # noqa: E402
 
-from rlfleet.envs.api import EnvConfig  # noqa: E402
+from rlfleet.envs.gymnasium_config import GymEnvConfig  # noqa: E402
 from rlfleet.envs.registry import make_env  # noqa: E402
 
 
@@ -58,7 +58,7 @@ if "rlfleet-test/Line-v0" not in gym.registry:
 
 
 def _env(name: str = "gym:rlfleet-test/Line-v0", n: int = 1, **kw):
-    return make_env(EnvConfig(name=name, max_episode_steps=100, chunk_size=1, **kw), n)
+    return make_env(GymEnvConfig(name=name, max_episode_steps=100, chunk_size=1, **kw), n)
 
 
 def test_actions_are_rescaled_to_the_box_bounds() -> None:
@@ -125,8 +125,8 @@ def test_gym_kwargs_reach_gym_make() -> None:
         assert env.chunk_step(np.zeros((1, 1, 1), np.float32)).rewards[0, 0] == 0.25
     with pytest.raises(ValueError, match=r"gym_kwargs=\{'colour': 1\}.*colour"):
         _env(gym_kwargs={"colour": 1})
-    with pytest.raises(ValueError, match="only for env.name=gym:<id>"):
-        make_env(EnvConfig(name="bench", gym_kwargs={"reward": 1.0}), 1)
+    with pytest.raises(ValueError, match="env.gym_kwargs is not a setting of env bench"):
+        make_env(GymEnvConfig(name="bench", gym_kwargs={"reward": 1.0}), 1)
 
 
 def test_task_name_is_the_id_without_its_module() -> None:
@@ -159,7 +159,7 @@ def test_a_success_key_never_in_info_is_one_warning_naming_the_keys_seen(caplog)
     with caplog.at_level("WARNING", logger="rlfleet.envs.gymnasium_env"), _env(success_key="solved") as env:
         _run_episodes(env, 5)
     with caplog.at_level("WARNING", logger="rlfleet.envs.gymnasium_env"):  # a batch not holding env 0: silent
-        with make_env(EnvConfig(name="gym:rlfleet-test/Line-v0", success_key="x"), 1, env_offset=1) as env:
+        with make_env(GymEnvConfig(name="gym:rlfleet-test/Line-v0", success_key="x"), 1, env_offset=1) as env:
             _run_episodes(env, 5)
     assert caplog.records == []
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rlfleet.config import eval_seed_range, load_config
+from rlfleet.config import load_config
 from rlfleet.data.demos import DEMO_SEED_BASE
 from rlfleet.envs.api import EnvConfig
-from rlfleet.envs.registry import make_env
+from rlfleet.envs.registry import build_env_config, make_env
+from rlfleet.eval.splits import eval_seed_range
 
 
 def test_training_streams_never_replay_an_eval_episode():
@@ -40,9 +41,10 @@ def test_eval_seed_range_stays_below_the_demo_seeds():
 
 
 def test_split_seed_bases_live_in_one_place():
-    from rlfleet.config import EvalConfig, split_seed
+    from rlfleet.config import EvalConfig
     from rlfleet.envs.api import EVAL_SPLITS, TEST_SEED_BASE, VALIDATION_SEED_BASE
     from rlfleet.eval.episodes import evaluate_policy
+    from rlfleet.eval.splits import split_seed
 
     ev = EvalConfig()
     assert EVAL_SPLITS == ("test", "validation") and ev.split == "test"
@@ -89,7 +91,6 @@ def _first_states(cfg: EnvConfig, seeds) -> np.ndarray:
 def test_seed_keyed_envs_play_other_episodes_on_validation(env):
     """Seed-keyed envs (MetaWorld, gymnasium, the bench env, plugins): a split is its seed range,
     so validation episodes are other episodes than the test ones and the demos'."""
-    from rlfleet.config import held_out_env
 
     if env.name.startswith("gym:"):
         pytest.importorskip("mujoco")
@@ -98,13 +99,15 @@ def test_seed_keyed_envs_play_other_episodes_on_validation(env):
     test, val = eval_seed_range(cfg, 1, "test"), eval_seed_range(cfg, 1, "validation")
     demo = range(DEMO_SEED_BASE, DEMO_SEED_BASE + 4)
     states = {
-        name: _first_states(held_out_env(env, split=split), list(seeds))
+        name: _first_states(build_env_config(env).held_out(split), list(seeds))
         for name, split, seeds in (("test", "test", test), ("validation", "validation", val), ("demo", "test", demo))
     }
     for row in states["validation"]:
         assert not any(np.allclose(row, other) for other in (*states["test"], *states["demo"]))
     # the same seeds replay the same episodes, so the splits differ by their seeds, not by chance
-    np.testing.assert_array_equal(_first_states(held_out_env(env, split="validation"), list(val)), states["validation"])
+    np.testing.assert_array_equal(
+        _first_states(build_env_config(env).held_out("validation"), list(val)), states["validation"]
+    )
 
 
 def test_calvin_validation_chains_are_held_out_and_not_the_test_ones(monkeypatch):
@@ -124,9 +127,8 @@ def test_calvin_validation_chains_are_held_out_and_not_the_test_ones(monkeypatch
 
 def test_calvin_env_reads_the_validation_pool():
     pytest.importorskip("pybullet")
-    from rlfleet.config import held_out_env
 
-    cfg = held_out_env(EnvConfig(name="calvin", task="D"), split="validation")
+    cfg = build_env_config(EnvConfig(name="calvin", task="D")).held_out("validation")
     assert cfg.pool == "validation"
     with make_env(cfg, 1) as env:
         env.reset(np.array([500_000]))
@@ -137,7 +139,6 @@ def test_calvin_env_reads_the_validation_pool():
 
 def test_robotwin_validation_seed_files_are_disjoint_and_played():
     pytest.importorskip("sapien")
-    from rlfleet.config import held_out_env
     from rlfleet.envs.robotwin import seeds as rt_seeds
     from rlfleet.envs.robotwin.settings import SETTINGS
     from rlfleet.envs.robotwin.tasks import TASKS
@@ -150,7 +151,7 @@ def test_robotwin_validation_seed_files_are_disjoint_and_played():
             assert not val & set(rt_seeds.load_seeds(task, "eval", setting))
             assert not val & set(rt_seeds.load_seeds(task, "train", setting))
             assert val <= rt_seeds.held_out_seeds(task, setting)  # split `any` never plays them either
-    cfg = held_out_env(EnvConfig(name="robotwin", task="click_bell:eval"), split="validation")
+    cfg = build_env_config(EnvConfig(name="robotwin", task="click_bell:eval")).held_out("validation")
     with make_env(cfg, 2) as env:
         env.reset(np.array([500_000, 500_001]))
         played = env.episode_seeds
@@ -168,11 +169,11 @@ def test_robotwin_overlapping_seed_files_are_refused(monkeypatch):
 
 def test_the_start_check_asks_the_env(monkeypatch):
     """eval_seed_range hands the env its split ranges (ChunkedEnv.check_held_out_splits)."""
-    import rlfleet.config as config
+    import rlfleet.eval.splits as splits
 
     seen = []
 
-    monkeypatch.setattr(config, "check_held_out_splits", lambda cfg, t, v: seen.append((cfg.pool, t, v)))
-    cfg = load_config("metaworld_reach_ppo", ["eval.episodes_per_task=2"])
+    monkeypatch.setattr(splits, "check_held_out_splits", lambda cfg, t, v: seen.append((cfg.pool, t, v)))
+    cfg = load_config("calvin_d_d_ppo_mlp_cpu", ["eval.episodes_per_task=2", "eval.periodic_episodes_per_task=0"])
     eval_seed_range(cfg, 2, "validation")
     assert seen == [("eval", range(10_000, 10_004), range(500_000, 500_004))]

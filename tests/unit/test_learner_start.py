@@ -3,6 +3,7 @@
 import grpc
 
 from rlfleet.config import load_config
+from rlfleet.envs.registry import build_env_config
 from rlfleet.learner.main import Learner
 
 
@@ -37,7 +38,6 @@ def test_the_run_spec_it_serves_holds_the_settings_of_the_checkpoint_it_started_
     learner serves, so it carries the checkpoint's settings, as the learner's policy has them;
     the config it serves (and config.yaml) stays the user's, without them."""
     from rlfleet.config import config_from_yaml
-    from rlfleet.envs.api import EnvConfig
     from rlfleet.envs.run_shapes import probe_env_dims
     from rlfleet.policies.checkpoint_io import model_config, save_checkpoint_folder
     from rlfleet.policies.registry import make_policy
@@ -45,7 +45,7 @@ def test_the_run_spec_it_serves_holds_the_settings_of_the_checkpoint_it_started_
 
     overrides = [f"runner.logger.log_path={tmp_path / 'run'}", "actor.num_envs=4"]
     cfg = load_config("metaworld_reach_ppo", overrides)
-    state_dim, action_dim = probe_env_dims(EnvConfig(**cfg.env))
+    state_dim, action_dim = probe_env_dims(build_env_config(cfg.env))
     sft = {"name": "gaussian_mlp", "hidden_sizes": [64, 64], "activation": "relu", "init_log_std": -1.5}
     save_checkpoint_folder(
         tmp_path / "sft",

@@ -6,6 +6,7 @@ from omegaconf import OmegaConf
 
 from rlfleet.envs import ChunkedEnv, EnvConfig, EnvSpec, StepResult, make_env
 from rlfleet.envs.metaworld import DIFFICULTY, TASK_DESCRIPTIONS, TASK_SETS, MetaWorldEnv, resolve_tasks
+from rlfleet.envs.metaworld.config import MetaWorldEnvConfig
 from rlfleet.envs.metaworld.env import _quat_from_matrix, _touching_object
 
 S, D = 39, 4
@@ -330,7 +331,7 @@ def test_goal_marker_changes_only_the_frames_of_tasks_with_a_goal_site() -> None
     from rlfleet.envs.metaworld.render import GOAL_MARKER_RGBA
 
     def run(task: str, size: float):
-        cfg = EnvConfig(task=task, max_episode_steps=8, chunk_size=2, image_size=64, goal_marker_size=size)
+        cfg = MetaWorldEnvConfig(task=task, max_episode_steps=8, chunk_size=2, image_size=64, goal_marker_size=size)
         with MetaWorldEnv(cfg, 2) as env:
             obs = env.reset(np.array([3, 4]))
             res = env.chunk_step(np.full((2, 2, 4), 0.5, np.float32))
@@ -348,14 +349,14 @@ def test_goal_marker_changes_only_the_frames_of_tasks_with_a_goal_site() -> None
     same, _ = run("button-press-topdown-v3", 0.05)  # no `goal` site: nothing to draw
     np.testing.assert_array_equal(plain["main_images"], same["main_images"])
     with pytest.raises(ValueError, match="goal_marker_size must be >= 0"):
-        MetaWorldEnv(EnvConfig(task="reach-v3", goal_marker_size=-1.0), 1)
+        MetaWorldEnv(MetaWorldEnvConfig(task="reach-v3", goal_marker_size=-1.0), 1)
 
 
 def test_first_frame_of_an_episode_shows_its_own_goal() -> None:
     """reach-v3 moves its goal site after its last forward pass; the reset frame must still draw
     the new goal where the following frames (after physics steps) draw it, and the site must sit
     at the goal the state reports."""
-    cfg = EnvConfig(task="reach-v3", max_episode_steps=8, chunk_size=2, image_size=64, goal_marker_size=0.05)
+    cfg = MetaWorldEnvConfig(task="reach-v3", max_episode_steps=8, chunk_size=2, image_size=64, goal_marker_size=0.05)
     ys, xs = np.mgrid[0:64, 0:64]
 
     def centroid(img: np.ndarray) -> np.ndarray:

@@ -26,7 +26,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 import rlfleet.config as config
-from rlfleet.config import RunConfig, _is_free_form, _recipe_layers, recipe_names
+from rlfleet.config import _env_names, _is_free_form, _recipe_layers, recipe_names, run_schema
 
 # (file relative to rlfleet/recipes, dotted key): why the file states the default anyway.
 # An env block names the simulator it configures, even the schema's default one.
@@ -75,7 +75,7 @@ def restated_defaults() -> dict[tuple[str, str], str]:
     values: dict[tuple[str, str], Any] = {}
     for recipe in recipe_names():
         layers = _recipe_layers(recipe)
-        before = OmegaConf.structured(RunConfig)
+        before = run_schema(*_env_names(layers))
         for source, layer in layers:
             if source.startswith("in "):
                 name = Path(source[3:]).relative_to(root).as_posix()

@@ -12,16 +12,17 @@ pytest.importorskip("pybullet_data")
 from rlfleet.envs import make_env  # noqa: E402
 from rlfleet.envs.api import EnvConfig, decode_instructions  # noqa: E402
 from rlfleet.envs.robotwin import scene as scene_mod  # noqa: E402
+from rlfleet.envs.robotwin.config import RoboTwinEnvConfig  # noqa: E402
 from rlfleet.envs.robotwin.env import ACTION_DIM, STATE_DIM, RoboTwinEnv, resolve_tasks  # noqa: E402
 from rlfleet.envs.robotwin.seeds import HELD_OUT_SHIFT, SEED_DIR, load_seeds  # noqa: E402
 from rlfleet.envs.robotwin.settings import SETTINGS  # noqa: E402
 from rlfleet.envs.robotwin.tasks import TASKS  # noqa: E402
 
 
-def _cfg(task: str, **kw) -> EnvConfig:
+def _cfg(task: str, **kw) -> RoboTwinEnvConfig:
     base = dict(name="robotwin", task=task, max_episode_steps=300, chunk_size=8, reward_type="success_once")
     base.update(kw)
-    return EnvConfig(**base)
+    return RoboTwinEnvConfig(**base)
 
 
 @pytest.mark.parametrize("task", list(TASKS))

@@ -155,7 +155,8 @@ def test_demos_task_collects_on_its_own_tasks_and_keeps_their_cache(tmp_path, mo
 def test_the_recipes_sft_start_records_how_the_recipe_evaluates(tmp_path, monkeypatch):
     """The SFT checkpoint a run builds for itself records the recipe's evaluation (RoboTwin's
     X:eval layouts), so `rlfleet eval` of the cached start plays the held-out layouts."""
-    from rlfleet.config import eval_env_config, load_config, split_seed
+    from rlfleet.config import load_config
+    from rlfleet.eval.splits import eval_env_config, split_seed
     from rlfleet.runs import bootstrap
 
     cfg = load_config("robotwin_multitask_ppo_mlp_cpu", [f"demos.cache_dir={tmp_path}"])
@@ -165,18 +166,18 @@ def test_the_recipes_sft_start_records_how_the_recipe_evaluates(tmp_path, monkey
     monkeypatch.setattr(bootstrap, "run_sft", lambda *args, **kwargs: seen.update(kwargs))
     bootstrap.ensure_sft_checkpoint(cfg, progress=False)
     assert seen["evaluation"] == {
-        "task": cfg.eval.task,
+        "task": cfg.eval_env.task,
         "seed": cfg.eval.seed,
         "validation_seed": cfg.eval.validation_seed,
         "episodes_per_task": cfg.eval.episodes_per_task,
     }
-    assert cfg.eval.task.split(",")[0].endswith(":eval")
+    assert cfg.eval_env.task.split(",")[0].endswith(":eval")
     # its curve (sft.eval_every) plays the recipe's held-out evaluation, as its RL evaluations do
     assert seen["eval_env"] == eval_env_config(cfg) and seen["eval_seed"] == split_seed(cfg.eval)
 
 
 def test_sft_evaluations_during_training_play_the_recipes_split(tmp_path, monkeypatch):
-    """sft.eval_every plays the recipe's evaluation env (`eval.task`) from its `eval.split`'s
+    """sft.eval_every plays the recipe's evaluation env (`eval_env`) from its `eval.split`'s
     first seed, not the training env from the test seeds."""
     from rlfleet.cli import main
     from rlfleet.runs import sft
@@ -191,7 +192,7 @@ def test_sft_evaluations_during_training_play_the_recipes_split(tmp_path, monkey
     demos = tmp_path / "demos"
     collect_env_demos(demos, EnvConfig(task="reach-v3", max_episode_steps=60), 1, progress=False)
     overrides = ["env.task=reach-v3", "env.max_episode_steps=60", "sft.steps=4", "sft.eval_every=2", "sft.threads=1"]
-    overrides += ["eval.task=push-v3", "eval.split=validation", "eval.validation_seed=600000"]
+    overrides += ["eval_env.task=push-v3", "eval.split=validation", "eval.validation_seed=600000"]
     assert main(["sft", "metaworld_reach_ppo", "--demos", str(demos), "--out", str(tmp_path / "sft"), *overrides]) == 0
     assert played == [("push-v3", 600_000)]
 
@@ -279,7 +280,7 @@ def test_drop_noop_frames_gets_its_own_sft_cache_and_leaves_the_others_keys_alon
 
 def test_sft_eval_episodes_keeps_a_report_rlfleet_eval_replays(tmp_path):
     """`rlfleet sft --eval-episodes N` evaluates on the recipe's held-out evaluation env (its
-    `eval.task` from `eval.seed`, not the env it trained on) and keeps its report and episodes in
+    `eval_env.task` from `eval.seed`, not the env it trained on) and keeps its report and episodes in
     `rlfleet eval`'s form in CKPT/eval, so a later evaluation of the same env pairs with it."""
     from rlfleet.cli import main
     from rlfleet.eval.paired import read_episodes
@@ -287,7 +288,7 @@ def test_sft_eval_episodes_keeps_a_report_rlfleet_eval_replays(tmp_path):
     demos, out = tmp_path / "demos", tmp_path / "sft"
     collect_env_demos(demos, EnvConfig(task="reach-v3", max_episode_steps=60), 2, progress=False)
     overrides = ["env.task=reach-v3", "env.max_episode_steps=60", "sft.steps=5", "sft.threads=1"]
-    overrides += ["eval.task=push-v3", "eval.seed=12345"]  # the recipe's episodes_per_task is 10
+    overrides += ["eval_env.task=push-v3", "eval.seed=12345"]  # the recipe's episodes_per_task is 10
     args = ["sft", "metaworld_reach_ppo", "--demos", str(demos), "--out", str(out), "--eval-episodes", "2"]
     assert main([*args, *overrides]) == 0
     records = read_episodes(out / "eval")

@@ -1,6 +1,6 @@
 """`CalvinEnv`: a batch of playtables, each episode a chain of 5 subtasks (CALVIN's long-horizon eval).
 
-Episodes. Each episode is a `ChainSpec` from the train, eval (test) or validation pool (`EnvConfig.pool`): the scene
+Episodes. Each episode is a `ChainSpec` from the train, eval (test) or validation pool (`env.pool`): the scene
 starts in the chain's initial state and the instruction observation (`instructions`,
 `task_descriptions`) is the current subtask's; it switches to the next subtask's the step after
 one completes. The episode terminates once all 5 are done, and is truncated when the current
@@ -36,12 +36,12 @@ import numpy as np
 from rlfleet.envs.api import EnvConfig
 from rlfleet.envs.calvin.chains import (
     CHAIN_LENGTH,
-    POOLS,
     ChainSpec,
     check_pools_disjoint,
     pool_entry,
     pool_size,
 )
+from rlfleet.envs.calvin.config import CalvinEnvConfig
 from rlfleet.envs.calvin.experts import ExpertContext, expert_action
 from rlfleet.envs.calvin.layout import VARIANTS, resolve_variants
 from rlfleet.envs.calvin.scene import STATE_DIM, Scene, Snapshot
@@ -76,11 +76,12 @@ class CalvinEnv(EpisodeEnv):
     CHAIN_LENGTH = CHAIN_LENGTH  # chained-instruction env: returns count subtasks done in a row
     GRIPPER_ACTION_DIMS = (6,)  # position and orientation deltas, then the gripper
     WRIST_CAMERA = True  # CALVIN's gripper camera (`wrist_images` with env.wrist_camera)
+    CONFIG_CLASS = CalvinEnvConfig
+    _cfg: CalvinEnvConfig
 
     def __init__(self, cfg: EnvConfig, num_envs: int, env_offset: int = 0) -> None:
-        self._pool = getattr(cfg, "pool", "train")
-        if self._pool not in POOLS:
-            raise ValueError(f"pool must be one of {POOLS}, got {self._pool!r}")
+        cfg = CalvinEnvConfig.of(cfg)
+        self._pool = cfg.pool
         if not 0 <= cfg.progress_reward < 1 or (cfg.progress_reward and cfg.reward_type == "success_once"):
             raise ValueError(
                 "CALVIN's progress_reward must be in [0, 1) (returns must round to the subtasks done) and "

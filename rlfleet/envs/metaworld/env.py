@@ -28,6 +28,7 @@ import numpy as np
 
 from rlfleet.envs.api import EnvConfig
 from rlfleet.envs.core import EpisodeEnv, Outcome, episode_rng
+from rlfleet.envs.metaworld.config import MetaWorldEnvConfig
 from rlfleet.envs.metaworld.render import CameraRenderer
 from rlfleet.envs.metaworld.speed import _quat_from_matrix, install_fast_rotation  # noqa: F401
 from rlfleet.envs.metaworld.speed import touching_object as _touching_object
@@ -80,6 +81,8 @@ class MetaWorldEnv(EpisodeEnv):
     never end by themselves: episodes end by truncation, or on success with terminate_on_success.
     """
 
+    CONFIG_CLASS = MetaWorldEnvConfig
+    _cfg: MetaWorldEnvConfig
     task_groups = staticmethod(_task_groups)  # difficulty split and ML45 held-out, for reports
     GRIPPER_ACTION_DIMS = (3,)  # dx, dy, dz (mocap deltas), gripper effort
     # 1: the first frame of an episode shows its own goal (reset_one); the reach experts aim the
@@ -91,6 +94,7 @@ class MetaWorldEnv(EpisodeEnv):
         return resolve_tasks(cfg.task)
 
     def __init__(self, cfg: EnvConfig, num_envs: int, env_offset: int = 0) -> None:
+        cfg = MetaWorldEnvConfig.of(cfg)
         self._init_core(cfg, num_envs, env_offset, STATE_DIM, ACTION_DIM, resolve_tasks(cfg.task))
         install_fast_rotation()
         with _quiet_gym():

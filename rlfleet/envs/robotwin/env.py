@@ -3,7 +3,7 @@
 Config string (`EnvConfig.task`): comma-separated items `task[:setting][:split]`, or `all[...]` for
 all ten tasks. setting: `clean` (default) or `randomized`; split: `train` (default), `eval`,
 `validation` or `any`. `task_list` holds the items as written (with `all` expanded), so `place_empty_cup` and
-`place_empty_cup:randomized` are different tasks to `obs["task_ids"]`. With `EnvConfig.pool`
+`place_empty_cup:randomized` are different tasks to `obs["task_ids"]`. With `RoboTwinEnvConfig.pool`
 "validation" (`rlfleet eval --split validation`, `eval.split=validation`) every item plays its
 validation seed file instead, under the same item name.
 
@@ -32,6 +32,7 @@ import numpy as np
 
 from rlfleet.envs.api import EnvConfig
 from rlfleet.envs.core import EpisodeEnv, Outcome
+from rlfleet.envs.robotwin.config import RoboTwinEnvConfig
 from rlfleet.envs.robotwin.experts import ScriptedExpert
 from rlfleet.envs.robotwin.scene import ARMS, DualArmScene, require_renderer
 from rlfleet.envs.robotwin.seeds import HELD_OUT_SHIFT, SPLITS, check_splits_disjoint, held_out_seeds, load_seeds
@@ -133,6 +134,8 @@ class RoboTwinEnv(EpisodeEnv):
     """
 
     GRIPPER_ACTION_DIMS = (3, 7)  # per arm dx, dy, dz (end-effector target deltas), gripper
+    CONFIG_CLASS = RoboTwinEnvConfig
+    _cfg: RoboTwinEnvConfig
 
     def __init__(
         self,
@@ -143,6 +146,7 @@ class RoboTwinEnv(EpisodeEnv):
         allow_held_out: bool = False,
     ) -> None:
         """`allow_held_out`: split `any` plays the eval seeds too (only for the eval seed search)."""
+        cfg = RoboTwinEnvConfig.of(cfg)
         self._init_core(cfg, num_envs, env_offset, STATE_DIM, ACTION_DIM, resolve_tasks(cfg.task))
         if cfg.image_size > 0:
             require_renderer()
