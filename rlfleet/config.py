@@ -28,10 +28,8 @@ from rlfleet.envs.registry import (
     recorded_env_settings,
     require_env_extra,
 )
-from rlfleet.policies.checkpoint_io import is_hub_path, parse_hub_path, pin_hub_settings, pin_model_path, run_folder
 from rlfleet.policies.registry import check_policy_config, policy_classes
 from rlfleet.telemetry.trackers import check_backends, logger_backends
-from rlfleet.wire.run_spec import read_run_spec
 
 
 @dataclass
@@ -625,59 +623,9 @@ def _upgrade_recorded(data: dict[str, Any]) -> None:
                 pass
 
 
-def starting_checkpoint(cfg: DictConfig, run_dir: Path) -> str:
-    """`policy.model_path` pinned to one Hub commit (`pin_model_path`). A resumed run keeps the
-    commit its first life pinned (the run folder's run_spec.json) when that names the same Hub
-    repository, so neither its start nor its KL reference moves with the branch between lives."""
-    path = str(cfg.policy.model_path)
-    if cfg.runner.resume and is_hub_path(path):
-        spec = read_run_spec(run_dir)
-        previous = spec.model_path if spec is not None else ""
-        if previous and is_hub_path(previous) and parse_hub_path(previous)[0] == parse_hub_path(path)[0]:
-            path = str(previous)
-    return pin_model_path(path)
-
-
-def pin_policy_hub_paths(cfg: DictConfig) -> None:
-    """Every other hf:// setting of the policy (a transformers backbone, a base checkpoint) pinned
-    to its commit, as `starting_checkpoint` pins `model_path`, and a local path written relative
-    ("./models/x") made absolute: every process of the run, and the checkpoints' config.json, name
-    what the run read."""
-    settings = policy_settings(cfg)
-    for key, value in _pinned_settings(settings).items():
-        if value != settings[key]:
-            cfg.policy[key] = value
-
-
-def _pinned_settings(settings: dict[str, Any]) -> dict[str, Any]:
-    pinned = {}
-    for key, value in pin_hub_settings(settings).items():
-        if isinstance(value, str) and value.startswith(("./", "../")) and Path(value).exists():
-            value = str(Path(value).resolve())
-        pinned[key] = value
-    return pinned
-
-
-def pinned_policy_settings(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
-    """The run's policy settings as its learner builds the policy (the run spec's `policy`):
-    `model_path` pinned (`starting_checkpoint`), the other hf:// settings pinned and relative local
-    paths made absolute (`pin_policy_hub_paths`); `cfg` itself is left as the user composed it."""
-    settings = _pinned_settings(policy_settings(cfg))
-    if cfg.policy.get("model_path"):
-        settings["model_path"] = starting_checkpoint(cfg, run_dir)
-    return settings
-
-
 def policy_settings(cfg: DictConfig) -> dict[str, Any]:
     """The run's policy section without `model_path` (what builds a fresh policy of the same kind)."""
     return {k: v for k, v in as_dict(cfg.policy).items() if k != "model_path"}
-
-
-def checkpoint_run_config(checkpoint: str | Path) -> DictConfig | None:
-    """The config of the run a checkpoint RUN/checkpoints/update_N was written by (its config.yaml),
-    or None for any other folder or a Hub path."""
-    run = run_folder(checkpoint)
-    return config_from_yaml((run / "config.yaml").read_text()) if run else None
 
 
 def to_yaml(cfg: DictConfig) -> str:

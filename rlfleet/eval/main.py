@@ -13,10 +13,11 @@ from pathlib import Path
 
 import torch
 import yaml
+from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 from rich.console import Console
 
-from rlfleet.config import VideoConfig, checkpoint_run_config
+from rlfleet.config import VideoConfig, config_from_yaml
 from rlfleet.envs.api import EVAL_SPLITS
 from rlfleet.envs.registry import recorded_env_config, task_list
 from rlfleet.eval.episodes import evaluate_policy, report_evaluation
@@ -36,7 +37,7 @@ from rlfleet.eval.splits import (
     eval_seed_range,
     split_seed,
 )
-from rlfleet.policies.checkpoint_io import checkpoint_folder, is_hub_path, is_run_folder, load_checkpoint
+from rlfleet.policies.checkpoint_io import checkpoint_folder, is_hub_path, is_run_folder, load_checkpoint, run_folder
 
 
 def main(args: Namespace) -> int:
@@ -166,3 +167,10 @@ def _default_eval_dir(checkpoint: str) -> Path:
     if (folder / "README.md").is_file():
         return folder.resolve().parent / f"{folder.resolve().name}-eval"
     return folder / "eval"
+
+
+def checkpoint_run_config(checkpoint: str | Path) -> DictConfig | None:
+    """The config of the run a checkpoint RUN/checkpoints/update_N was written by (its config.yaml),
+    or None for any other folder or a Hub path."""
+    run = run_folder(checkpoint)
+    return config_from_yaml((run / "config.yaml").read_text()) if run else None

@@ -27,7 +27,6 @@ from rlfleet.algorithms.estimators import episode_schedule
 from rlfleet.config import (
     as_dict,
     load_config,
-    pinned_policy_settings,
     to_yaml,
 )
 from rlfleet.envs.registry import build_env_config, scored_chain_length, task_list
@@ -48,6 +47,7 @@ from rlfleet.learner.trainer import Trainer, ppo_config
 from rlfleet.learner.weight_publisher import WeightPublisher, tensor_digests
 from rlfleet.policies.base import Policy
 from rlfleet.policies.checkpoint_io import cpu_state_dict, model_config, policy_from_config, reference_policy
+from rlfleet.policies.pinning import pinned_policy_settings
 from rlfleet.telemetry.prometheus import LearnerCollector, MetricsPortError, start_role_metrics
 from rlfleet.wire.gen import learner_pb2_grpc
 from rlfleet.wire.grpc_decoding import add_servicer
@@ -114,7 +114,7 @@ class Learner:
         self.env_cfg = build_env_config(as_dict(cfg.env))
         state_dim, action_dim = probe_env_dims(self.env_cfg)
         # model_path and the other hf:// settings pinned: the ranks and the servers see one Hub revision
-        settings = pinned_policy_settings(cfg, run_dir)
+        settings = pinned_policy_settings(as_dict(cfg.policy), run_dir, cfg.runner.resume)
         self.policy = policy_from_config(settings, state_dim, action_dim, cfg.env.chunk_size, cfg.env.image_size)
         self.model_config = model_config(
             settings,

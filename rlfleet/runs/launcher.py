@@ -26,13 +26,7 @@ import torch
 from omegaconf import DictConfig
 
 from rlfleet.actors.learner_client import LEDGER_DIR_VAR
-from rlfleet.config import (
-    as_dict,
-    load_config,
-    pin_policy_hub_paths,
-    starting_checkpoint,
-    to_yaml,
-)
+from rlfleet.config import as_dict, load_config, policy_settings, to_yaml
 from rlfleet.envs.registry import build_env_config, task_groups
 from rlfleet.envs.run_shapes import probe_env_dims
 from rlfleet.eval.report import success_table, write_before_after, write_report
@@ -40,6 +34,7 @@ from rlfleet.eval.service import EvaluationService
 from rlfleet.eval.summary import print_summary, read_summary, write_summary
 from rlfleet.learner.main import RUN_OUTPUTS, START_OUTPUTS, archive_previous_run
 from rlfleet.policies.checkpoint_io import policy_from_config
+from rlfleet.policies.pinning import pinned_settings, starting_checkpoint
 from rlfleet.runs.bootstrap import ensure_sft_checkpoint, needs_bootstrap
 from rlfleet.runs.dagger import run_dagger
 from rlfleet.runs.placement import PlacementPlan, resolve_placement
@@ -240,11 +235,12 @@ def train_local(cfg: DictConfig, metrics_port: int = 0, metrics_host: str = "127
     (or DAgger in this process); writes the before/after tables when the starting policy was evaluated."""
     run_dir = Path(cfg.runner.logger.log_path)
     plan = resolve_placement(cfg)  # a bad placement fails now, before the bootstrap or any process
-    pin_policy_hub_paths(cfg)
+    for key, value in pinned_settings(policy_settings(cfg)).items():  # every process reads the same revision
+        cfg.policy[key] = value
     if needs_bootstrap(cfg):
         cfg.policy.model_path = str(ensure_sft_checkpoint(cfg))
     if cfg.policy.get("model_path"):  # every process of the run reads the same Hub revision
-        cfg.policy.model_path = starting_checkpoint(cfg, run_dir)
+        cfg.policy.model_path = starting_checkpoint(cfg.policy.model_path, run_dir, cfg.runner.resume)
     if cfg.runner.only_eval:
         return evaluate_only(cfg, run_dir)
     if cfg.dagger.enabled:  # imitation with the scripted experts, in this process (no fleet)
