@@ -96,6 +96,21 @@ class Roles:
             name,
         )
 
+    def env_server(self, port: int, task: str = "reach-v3", episode_steps: int = 20) -> subprocess.Popen:
+        """`rlfleet env-server` serving MetaWorld states (no renderer) on `port`, started and
+        listening (its address file written) when this returns."""
+        (self.tmp / "env.json").unlink(missing_ok=True)
+        proc = self.start(
+            "env",
+            "env-server",
+            *("--env", "metaworld", "--task", task, "--port", str(port)),
+            *("--address-file", str(self.tmp / "env.json")),
+            f"max_episode_steps={episode_steps}",
+            "image_size=0",
+        )
+        self.wait_address("env", proc)
+        return proc
+
     def wait(self, proc: subprocess.Popen, name: str, timeout: float) -> int:
         try:
             return proc.wait(timeout=timeout)

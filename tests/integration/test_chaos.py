@@ -67,23 +67,7 @@ def test_every_role_killed_and_restarted_loses_nothing_uncounted(roles, tmp_path
     env_name = f"remote://127.0.0.1:{eport}?connect_timeout=120&timeout=60&reconnect_timeout=180"
 
     def env_server():
-        (tmp_path / "env.json").unlink(missing_ok=True)
-        proc = roles.start(
-            "env",
-            "env-server",
-            "--env",
-            "metaworld",
-            "--task",
-            "reach-v3",
-            "--port",
-            str(eport),
-            "--address-file",
-            str(tmp_path / "env.json"),
-            "max_episode_steps=20",
-            "image_size=0",
-        )
-        roles.wait_address("env", proc)
-        return proc
+        return roles.env_server(eport)
 
     def inference(laddr: str):
         (tmp_path / "inference.json").unlink(missing_ok=True)

@@ -335,21 +335,7 @@ def test_env_server_killed_for_good_near_the_end_leaves_the_loss_identity_whole(
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         eport = s.getsockname()[1]
-    env_proc = roles.start(
-        "env",
-        "env-server",
-        "--env",
-        "metaworld",
-        "--task",
-        "reach-v3",
-        "--port",
-        str(eport),
-        "--address-file",
-        str(tmp_path / "env.json"),
-        "max_episode_steps=20",
-        "image_size=0",
-    )
-    roles.wait_address("env", env_proc)
+    env_proc = roles.env_server(eport)
     env_name = f"remote://127.0.0.1:{eport}?connect_timeout=120&timeout=60&reconnect_timeout=120"
     wall = 90
     learner, laddr = roles.learner(
