@@ -285,19 +285,23 @@ def build_parser() -> argparse.ArgumentParser:
         help="env.task: a task, MT10/MT25/MT50, a comma-separated list; "
         "robotwin: e.g. place_empty_cup:randomized; calvin: scene variants, e.g. D or ABC",
     )
-    co.add_argument("--episodes-per-task", type=int, default=20, help="successful episodes wanted per task")
+    co.add_argument(
+        "--episodes-per-task", type=int, help="successful episodes wanted per task (default: demos.episodes_per_task)"
+    )
     co.add_argument("--out", required=True, help="dataset folder to create (see docs/datasets.md)")
     co.add_argument("--image-size", type=int, default=64, help="camera frame side in pixels; 0: states only")
-    co.add_argument("--camera", default="corner", help="camera for main_images (MetaWorld)")
+    co.add_argument("--camera", help="camera for main_images (MetaWorld; default: env.camera)")
     co.add_argument("--wrist-camera", action="store_true", help="also record wrist_images (envs with one: calvin)")
-    co.add_argument("--max-episode-steps", type=int, default=150, help="episode limit (calvin chains: 1800)")
+    co.add_argument(
+        "--max-episode-steps", type=int, help="episode limit (default: env.max_episode_steps; calvin chains: 1800)"
+    )
     co.add_argument(
         "--envs-per-task",
         type=int,
         default=1,
         help="envs per task stepped together in one batch (more: faster collection, more memory)",
     )
-    co.add_argument("--seed", type=int, default=0, help="seed block (demo seeds never overlap eval seeds)")
+    co.add_argument("--seed", type=int, help="seed block (default: demos.seed; demo seeds never overlap eval seeds)")
     co.add_argument("--keep-failed", action="store_true", help="also write failed expert episodes, flagged")
     co.add_argument("--overwrite", action="store_true", help="replace an existing --out folder")
     co.add_argument(

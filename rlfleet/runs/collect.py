@@ -30,6 +30,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from rlfleet.config import DemosConfig
 from rlfleet.data.demos import ATTEMPTS_PER_EPISODE, DEMO_SEED_BASE, FORMAT, IMAGE_KEYS, load_demos
 from rlfleet.data.lerobot import write_lerobot
 from rlfleet.envs.api import EnvConfig, decode_instructions
@@ -221,14 +222,18 @@ def _write_episode(tmp: Path, ep_id: int, task: str, seed: int, attempt: int, ar
 
 
 def main(args: Namespace) -> int:
-    """`rlfleet collect --tasks T --out DIR`: record scripted-expert demonstrations (the SFT data)."""
+    """`rlfleet collect --tasks T --out DIR`: record scripted-expert demonstrations (the SFT data).
+    A flag left out takes the schema's default (DemosConfig, EnvConfig): one place per default."""
+    defaults = DemosConfig()
+    episodes = defaults.episodes_per_task if args.episodes_per_task is None else args.episodes_per_task
+    seed = defaults.seed if args.seed is None else args.seed
     cfg = build_env_config(
         dict(
             name=args.env,
             task=args.tasks,
-            max_episode_steps=args.max_episode_steps,
+            max_episode_steps=args.max_episode_steps or EnvConfig.max_episode_steps,
             image_size=args.image_size,
-            camera=args.camera,
+            camera=args.camera or EnvConfig.camera,
             wrist_camera=getattr(args, "wrist_camera", False),
         )
     )
@@ -240,9 +245,9 @@ def main(args: Namespace) -> int:
     summary = collect_env_demos(
         staging,
         cfg,
-        args.episodes_per_task,
+        episodes,
         envs_per_task=getattr(args, "envs_per_task", 1),
-        seed=args.seed,
+        seed=seed,
         keep_failed=args.keep_failed,
         overwrite=args.overwrite or lerobot,
     )
@@ -259,9 +264,7 @@ def main(args: Namespace) -> int:
     for task, s in summary.items():
         table.add_row(task, str(s["episodes"]), f"{s['attempts'] - s['failed']}/{s['attempts']}", str(s["failed"]))
     Console().print(table)
-    short = [t for t, s in summary.items() if s["attempts"] - s["failed"] < args.episodes_per_task]
+    short = [t for t, s in summary.items() if s["attempts"] - s["failed"] < episodes]
     if short:
-        logging.getLogger("rlfleet").warning(
-            "fewer than %d successful episodes for: %s", args.episodes_per_task, ", ".join(short)
-        )
+        logging.getLogger("rlfleet").warning("fewer than %d successful episodes for: %s", episodes, ", ".join(short))
     return 0

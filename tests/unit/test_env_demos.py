@@ -125,3 +125,20 @@ def test_cli_collect_runs_envs_per_task_together(tmp_path):
     index = read_index(out)
     assert index["collect"]["envs_per_task"] == 2
     assert sum(e["success"] for e in index["episodes"]) == 2
+
+
+def test_cli_collect_flags_left_out_take_the_schema_defaults(tmp_path):
+    """One place per default: `rlfleet collect` without --episodes-per-task, --seed, --camera or
+    --max-episode-steps collects what DemosConfig and EnvConfig say, not defaults of its own."""
+    pytest.importorskip("metaworld")
+    from rlfleet.cli import main
+    from rlfleet.config import DemosConfig
+
+    out = tmp_path / "demos"
+    assert main(["collect", "--tasks", "reach-v3", "--image-size", "0", "--out", str(out)]) == 0
+    index = read_index(out)
+    assert index["collect"]["episodes_per_task"] == DemosConfig.episodes_per_task
+    assert index["collect"]["seed"] == DemosConfig.seed
+    assert sum(e["success"] for e in index["episodes"]) == DemosConfig.episodes_per_task
+    assert index["env"]["max_episode_steps"] == EnvConfig.max_episode_steps
+    assert index["env"]["camera"] == EnvConfig.camera
