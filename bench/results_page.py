@@ -15,6 +15,9 @@ What the folder holds:
   summary.json, curves.json and the PNG plots). Their sections show success by difficulty group
   (rlfleet.envs.metaworld.difficulty) before and after RL, mean +- standard error over the seeds,
   beside RLinf's published rows; "not yet measured" while the folder is absent.
+- `metaworld_mt50_validation/`: the settings tried on the validation split before the MT50 run
+  (`--add-candidate` copies one run's summary.json in, with the overrides it ran): one row each,
+  success by difficulty before and after RL on validation episodes, so the choice can be checked.
 - `published/rlinf_metaworld_mt50.json`: RLinf's MT50 table, with its source.
 - `headline_5task.json`: the three 5-task recipes' rows, transcribed from the earlier hand-written
   page (their per-seed summaries were never committed), marked so.
@@ -37,6 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "docs" / "results"
 PAGE = ROOT / "docs" / "results.md"
 MEASURED = {"mt50": "metaworld_mt50", "ml45": "metaworld_ml45"}
+SCREENS = {"mt50": "metaworld_mt50_validation"}  # settings tried on validation before the 3-seed run
 COPIED = ("results.json", "curves.json", "wall_seconds.json")  # and seed*/summary.json, *.png
 
 
@@ -203,6 +207,38 @@ def difficulty_section(kind: str, result: dict[str, Any] | None, published: dict
     return lines
 
 
+def screen_section(kind: str, folder: Path) -> list[str]:
+    """The settings tried on the validation split before a 3-seed run, one row each: success by
+    difficulty group before and after RL on validation episodes (one seed each), and the gain."""
+    from rlfleet.envs.metaworld.difficulty import GROUP_TITLES
+
+    screen = json.loads((folder / "screen.json").read_text())
+    lines = [
+        f"### How the {kind.upper()} settings were chosen: validation episodes",
+        "",
+        f"{screen['note']} Each row is one run of `{screen['recipe']}` with the overrides shown, seed "
+        f"{screen['seed']}, {screen['env_steps']:,} env steps, evaluated on the validation split "
+        f"({screen['episodes_per_task']} episodes per task from seed {screen['validation_seed']:,}, apart from the "
+        "test episodes the table above reports); success (%) by group, SFT start -> after RL.",
+        "",
+        "| candidate | overrides | " + " | ".join(GROUP_TITLES.values()) + " | Avg. | gain |",
+        "|---|---|" + "---:|" * (len(GROUP_TITLES) + 2),
+    ]
+    for cand in screen["candidates"]:
+        summary = json.loads((folder / cand["name"] / "summary.json").read_text())
+        table = group_table([summary], None)
+        cells = [
+            f"{100 * table[g]['before'][0]:.1f} -> {100 * table[g]['after'][0]:.1f}" if g in table else "-"
+            for g in [*GROUP_TITLES, "avg"]
+        ]
+        gain = round(100 * table["avg"]["gain"][0], 1) + 0.0  # never "-0.0"
+        chosen = " (chosen)" if cand["name"] == screen.get("chosen") else ""
+        overrides = " ".join(f"`{o}`" for o in cand["overrides"]) or "(the recipe)"
+        lines.append(f"| {cand['name']}{chosen} | {overrides} | " + " | ".join(cells) + f" | {gain:+.1f} |")
+    lines += ["", screen.get("after", ""), ""] if screen.get("after") else [""]
+    return lines
+
+
 def measured_footer(meta: dict[str, Any], summaries: list[dict[str, Any]], folder: str) -> list[str]:
     steps = ", ".join(f"{s['env_steps']:,}" for s in summaries)
     walls = meta.get("wall_seconds") or []
@@ -342,6 +378,8 @@ def build_page(data: Path = DATA) -> str:
     lines = INTRO.rstrip("\n").split("\n") + [""]
     for kind in ("mt50", "ml45"):
         lines += difficulty_section(kind, load_measured(data / MEASURED[kind]), published)
+        if kind in SCREENS and (data / SCREENS[kind] / "screen.json").exists():
+            lines += screen_section(kind, data / SCREENS[kind])
     lines += headline_section(json.loads((data / "headline_5task.json").read_text()))
     if (data / "hf_oft_quickstart_cpu" / "section.json").exists():
         lines += single_run_section(data / "hf_oft_quickstart_cpu")
@@ -374,6 +412,25 @@ def add_result(runs: Path, name: str, data: Path = DATA, selected_on: str = "") 
     return dest
 
 
+def add_candidate(run: Path, name: str, candidate: str, overrides: list[str], data: Path = DATA) -> Path:
+    """Copy one validation run's summary.json into data/name/candidate and list it, with the
+    overrides it ran, in data/name/screen.json (which holds the section's words and the choice)."""
+    summary = json.loads((run / "summary.json").read_text())
+    if summary.get("eval_split") != "validation" or "eval_before" not in summary:
+        raise ValueError(
+            f"{run}: not a validation run with a before/after evaluation (eval.split=validation eval.before=true)"
+        )
+    dest = data / name
+    (dest / candidate).mkdir(parents=True, exist_ok=True)
+    shutil.copy2(run / "summary.json", dest / candidate / "summary.json")
+    screen_file = dest / "screen.json"
+    screen = json.loads(screen_file.read_text())
+    screen["candidates"] = [c for c in screen["candidates"] if c["name"] != candidate]
+    screen["candidates"].append({"name": candidate, "overrides": overrides})
+    screen_file.write_text(json.dumps(screen, indent=2) + "\n")
+    return dest / candidate
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--data", default=str(DATA), help="the data folder (default docs/results)")
@@ -383,8 +440,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--selected-on", choices=("validation", "test"), default="", help="with --add: what its choices looked at"
     )
+    p.add_argument(
+        "--add-candidate",
+        nargs=3,
+        metavar=("RUN", "NAME", "CANDIDATE"),
+        help="copy a validation run's summary into NAME/CANDIDATE and list it in NAME/screen.json",
+    )
+    p.add_argument("--overrides", nargs="*", default=[], help="with --add-candidate: the overrides it ran")
     args = p.parse_args(argv)
     data, out = Path(args.data), Path(args.out)
+    if args.add_candidate:
+        run, name, candidate = args.add_candidate
+        print(f"added {add_candidate(Path(run), name, candidate, args.overrides, data)}")
     if args.add:
         print(f"added {add_result(Path(args.add[0]), args.add[1], data, args.selected_on)}")
     page = build_page(data)

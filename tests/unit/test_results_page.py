@@ -108,3 +108,39 @@ def test_an_ml45_result_groups_its_45_training_tasks_and_reports_the_held_out_fi
 def test_add_refuses_a_folder_without_a_result(tmp_path):
     with pytest.raises(FileNotFoundError, match="no bench/reproduce.py result"):
         results_page.add_result(tmp_path, "metaworld_mt50", tmp_path / "data")
+
+
+def test_settings_tried_on_validation_are_listed_from_their_data_and_test_runs_refused(tmp_path):
+    """The MT50 settings are chosen on validation episodes: each candidate's summary is copied in
+    with the overrides it ran, and the page lists them with their validation gains; a run on the
+    test split (or without a before evaluation) cannot be added as a candidate."""
+    data = _copy_data(tmp_path)
+    name = results_page.SCREENS["mt50"]
+    (data / name).mkdir(exist_ok=True)
+    screen = {
+        "recipe": "toy_mt50", "seed": 0, "env_steps": 1000, "episodes_per_task": 10, "validation_seed": 500000,
+        "note": "Tried before the run.", "chosen": "B", "candidates": [],
+    }  # fmt: skip
+    (data / name / "screen.json").write_text(json.dumps(screen))
+    tasks = TASK_SETS["MT50"]
+    for cand, after, split in (("A", 0.5, "validation"), ("B", 0.75, "validation"), ("T", 0.9, "test")):
+        run = tmp_path / cand
+        run.mkdir()
+        summary = {
+            "eval_split": split,
+            "eval_before": dict.fromkeys(tasks, 0.5),
+            "eval_success": dict.fromkeys(tasks, after),
+        }
+        (run / "summary.json").write_text(json.dumps(summary))
+        args = ["--data", str(data), "--out", str(tmp_path / "page.md"), "--add-candidate", str(run), name, cand]
+        if split == "test":
+            with pytest.raises(ValueError, match="not a validation run"):
+                results_page.main([*args, "--overrides", "x=1"])
+        else:
+            assert results_page.main([*args, "--overrides", f"algorithm.lr={after}"]) == 0
+    page = (tmp_path / "page.md").read_text()
+    assert "### How the MT50 settings were chosen: validation episodes" in page
+    assert "| A | `algorithm.lr=0.5` | 50.0 -> 50.0 |" in page and page.count("| +0.0 |") == 1
+    assert "| B (chosen) | `algorithm.lr=0.75` | 50.0 -> 75.0 |" in page and "| +25.0 |" in page
+    assert "| T " not in page
+    assert [c["name"] for c in json.loads((data / name / "screen.json").read_text())["candidates"]] == ["A", "B"]
