@@ -38,9 +38,10 @@ def test_train_local_then_eval(tmp_path):
     }
     import yaml
 
-    run_eval = yaml.safe_load((run / "config.yaml").read_text())["eval"]
+    run_cfg = yaml.safe_load((run / "config.yaml").read_text())
     assert json.loads((ckpt / "config.json").read_text())["evaluation"] == {
-        key: run_eval[key] for key in ("task", "seed", "validation_seed", "episodes_per_task")
+        "task": run_cfg["eval_env"]["task"],
+        **{key: run_cfg["eval"][key] for key in ("seed", "validation_seed", "episodes_per_task")},
     }  # how the run evaluates, for a copy of the checkpoint away from its run (export, Hub)
     assert (run / "logs" / "actor0.log").exists() and (run / "logs" / "inference.log").exists()
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
