@@ -10,6 +10,7 @@ import json
 import sys
 from argparse import Namespace
 from pathlib import Path
+from typing import Any
 
 import torch
 import yaml
@@ -19,7 +20,7 @@ from rich.console import Console
 
 from rlfleet.config import VideoConfig, config_from_yaml
 from rlfleet.envs.api import EVAL_SPLITS
-from rlfleet.envs.registry import recorded_env_config, task_list
+from rlfleet.envs.registry import env_config_class, recorded_env_config, task_list
 from rlfleet.eval.episodes import evaluate_policy, report_evaluation
 from rlfleet.eval.paired import (
     EPISODES_FILE,
@@ -95,8 +96,7 @@ def evaluate_checkpoint(args: Namespace) -> dict:
             env["task"] = checkpoint_eval_task(meta)
             print(f"evaluating on the checkpoint's evaluation env: {env['name']} {env['task']}", flush=True)
     if args.env_address:  # the same policy against another (or a restarted) env server
-        query = env.get("name", "").partition("?")[2] if str(env.get("name", "")).startswith("remote://") else ""
-        env["name"] = f"remote://{args.env_address}" + (f"?{query}" if query else "")
+        env = env_on_server(env, args.env_address)
     if args.task:
         if str(env.get("name", "")).startswith("remote://"):  # the server decides its task: say so
             raise ValueError(
@@ -174,3 +174,14 @@ def checkpoint_run_config(checkpoint: str | Path) -> DictConfig | None:
     or None for any other folder or a Hub path."""
     run = run_folder(checkpoint)
     return config_from_yaml((run / "config.yaml").read_text()) if run else None
+
+
+def env_on_server(env: dict[str, Any], address: str) -> dict[str, Any]:
+    """A recorded env section played against the env server at `address` (`--env-address`): its
+    name becomes `remote://address` (keeping a remote name's query), and a family's own settings
+    (MetaWorld's goal marker, CALVIN's pool, ...) are left to the server, which owns its env."""
+    name = str(env.get("name", ""))
+    query = name.partition("?")[2] if name.startswith("remote://") else ""
+    remote = f"remote://{address}" + (f"?{query}" if query else "")
+    keys = {f.name for f in dataclasses.fields(env_config_class(remote))}
+    return {key: value for key, value in env.items() if key in keys} | {"name": remote}

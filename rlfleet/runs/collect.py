@@ -231,9 +231,9 @@ def main(args: Namespace) -> int:
         dict(
             name=args.env,
             task=args.tasks,
-            max_episode_steps=args.max_episode_steps or EnvConfig.max_episode_steps,
+            max_episode_steps=EnvConfig.max_episode_steps if args.max_episode_steps is None else args.max_episode_steps,
             image_size=args.image_size,
-            camera=args.camera or EnvConfig.camera,
+            camera=EnvConfig.camera if args.camera is None else args.camera,
             wrist_camera=getattr(args, "wrist_camera", False),
         )
     )

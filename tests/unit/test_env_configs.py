@@ -236,3 +236,17 @@ def test_the_error_names_the_env_the_recipe_composes_to(tmp_path):
         load_config(str(recipe))
     recipe.write_text("env:\n  name: calvin\n  task: D\n  subtask_steps: 90\n")
     assert load_config(str(recipe)).env.subtask_steps == 90
+
+
+def test_eval_against_an_env_server_leaves_the_family_settings_to_the_server():
+    """`rlfleet eval CKPT --env-address` of a checkpoint whose env set a family key (the quickstart's
+    goal marker, CALVIN's pool): the remote env takes the shared keys, the server owns the rest."""
+    from rlfleet.envs.registry import recorded_env_config
+    from rlfleet.eval.main import env_on_server
+
+    recorded = {"name": "metaworld", "task": "reach-v3", "goal_marker_size": 0.05, "chunk_size": 4}
+    env = env_on_server(recorded, "127.0.0.1:5000")
+    cfg = recorded_env_config(env)
+    assert cfg.name == "remote://127.0.0.1:5000" and cfg.chunk_size == 4 and "goal_marker_size" not in env
+    query = env_on_server({"name": "remote://10.0.0.1:1?timeout=9", "pool": "eval"}, "127.0.0.1:5000")
+    assert query == {"name": "remote://127.0.0.1:5000?timeout=9"}

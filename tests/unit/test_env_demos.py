@@ -142,3 +142,11 @@ def test_cli_collect_flags_left_out_take_the_schema_defaults(tmp_path):
     assert sum(e["success"] for e in index["episodes"]) == DemosConfig.episodes_per_task
     assert index["env"]["max_episode_steps"] == EnvConfig.max_episode_steps
     assert index["env"]["camera"] == EnvConfig.camera
+
+
+def test_cli_collect_refuses_a_zero_episode_limit_in_one_line(tmp_path, caplog):
+    from rlfleet.cli import main
+
+    argv = ["collect", "--tasks", "reach-v3", "--image-size", "0", "--max-episode-steps", "0"]
+    assert main([*argv, "--out", str(tmp_path / "d")]) == 2
+    assert "max_episode_steps must be >= 1" in caplog.text
