@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import logging
 import re
 from dataclasses import dataclass, field
 from importlib import resources
@@ -30,6 +31,8 @@ from rlfleet.envs.registry import (
 )
 from rlfleet.policies.registry import check_policy_config, policy_classes
 from rlfleet.telemetry.trackers import check_backends, logger_backends
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -369,6 +372,40 @@ def _env_names(layers: list[tuple[str, DictConfig]]) -> tuple[str, str]:
     return name, eval_name or name
 
 
+def _settings_of_the_recipes_env_left_out(
+    layers: list[tuple[str, DictConfig]], names: tuple[str, str], schema: DictConfig
+) -> list[tuple[str, DictConfig]]:
+    """An override that runs a recipe on another env (`env.name=remote://...` for the quickstart):
+    the settings the recipe's own files give its env's family (the goal marker of a MetaWorld
+    block) are left out, with a warning naming them, since the new env has no such keys and an
+    override cannot unset one. A key of another family set by an override stays an error."""
+    recipe = [(s, layer) for s, layer in layers if not s.startswith("override ")]
+    recipe_names = _env_names(recipe)
+    out = []
+    for source, layer in layers:
+        if not source.startswith("override ") and OmegaConf.is_dict(layer):
+            for i, section in enumerate(("env", "eval_env")):
+                node = layer.get(section)
+                if names[i] == recipe_names[i] or not OmegaConf.is_dict(node):
+                    continue
+                keys = {f.name for f in dataclasses.fields(OmegaConf.get_type(schema[section]))}  # type: ignore[arg-type]
+                foreign = [k for k in node if k not in keys]
+                if foreign:
+                    layer = layer.copy()
+                    for key in foreign:
+                        layer[section].pop(key)
+                    log.warning(
+                        "%s.name=%s: left out %s's settings of env %s that it does not take (%s)",
+                        section,
+                        names[i],
+                        source.removeprefix("in "),
+                        recipe_names[i],
+                        ", ".join(foreign),
+                    )
+        out.append((source, layer))
+    return out
+
+
 def run_schema(env_name: str = EnvConfig.name, eval_env_name: str = "") -> DictConfig:
     """The run config's schema for these envs: RunConfig with `env` typed by env `env_name`'s
     settings class and `eval_env` by `eval_env_name`'s (default the same), each eval_env key the
@@ -406,6 +443,7 @@ def load_config(recipe: str | None, overrides: list[str] | None = None) -> DictC
         cfg = run_schema(*names)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+    layers = _settings_of_the_recipes_env_left_out(layers, names, cfg)
     for source, layer in layers:
         cfg = _merge(cfg, layer, source, names)
     try:

@@ -250,3 +250,17 @@ def test_eval_against_an_env_server_leaves_the_family_settings_to_the_server():
     assert cfg.name == "remote://127.0.0.1:5000" and cfg.chunk_size == 4 and "goal_marker_size" not in env
     query = env_on_server({"name": "remote://10.0.0.1:1?timeout=9", "pool": "eval"}, "127.0.0.1:5000")
     assert query == {"name": "remote://127.0.0.1:5000?timeout=9"}
+
+
+def test_a_recipe_run_on_another_env_leaves_out_its_blocks_family_settings_with_a_warning(caplog):
+    """The quickstart's MetaWorld block sets the goal marker; `env.name=remote://...` runs it against
+    an env server, which owns its settings: the block's key is left out (a warning names it), while
+    the same key given on the command line is still refused."""
+    from rlfleet.config import ConfigError, load_config
+
+    cfg = load_config("metaworld_quickstart_tinyoft", ["env.name=remote://127.0.0.1:50070"])
+    assert "goal_marker_size" not in cfg.env and cfg.eval_env.name == "remote://127.0.0.1:50070"
+    assert "left out" in caplog.text and "goal_marker_size" in caplog.text
+    assert load_config("metaworld_quickstart_tinyoft").env.goal_marker_size > 0  # the recipe alone keeps it
+    with pytest.raises(ConfigError, match="env.goal_marker_size is not a setting of env remote"):
+        load_config("metaworld_reach_ppo", ["env.name=remote://127.0.0.1:50070", "env.goal_marker_size=0.1"])
