@@ -217,12 +217,12 @@ def screen_section(kind: str, folder: Path) -> list[str]:
         f"### How the {kind.upper()} settings were chosen: validation episodes",
         "",
         f"{screen['note']} Each row is one run of `{screen['recipe']}` with the overrides shown, seed "
-        f"{screen['seed']}, {screen['env_steps']:,} env steps, evaluated on the validation split "
+        f"{screen['seed']}, evaluated on the validation split "
         f"({screen['episodes_per_task']} episodes per task from seed {screen['validation_seed']:,}, apart from the "
         "test episodes the table above reports); success (%) by group, SFT start -> after RL.",
         "",
-        "| candidate | overrides | " + " | ".join(GROUP_TITLES.values()) + " | Avg. | gain |",
-        "|---|---|" + "---:|" * (len(GROUP_TITLES) + 2),
+        "| candidate | overrides | env steps | " + " | ".join(GROUP_TITLES.values()) + " | Avg. | gain |",
+        "|---|---|" + "---:|" * (len(GROUP_TITLES) + 3),
     ]
     for cand in screen["candidates"]:
         summary = json.loads((folder / cand["name"] / "summary.json").read_text())
@@ -234,7 +234,8 @@ def screen_section(kind: str, folder: Path) -> list[str]:
         gain = round(100 * table["avg"]["gain"][0], 1) + 0.0  # never "-0.0"
         chosen = " (chosen)" if cand["name"] == screen.get("chosen") else ""
         overrides = " ".join(f"`{o}`" for o in cand["overrides"]) or "(the recipe)"
-        lines.append(f"| {cand['name']}{chosen} | {overrides} | " + " | ".join(cells) + f" | {gain:+.1f} |")
+        steps = f"{summary['env_steps']:,}" if "env_steps" in summary else "-"
+        lines.append(f"| {cand['name']}{chosen} | {overrides} | {steps} | " + " | ".join(cells) + f" | {gain:+.1f} |")
     lines += ["", screen.get("after", ""), ""] if screen.get("after") else [""]
     return lines
 

@@ -140,7 +140,7 @@ def test_settings_tried_on_validation_are_listed_from_their_data_and_test_runs_r
             assert results_page.main([*args, "--overrides", f"algorithm.lr={after}"]) == 0
     page = (tmp_path / "page.md").read_text()
     assert "### How the MT50 settings were chosen: validation episodes" in page
-    assert "| A | `algorithm.lr=0.5` | 50.0 -> 50.0 |" in page and page.count("| +0.0 |") == 1
-    assert "| B (chosen) | `algorithm.lr=0.75` | 50.0 -> 75.0 |" in page and "| +25.0 |" in page
+    assert "| A | `algorithm.lr=0.5` | - | 50.0 -> 50.0 |" in page and page.count("| +0.0 |") == 1
+    assert "| B (chosen) | `algorithm.lr=0.75` | - | 50.0 -> 75.0 |" in page and "| +25.0 |" in page
     assert "| T " not in page
     assert [c["name"] for c in json.loads((data / name / "screen.json").read_text())["candidates"]] == ["A", "B"]
