@@ -173,3 +173,17 @@ def test_training_records_the_trained_of_updated_share_the_lag_and_the_cost_per_
     assert r["policy_lag"]["max"] == 3 and r["policy_lag"]["mean"] == pytest.approx((200 + 300) / 1000)
     assert r["cpu_us_per_trained_env_step"]["actor"] == pytest.approx(1e6 / 8_000)
     assert r["cpu_us_per_env_step"]["actor"] == pytest.approx(1e6 / 10_000)
+
+
+def test_median_run_keeps_one_whole_run_and_every_repeats_rate() -> None:
+    runs = [
+        {"env_steps_per_s": 300.0, "error": None, "cpu": 3},
+        {"env_steps_per_s": 100.0, "error": None, "cpu": 1},
+        {"error": "fleet did not start"},
+        {"env_steps_per_s": 200.0, "error": None, "cpu": 2},
+    ]
+    kept = ceiling.median_run(runs)
+    assert (kept["env_steps_per_s"], kept["cpu"]) == (200.0, 2)
+    assert kept["repeats_env_steps_per_s"] == [300.0, 100.0, None, 200.0]
+    assert kept["repeats_failed"] == 1
+    assert ceiling.median_run([{"error": "a"}, {"error": "b"}]) == {"error": "b"}
