@@ -133,7 +133,7 @@ class Settings:
             f"env.max_episode_steps={self.episode_steps}",
             "actor.num_workers=2",
             "actor.pipeline_stage_num=2",
-            "learner.batch_samples=2048",  # bounds the learner's memory at 224 px
+            "learner.batch_samples=2048",  # bounds the learner's memory at 224 px (raised where too small: run_point)
             f"learner.consume_only={str(mode == 'sampling').lower()}",
             f"learner.flow_control={self.flow_control}",
             "runner.total_env_steps=1000000000000",
@@ -432,6 +432,11 @@ def run_point(point: Point, mode: str, settings: Settings, work: Path) -> dict[s
 
     run_dir = work / f"{mode}-{point.actors}a-{point.envs}e-{point.transport}-{point.obs}-{point.max_batch}"
     cfg = load_config(settings.recipe, settings.overrides(point, mode, run_dir))
+    # One actor's segments (every stage's) must fit in what the learner may owe within the lag
+    # bound, or flow control could never grant them all (rlfleet.learner.pacing): many envs per
+    # actor get larger updates.
+    T, lag = cfg.actor.rollout_len, max(cfg.algorithm.max_policy_lag, 1)  # rows (samples) per segment
+    cfg.learner.batch_samples = max(cfg.learner.batch_samples, -(-T * point.envs // lag))
     measure = Measurement(run_dir, point, settings, min_updates=2 if mode == "training" else 0)
     t0 = time.monotonic()
     error = None
@@ -445,6 +450,7 @@ def run_point(point: Point, mode: str, settings: Settings, work: Path) -> dict[s
         measure.fleet_ended.set()
         measure.join(timeout=30)
     out: dict[str, Any] = {"point": asdict(point), "mode": mode, "wall_s": time.monotonic() - t0}
+    out["batch_samples"] = int(cfg.learner.batch_samples)
     out["start_s"] = measure.started_s
     if measure.result is not None:
         out.update(measure.result)
