@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from rlfleet.algorithms.dagger import DAggerConfig
+from rlfleet.algorithms.estimators import episode_schedule
 from rlfleet.algorithms.ppo import PPOConfig
 from rlfleet.envs.api import EVAL_SPLITS, TEST_SEED_BASE, VALIDATION_SEED_BASE, EnvConfig
 from rlfleet.envs.registry import (
@@ -464,6 +465,7 @@ def load_config(recipe: str | None, overrides: list[str] | None = None) -> DictC
         raise ConfigError(str(exc)) from None
     _check_policy(cfg)
     _check_budget(cfg)
+    _check_pacing(cfg)
     if cfg.eval.split not in EVAL_SPLITS:
         raise ConfigError(f"eval.split must be one of {', '.join(EVAL_SPLITS)}, got {cfg.eval.split!r}")
     return cfg
@@ -481,6 +483,29 @@ def _check_budget(cfg: DictConfig) -> None:
         raise ConfigError(
             f"runner.total_env_steps={total} is less than one update (up to {batch * chunk} env steps: "
             f"learner.batch_samples={batch} samples of env.chunk_size={chunk}): no update would run"
+        )
+
+
+def _check_pacing(cfg: DictConfig) -> None:
+    """With `learner.flow_control: pace` an actor starts only when the learner could train its
+    segments within `algorithm.max_policy_lag` updates; one actor's segments (one per pipeline
+    stage) larger than max(max_policy_lag, 1) x batch_samples could never all be granted, so the
+    actor would wait forever (rlfleet.learner.pacing). Refused in one line, with the ways out."""
+    if cfg.learner.flow_control != "pace" or cfg.runner.only_eval or cfg.dagger.enabled:
+        return
+    try:
+        rows = episode_schedule(cfg.algorithm, cfg.env, cfg.actor).segment_len * cfg.actor.num_envs
+    except ValueError:
+        return  # the schedule's own error comes from the roles, in their words
+    lag, batch = cfg.algorithm.max_policy_lag, cfg.learner.batch_samples
+    room = max(lag, 1) * batch
+    if rows > room:
+        raise ConfigError(
+            f"one actor's segments hold {rows} samples ({cfg.actor.num_envs} envs x {rows // cfg.actor.num_envs} "
+            f"steps), more than the learner may owe within the lag bound (max(algorithm.max_policy_lag, 1) x "
+            f"learner.batch_samples = {room}), so flow control could never start them: raise learner.batch_samples "
+            f"to at least {-(-rows // max(lag, 1))}, use fewer envs per actor or a shorter actor.rollout_len, or set "
+            "learner.flow_control=drop"
         )
 
 

@@ -102,8 +102,18 @@ def test_a_budget_that_ends_before_the_first_update_is_refused(overrides):
     # a sample is a chunk: the quickstart's update takes 1600 samples of 8 env steps
     with pytest.raises(ConfigError, match=r"less than one update \(up to 12800 env steps: .*env.chunk_size=8\)"):
         load_config("metaworld_quickstart_tinyoft", ["runner.total_env_steps=5000"])
-    assert load_config("metaworld_reach_ppo", ["runner.total_env_steps=64", "learner.batch_samples=64"])
+    assert load_config("metaworld_reach_ppo", ["runner.total_env_steps=64", "learner.batch_samples=64", "actor.num_envs=8"])
     assert load_config("metaworld_reach_ppo", ["runner.total_env_steps=0", "runner.only_eval=true"])
+
+
+def test_an_actor_whose_segments_outgrow_the_lag_bound_is_refused_when_paced():
+    # 1,024 envs x 32 steps = 32,768 samples; max_policy_lag 4 x 2,048 = 8,192 (rlfleet.learner.pacing)
+    many = ["actor.num_envs=1024", "learner.batch_samples=2048"]
+    with pytest.raises(ConfigError, match=r"segments hold 32768 samples .* = 8192\), .*at least 8192") as err:
+        load_config("metaworld_reach_ppo", many)
+    assert "\n" not in str(err.value)
+    assert load_config("metaworld_reach_ppo", [*many, "learner.flow_control=drop"])  # the user's choice
+    assert load_config("metaworld_reach_ppo", ["actor.num_envs=1024", "learner.batch_samples=8192"])
 
 
 def test_a_wrist_camera_policy_needs_the_envs_wrist_camera():

@@ -112,6 +112,18 @@ def test_the_limit_follows_the_lag_bound():
     assert SampleCredits(4096, 0).blind_limit == 4096  # on-policy: one update's worth at a time
 
 
+def test_an_actor_starts_every_stage_when_its_segments_fit_the_lag_bound():
+    # an actor asks for each pipeline stage's first segment before stepping any: with every stage's
+    # segments within max(lag, 1) x batch (what rlfleet.config checks at start) all are granted at once
+    credits = SampleCredits(2048, 4)
+    assert all(credits.grant("actor0", 4096, timeout=0) for _ in range(2))  # 2 x 4096 = 4 x 2048
+    # beyond it the second stage would wait for an update that needs the first stage's rows: the
+    # config check refuses such a run (tests/unit/test_config.py)
+    big = SampleCredits(2048, 4)
+    assert big.grant("actor0", 16384, timeout=0)
+    assert not big.grant("actor0", 16384, timeout=0.05)
+
+
 # --- a paced fleet, simulated: actors as fast as can be, a learner that trains batch_samples per update --
 
 
