@@ -783,7 +783,8 @@ def markdown(report: dict) -> str:
             f"Assumptions: an actor host has {ex['host_cores']} cores all stepping envs at the measured actor-side "
             f"cost ({_f(ex['actor_side_us_per_env_step'], 1)} µs per env step: actor + env workers) plus the "
             "simulator's own cost; one inference server and one learner are each one Python process, so one "
-            "core's worth of their measured CPU per env step bounds them (inference "
+            "core over their measured CPU per env step estimates what each could absorb (estimates on paper, "
+            "not limits this machine reached: on 2 cores no role had a core to itself; inference "
             f"{_f(ex['inference_capacity_env_steps_per_s'])} env steps/s, {_f(ex['inference_us_per_env_step'], 1)} µs "
             f"per env step at its best-batched point, {ex['inference_capacity_at']}; learner ingest only "
             f"{_f(ex['learner_ingest_capacity_env_steps_per_s'])}; learner ingest + PPO update "
@@ -792,7 +793,7 @@ def markdown(report: dict) -> str:
             f"(inference requests {_f(ex['bytes_per_env_step']['inference'])} bytes).",
             "",
             "| simulator | µs/step (sim) | env steps/s per actor host | actor hosts per inference server | "
-            "actor hosts per learner | first bottleneck | fleet limit env steps/s |",
+            "actor hosts per learner | first bottleneck (estimated) | fleet limit env steps/s (estimated) |",
             "|---|---:|---:|---:|---:|---|---:|",
         ]
         for name, v in ex["sims"].items():
@@ -831,7 +832,7 @@ def _bottleneck_text(ex: dict) -> str:
     for name, v in ex["sims"].items():
         hosts = min(v["hosts_per_inference_server"], v["hosts_per_learner"])
         text = (
-            f"With the {name}, the {v['first_bottleneck']} is the first limit "
+            f"With the {name}, the {v['first_bottleneck']} is the first limit on paper "
             f"({_f(v['fleet_limit_env_steps_per_s'])} env steps/s, {_f(hosts, 2)} actor hosts of "
             f"{ex['host_cores']} cores)."
         )

@@ -113,28 +113,36 @@ def measure(case: str, seconds: float, warmup: float, train: bool, extra: list[s
 
 
 def fleet_window(recipe: str, overrides: list[str], seconds: float, warmup: float, train: bool) -> dict:
-    """Run the local fleet; `warmup` s after the actor's first env step, count its env steps and
-    every role's CPU time for `seconds`, then stop the fleet. Also used by bench/throughput.py."""
+    """Run the local fleet; `warmup` s after every actor's first env step, count their env steps
+    and every role's CPU time for `seconds`, then stop the fleet. Also used by bench/throughput.py."""
     from rlfleet.config import load_config
     from rlfleet.runs.launcher import train_local
 
+    actors = int(load_config(recipe, overrides).actor.num_actors)
+    ports = actors + 2  # learner, inference, actor i at base + 2 + i (rlfleet.runs.launcher.metrics_ports)
     base = _free_port()
-    while base + 3 > 65535 or any(not _port_free(base + i) for i in range(3)):
+    while base + ports > 65535 or any(not _port_free(base + i) for i in range(ports)):
         base = _free_port()
     result: dict = {}
 
+    def fleet_steps() -> float | None:
+        """Env steps of every actor; None until each has reported."""
+        counts = [_actor_env_steps(base + 2 + i) for i in range(actors)]
+        return None if any(c is None for c in counts) else float(sum(counts))  # type: ignore[arg-type]
+
     def watch() -> None:
-        deadline = time.monotonic() + 180
-        while (_actor_env_steps(base + 2) or 0) <= 0:
+        deadline = time.monotonic() + 180 + 30 * actors
+        # every actor stepping (many actors start one after another on few cores), then the warm-up
+        while not all((_actor_env_steps(base + 2 + i) or 0) > 0 for i in range(actors)):
             if time.monotonic() > deadline:
-                result["error"] = "the actor never reported env steps"
+                result["error"] = "an actor never reported env steps"
                 _stop_learner()
                 return
             time.sleep(0.5)
         time.sleep(warmup)
-        s0, c0, t0 = _actor_env_steps(base + 2), _cpu_by_role(), time.monotonic()
+        s0, c0, t0 = fleet_steps(), _cpu_by_role(), time.monotonic()
         time.sleep(seconds)
-        s1, c1, t1 = _actor_env_steps(base + 2), _cpu_by_role(), time.monotonic()
+        s1, c1, t1 = fleet_steps(), _cpu_by_role(), time.monotonic()
         if s0 is None or s1 is None or s1 <= s0:
             result["error"] = "no env steps in the window"
             _stop_learner()

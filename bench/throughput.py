@@ -18,9 +18,10 @@ render  frames per CPU-second (frames/s per core) at 64 and 224 px through rlfle
         driven bare beside it. Aim: >= 0.9. MuJoCo's defaults (shadows, reflections,
         multisampling) are printed too, for reference.
 
-A fleet's rate is its actor's env-step counter over a window of `--seconds`, `--warmup` s
-after its first env step (start-up and the first updates left out), the same length as the
-bare loop's window; bench/overhead.py's CPU us per env step of each role come along in the JSON,
+A fleet's rate is its actors' env-step counters, summed, over a window of `--seconds`, `--warmup` s
+after every actor's first env step (start-up and the first updates left out), the same length as
+the bare loop's window, which steps every actor's env slices (`actor.num_actors=8
+actor.num_envs=8`: 8 actors' 16 workers against 16 bare processes); bench/overhead.py's CPU us per env step of each role come along in the JSON,
 and the env workers' CPU per env step in the fleet is set beside the bare loop's (a ratio that,
 unlike the rates, hardly moves when other work shares the cores).
 Each measurement is repeated 3 times, alternating (bare, sampling, training, bare, ...), so
@@ -89,8 +90,8 @@ def _bare_worker(
 
 
 def bare_loop(cfg: Any, seconds: float) -> tuple[float, float]:
-    """Env steps/s of the fleet's env slices stepped in bare loops, one process per env worker,
-    and their CPU us per env step (to set beside the fleet's env workers')."""
+    """Env steps/s of the fleet's env slices (every actor's) stepped in bare loops, one process
+    per env worker, and their CPU us per env step (to set beside the fleet's env workers')."""
     from rlfleet.actors.env_worker import stage_slices
     from rlfleet.config import as_dict
 
@@ -100,10 +101,14 @@ def bare_loop(cfg: Any, seconds: float) -> tuple[float, float]:
     # single-threaded numerics, as the launcher gives every role (and so every env worker)
     os.environ.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     ctx = mp.get_context("spawn")
-    q, barrier = ctx.Queue(), ctx.Barrier(a.num_workers)
+    # every actor's workers (actor i's envs at offset i x E), as many processes as the fleet's
+    workers = [
+        slices for i in range(a.num_actors) for slices in stage_slices(E, a.pipeline_stage_num, a.num_workers, i * E)
+    ]
+    q, barrier = ctx.Queue(), ctx.Barrier(len(workers))
     procs = [
         ctx.Process(target=_bare_worker, args=(env_cfg, slices, seconds, barrier, q, w))
-        for w, slices in enumerate(stage_slices(E, a.pipeline_stage_num, a.num_workers, 0))
+        for w, slices in enumerate(workers)
     ]
     for p in procs:
         p.start()
@@ -118,8 +123,9 @@ def bare_loop(cfg: Any, seconds: float) -> tuple[float, float]:
 
 
 def fleet(recipe: str, overrides: list[str], seconds: float, warmup: float, consume_only: bool) -> dict:
-    """The local fleet's env steps/s (the actor's own counter) over `seconds`, `warmup` s after its
-    first env step, with every role's CPU us per env step (bench/overhead.py's measurement)."""
+    """The local fleet's env steps/s (the actors' own counters, summed) over `seconds`, `warmup` s
+    after every actor's first env step, with every role's CPU us per env step (bench/overhead.py's
+    measurement)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from overhead import fleet_window
 
