@@ -88,7 +88,10 @@ class InferenceConfig:
     grpc_port: int = 0  # 0: any free port
     zmq_port: int = 0
     max_batch: int = 256  # rows
-    max_wait_ms: float = 1.0
+    # After a batch's first request, wait this long for more (0: take what has arrived). Requests
+    # that arrive while the policy runs join the next batch anyway, so under load batches grow
+    # without a wait; a wait only delays the actors when few envs are in flight.
+    max_wait_ms: float = 0.0
     device: str = "cpu"
     weight_delta: bool = True  # pull only the tensors changed since the version held (frozen ones never)
 

@@ -1,4 +1,6 @@
-"""Dynamic batching: take what has arrived, up to max_batch rows or max_wait_ms after the first.
+"""Dynamic batching: take what has arrived, up to max_batch rows or max_wait_ms after the first
+(the default 0: what has arrived, no wait; requests that arrive while the policy runs form the
+next batch, so batches grow with the load).
 
 It never waits for a fixed number of actors, so an actor that dies cannot stall the others.
 With a `pump` (the ZeroMQ front end's receive loop), waiting for requests means receiving them

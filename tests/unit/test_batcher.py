@@ -204,3 +204,20 @@ def test_on_submit_runs_after_a_request_is_queued_only():
     rec = Recorder()
     b.submit(make_req(1, rec=rec))  # refused: the queue is full
     assert woken == [1] and rec.failures
+
+
+def test_max_wait_zero_takes_what_has_arrived_and_never_waits_for_more():
+    # greedy batching (the default): everything queued joins, up to max_batch; a lone request
+    # leaves at once, however far below max_batch
+    b = DynamicBatcher(max_batch=8, max_wait_ms=0.0)
+    for i in range(3):
+        b.submit(make_req(2, tag=i))
+    assert tags(b.next_batch(timeout=1.0)) == [0, 1, 2]
+    b.submit(make_req(1, tag=7))
+    late = threading.Timer(0.5, lambda: b.submit(make_req(1, tag=8)))
+    late.start()
+    t0 = time.monotonic()
+    assert tags(b.next_batch(timeout=1.0)) == [7]
+    assert time.monotonic() - t0 < 0.5  # did not wait for the request 0.5 s later
+    late.join()
+    assert tags(b.next_batch(timeout=1.0)) == [8]
