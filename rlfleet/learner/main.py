@@ -48,6 +48,7 @@ from rlfleet.learner.weight_publisher import WeightPublisher, tensor_digests
 from rlfleet.policies.base import Policy
 from rlfleet.policies.checkpoint_io import cpu_state_dict, model_config, policy_from_config, reference_policy
 from rlfleet.policies.pinning import pinned_policy_settings
+from rlfleet.telemetry.profiling import profiled
 from rlfleet.telemetry.prometheus import LearnerCollector, MetricsPortError, start_role_metrics
 from rlfleet.wire.gen import learner_pb2_grpc
 from rlfleet.wire.grpc_decoding import add_servicer
@@ -96,6 +97,13 @@ def archive_previous_run(run_dir: Path, names: tuple[str, ...] = RUN_OUTPUTS) ->
     return dest
 
 
+@dataclasses.dataclass(frozen=True)
+class _LoopLimits:
+    batch_samples: int
+    total_env_steps: int
+    max_wall_seconds: float
+
+
 class Learner:
     """The learner's training loop (a `rlfleet.eval.service.TrainingLoop` to its observers)."""
 
@@ -103,6 +111,7 @@ class Learner:
         self, cfg: DictConfig, run_dir: Path, ranks: Ranks | None = None, observers: Sequence[LoopObserver] = ()
     ):
         self.cfg = cfg
+        self._limits_cache: _LoopLimits | None = None
         self.observers = list(observers)  # the run's evaluation (run_learner); none: train only
         self.run_dir = run_dir
         self.ranks = ranks or SingleRank()  # under torchrun this is rank 0; the others follow it
@@ -280,7 +289,8 @@ class Learner:
         left over, then segments as they come; None when asked to stop first."""
         segments, have = self._carry, samples(self._carry)
         self._carry = []
-        while have < self.cfg.learner.batch_samples:
+        batch_samples = self._limits.batch_samples
+        while have < batch_samples:
             if self.stop_event.is_set() or self._out_of_time():
                 return None
             item = self.ingest.get(timeout=0.2)
@@ -295,7 +305,7 @@ class Learner:
             self.losses.counted(self.counters.env_steps)
             self.episodes.add(seg)
             progress.update(self.counters.env_steps)
-        batch, self._carry = take_batch(segments, self.cfg.learner.batch_samples)
+        batch, self._carry = take_batch(segments, batch_samples)
         return batch
 
     def _trained(self, segments: list[Segment], trained: int, masked: int) -> None:
@@ -319,10 +329,22 @@ class Learner:
         }
 
     def _out_of_time(self) -> bool:
-        c, r = self.counters, self.cfg.runner
+        c, r = self.counters, self._limits
         if c.env_steps >= r.total_env_steps:
             return True
         return bool(r.max_wall_seconds) and (time.monotonic() - self._t_start) >= r.max_wall_seconds
+
+    @property
+    def _limits(self) -> _LoopLimits:
+        """The settings the train loop reads on every wait, as plain numbers: an OmegaConf attribute
+        read costs tens of microseconds, and the loop polls them many times per update."""
+        if self._limits_cache is None:
+            self._limits_cache = _LoopLimits(
+                int(self.cfg.learner.batch_samples),
+                int(self.cfg.runner.total_env_steps),
+                float(self.cfg.runner.max_wall_seconds),
+            )
+        return self._limits_cache
 
     def count_unreported_lives(self) -> int:
         """Actor lives that never reported, read from their ledger files in the run folder (where local
@@ -352,7 +374,12 @@ class Learner:
         return self.checkpointer.save(self.policy, self.trainer.optimizer, self.counters, self.model_config)
 
     def train(self) -> dict:
+        with profiled("learner"):
+            return self._train()
+
+    def _train(self) -> dict:
         cfg = self.cfg
+        self._limits_cache = None  # read again: a caller may have changed the config since
         writer = self.writer = MetricsWriter.for_run(cfg, self.run_dir)  # open for finish(); close() ends it
         progress = self._progress = TrainProgress(cfg.runner.total_env_steps, cfg.runner.max_wall_seconds)
         for observer in self.observers:

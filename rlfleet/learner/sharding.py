@@ -173,7 +173,15 @@ class MinibatchMean:
 
     def fraction(self, flags: torch.Tensor) -> float:
         """The exact fraction of this rank's counted elements that are True."""
-        return int(self._masked_sum(flags).item()) / (self.rows * _elements_per_row(flags))
+        return int(self.count(flags).item()) / self.elements(flags)
+
+    def count(self, flags: torch.Tensor) -> torch.Tensor:
+        """How many of this rank's counted elements are True (a tensor: read it with others at once)."""
+        return self._masked_sum(flags)
+
+    def elements(self, x: torch.Tensor) -> int:
+        """This rank's counted elements of a per-row value."""
+        return self.rows * _elements_per_row(x)
 
 
 def _elements_per_row(x: torch.Tensor) -> int:

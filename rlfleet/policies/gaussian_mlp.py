@@ -36,6 +36,7 @@ class PolicyConfig:
 
 
 _HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
+_LOG_SQRT_2PI = math.log(math.sqrt(2 * math.pi))  # torch's Normal.log_prob constant (differs in the last bit)
 _ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU, "silu": nn.SiLU}
 _ACTIVATION_FNS = {nn.Tanh: torch.tanh, nn.ReLU: torch.relu, nn.ELU: F.elu, nn.SiLU: F.silu}
 
@@ -196,9 +197,15 @@ class GaussianMLPPolicy(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """log pi(a|s) [N], entropy [N] and V(s) [N] for the PPO update."""
         x = self._obs_features(obs)  # one feature pass for the policy and the value
-        dist = self._normal(x)
+        mu = self.actor(x)
+        scale = self._log_std().exp().expand_as(mu)
         flat = actions.reshape(actions.shape[0], -1)
-        return dist.log_prob(flat).sum(-1), dist.entropy().sum(-1), self.critic(x).squeeze(-1)
+        # torch.distributions.Normal(mu, scale)'s log_prob and entropy, op for op on the same
+        # tensors (the same values and gradients, bit for bit), without building the distribution
+        # object, whose argument checks and broadcasting cost more than these few ops
+        logp = -((flat - mu) ** 2) / (2 * scale**2) - scale.log() - _LOG_SQRT_2PI
+        entropy = 0.5 + _HALF_LOG_2PI + torch.log(scale)
+        return logp.sum(-1), entropy.sum(-1), self.critic(x).squeeze(-1)
 
     def sft_loss(self, obs: dict[str, torch.Tensor], actions: torch.Tensor) -> torch.Tensor:
         """Behaviour cloning by maximum likelihood: mean -log pi(a_demo | s) per action dim."""
