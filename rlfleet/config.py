@@ -71,7 +71,7 @@ class InferenceFailoverConfig:
 class ActorConfig:
     num_actors: int = 1
     num_envs: int = 16  # per actor
-    num_workers: int = 2  # env worker subprocesses per actor
+    num_workers: int = 2  # env worker subprocesses per actor (0: the actor steps its envs itself)
     pipeline_stage_num: int = 2  # env groups that step in turn (double buffering)
     rollout_len: int = 32  # T: steps per trajectory segment
     send_queue_size: int = 4  # segments buffered before the actor waits for the learner

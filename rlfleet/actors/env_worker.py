@@ -15,6 +15,7 @@ import os
 import traceback
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
+from typing import Any
 
 import numpy as np
 
@@ -114,6 +115,21 @@ def _write_step(slots: SharedArrays, sl: EnvSlice, res, keys: list[str]) -> None
     slots["substeps"][rows] = res.substeps
 
 
+def _reset_slice(env, sl: EnvSlice, slots: SharedArrays, keys: list[str], seeds: np.ndarray | None) -> None:
+    """Reset a slice's envs (``seeds``: one per actor row, or None) into its rows of the slots."""
+    obs = env.reset(None if seeds is None else seeds[sl.lo : sl.hi])
+    _write_obs(slots, slice(sl.lo, sl.hi), obs, keys)
+    slots["task_ids"][sl.lo : sl.hi] = obs["task_ids"]
+
+
+def _step_slice(env, sl: EnvSlice, slots: SharedArrays, keys: list[str], reset_seeds: np.ndarray | None) -> None:
+    """Step a slice's envs with the actions in its rows; with ``reset_seeds`` (GRPO: the next segment
+    starts a new episode everywhere) reset them after, the new first observations replacing the step's."""
+    _write_step(slots, sl, env.chunk_step(slots["actions"][sl.lo : sl.hi]), keys)
+    if reset_seeds is not None:
+        _reset_slice(env, sl, slots, keys, reset_seeds)
+
+
 def worker_main(
     env_cfg: dict, slices: list[EnvSlice], shm_name: str, layout_json: str, conn: Connection, auth=None
 ) -> None:
@@ -152,12 +168,8 @@ def _serve(env_cfg: dict, slices: list[EnvSlice], shm_name: str, layout_json: st
             if cmd in ("step", "step_reset"):
                 stage_arg, _, seeds_json = arg.partition(" ")
                 stage = int(stage_arg)
-                sl = by_stage[stage]
-                _write_step(slots, sl, envs[stage].chunk_step(slots["actions"][sl.lo : sl.hi]), keys)
-                if cmd == "step_reset":  # GRPO: the next segment starts a new episode everywhere
-                    obs = envs[stage].reset(np.asarray(json.loads(seeds_json))[sl.lo : sl.hi])
-                    _write_obs(slots, slice(sl.lo, sl.hi), obs, keys)
-                    slots["task_ids"][sl.lo : sl.hi] = obs["task_ids"]
+                seeds = np.asarray(json.loads(seeds_json)) if cmd == "step_reset" else None
+                _step_slice(envs[stage], by_stage[stage], slots, keys, seeds)
                 faults = _env_faults(envs.values())
                 if faults != told:  # rare: only a change travels, after the stage number
                     told = faults
@@ -167,10 +179,7 @@ def _serve(env_cfg: dict, slices: list[EnvSlice], shm_name: str, layout_json: st
             elif cmd == "reset":
                 arg = json.loads(arg)
                 for sl in slices:
-                    seeds = None if arg is None else np.asarray(arg)[sl.lo : sl.hi]
-                    obs = envs[sl.stage].reset(seeds)
-                    _write_obs(slots, slice(sl.lo, sl.hi), obs, keys)
-                    slots["task_ids"][sl.lo : sl.hi] = obs["task_ids"]
+                    _reset_slice(envs[sl.stage], sl, slots, keys, None if arg is None else np.asarray(arg))
                 _send(conn, "reset")
             elif cmd == "close":
                 break
@@ -205,7 +214,12 @@ class EnvMakeError(ValueError):
 
 
 class EnvWorkerPool:
-    """E envs in W worker processes, pipelined in S stages, results in one shared block."""
+    """E envs in W worker processes, pipelined in S stages, results in one shared block.
+
+    With W = 0 the actor process steps the envs itself, a stage at a time when the actor waits
+    for it: no worker processes, pipes or wake-ups, which for a simulator cheaper than a pipe round
+    trip (tens of microseconds) costs less than the pipelining saves; a stage's step then no longer
+    overlaps the inference of the other stages."""
 
     def __init__(
         self, env_cfg: dict, num_envs: int, num_workers: int, num_stages: int, layout: Layout, env_offset: int = 0
@@ -219,6 +233,13 @@ class EnvWorkerPool:
         self.conns: list[_Lines] = []
         self.procs: list[mp.Process] = []
         self._faults: dict[int, dict[str, int]] = {}  # per worker: its remote envs' faults so far
+        self._inline: dict[int, tuple[Any, EnvSlice]] = {}  # num_workers 0: stage -> (envs, rows)
+        self._due: dict[int, np.ndarray | None] = {}  # inline stages told to step, not yet stepped
+        if num_workers < 0:
+            raise ValueError(f"actor.num_workers must be >= 0 (0: the actor steps its envs itself), got {num_workers}")
+        if num_workers == 0:
+            self._start_inline(env_cfg, env_offset)
+            return
         try:
             for slices in stage_slices(num_envs, num_stages, num_workers, env_offset):
                 parent, child = ctx.Pipe()
@@ -235,6 +256,22 @@ class EnvWorkerPool:
         except BaseException:
             self.close()
             raise
+
+    def _start_inline(self, env_cfg: dict, env_offset: int) -> None:
+        try:
+            cfg = build_env_config(env_cfg)
+            (slices,) = stage_slices(self.num_envs, self.num_stages, 1, env_offset)  # one "worker": every row
+            for sl in slices:
+                try:
+                    env = make_env(cfg, sl.hi - sl.lo, env_offset=sl.global_offset)
+                except Exception as exc:
+                    log.debug("in-process envs: %s", traceback.format_exc())
+                    raise EnvMakeError(f"cannot make env {self.env_name!r}: {_one_line(exc)}") from None
+                self._inline[sl.stage] = (env, sl)
+        except BaseException:
+            self.close()
+            raise
+        self._keys = obs_keys(self.layout)
 
     def _gather(self, expect: str) -> None:
         for i, conn in enumerate(self.conns):
@@ -257,6 +294,8 @@ class EnvWorkerPool:
     @property
     def env_faults(self) -> dict[str, int]:
         """Remote simulator faults of every worker's envs so far, by kind (empty for local envs)."""
+        if self._inline:
+            return _env_faults(env for env, _ in self._inline.values())
         out: dict[str, int] = {}
         for faults in self._faults.values():
             for kind, n in faults.items():
@@ -264,6 +303,8 @@ class EnvWorkerPool:
         return out
 
     def reset(self, seeds: np.ndarray | None = None) -> None:
+        for env, sl in self._inline.values():
+            _reset_slice(env, sl, self.slots, self._keys, None if seeds is None else np.asarray(seeds))
         for conn in self.conns:
             _send(conn, "reset", json.dumps(None if seeds is None else np.asarray(seeds).tolist()))
         self._gather("reset")
@@ -271,6 +312,9 @@ class EnvWorkerPool:
     def step_async(self, stage: int, reset_seeds: np.ndarray | None = None) -> None:
         """Step a stage; with ``reset_seeds`` (one per actor row) its envs are then reset with them,
         the new episodes' first observations replacing the step's (final_obs keeps the last ones)."""
+        if self._inline:  # stepped when the actor waits for it (step_wait)
+            self._due[stage] = None if reset_seeds is None else np.asarray(reset_seeds)
+            return
         if reset_seeds is None:
             for conn in self.conns:
                 _send(conn, "step", str(stage))
@@ -280,6 +324,10 @@ class EnvWorkerPool:
             _send(conn, "step_reset", arg)
 
     def step_wait(self, stage: int) -> None:
+        if self._inline:
+            env, sl = self._inline[stage]
+            _step_slice(env, sl, self.slots, self._keys, self._due.pop(stage))
+            return
         self._gather("stepped")
 
     def close(self) -> None:
@@ -294,5 +342,7 @@ class EnvWorkerPool:
                 proc.terminate()
         for conn in self.conns:
             conn.conn.close()
-        self.conns, self.procs = [], []
+        for env, _ in self._inline.values():
+            env.close()
+        self.conns, self.procs, self._inline = [], [], {}
         self.slots.close()
