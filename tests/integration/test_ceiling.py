@@ -75,3 +75,31 @@ def test_a_tiny_ceiling_point_reports_per_role_cpu_and_inference_stats(tmp_path)
     page = (out / "ceiling.md").read_text()
     assert "CPU per env step of each role" in page and "Cluster extrapolation" in page
     assert (out / "ceiling_sweep.png").stat().st_size > 0 and (out / "ceiling_cpu.png").stat().st_size > 0
+
+
+def test_a_point_with_in_process_envs_and_repeats(tmp_path):
+    # actor.num_workers=0: the actor steps its envs itself (no env worker processes to measure);
+    # --repeat 2 keeps the median run and both rates
+    out = tmp_path / "ceiling"
+    res = subprocess.run(
+        [
+            sys.executable,
+            str(CEILING),
+            *("--factors", "none", "--modes", "training", "--repeat", "2", "--base", "envs=4"),
+            *("--warmup", "0.5", "--seconds", "1.5", "--sim", "", "--out", str(out)),
+            *("learner.batch_samples=64", "actor.rollout_len=8", "actor.num_workers=0"),
+        ],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+        timeout=600,
+    )
+    assert res.returncode == 0, res.stderr[-3000:] + res.stdout[-3000:]
+    report = json.loads((out / "ceiling.json").read_text())
+    (r,) = report["results"]
+    assert r["error"] is None and report["meta"]["repeat"] == 2
+    assert len(r["repeats_env_steps_per_s"]) == 2 and r["env_steps_per_s"] in r["repeats_env_steps_per_s"]
+    us = r["cpu_us_per_env_step"]
+    assert us["env_workers"] == 0 and _positive(us["actor"]) and _positive(us["learner_loop"])
+    assert _positive(r["trained_env_steps_per_s"])
+    assert "the median of 2 runs" in (out / "ceiling.md").read_text()
