@@ -21,9 +21,10 @@ render  frames per CPU-second (frames/s per core) at 64 and 224 px through rlfle
 A fleet's rate is its actors' env-step counters, summed, over a window of `--seconds`, `--warmup` s
 after every actor's first env step (start-up and the first updates left out), the same length as
 the bare loop's window, which steps every actor's env slices (`actor.num_actors=8
-actor.num_envs=8`: 8 actors' 16 workers against 16 bare processes); bench/overhead.py's CPU us per env step of each role come along in the JSON,
-and the env workers' CPU per env step in the fleet is set beside the bare loop's (a ratio that,
-unlike the rates, hardly moves when other work shares the cores).
+actor.num_envs=8`: 8 actors' 16 workers against 16 bare processes); bench/overhead.py's CPU us
+per env step of each role come along in the JSON, and the env workers' CPU per env step in the
+fleet is set beside the bare loop's (a ratio that, unlike the rates, hardly moves when other work
+shares the cores).
 Each measurement is repeated 3 times, alternating (bare, sampling, training, bare, ...), so
 the machine's load drifts across all of them alike; a ratio is the median over the repeats
 of (fleet / bare of the same repeat). Results also go to `--json` for docs/performance.md.

@@ -102,7 +102,8 @@ def test_a_budget_that_ends_before_the_first_update_is_refused(overrides):
     # a sample is a chunk: the quickstart's update takes 1600 samples of 8 env steps
     with pytest.raises(ConfigError, match=r"less than one update \(up to 12800 env steps: .*env.chunk_size=8\)"):
         load_config("metaworld_quickstart_tinyoft", ["runner.total_env_steps=5000"])
-    assert load_config("metaworld_reach_ppo", ["runner.total_env_steps=64", "learner.batch_samples=64", "actor.num_envs=8"])
+    small = ["runner.total_env_steps=64", "learner.batch_samples=64", "actor.num_envs=8"]
+    assert load_config("metaworld_reach_ppo", small)
     assert load_config("metaworld_reach_ppo", ["runner.total_env_steps=0", "runner.only_eval=true"])
 
 

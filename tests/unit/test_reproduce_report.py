@@ -238,7 +238,8 @@ def test_a_larger_budget_resumes_finished_seeds_and_the_page_says_so(tmp_path, c
 
     monkeypatch.setattr(reproduce.subprocess, "run", fake_run)
     monkeypatch.setattr(reproduce, "git_commit", lambda: "bbb")
-    budget = ["runner.total_env_steps=2000", "runner.max_wall_seconds=0", "learner.batch_samples=64", "actor.num_envs=8"]
+    budget = ["runner.total_env_steps=2000", "runner.max_wall_seconds=0", "learner.batch_samples=64"]
+    budget.append("actor.num_envs=8")  # one actor's segments within the lag bound (flow control)
     assert reproduce.main(["metaworld_reach_ppo", "--seeds", "1", "--out", str(tmp_path), *budget]) == 0
     assert len(runs) == 1 and runs[0][-1] == "--resume" and "runner.total_env_steps=2000" in runs[0]
     page = (tmp_path / "results.md").read_text()
