@@ -961,6 +961,11 @@ def main(argv: list[str] | None = None) -> int:
         "--report-only", action="store_true", help="rebuild the report from --out/ceiling.json without running"
     )
     p.add_argument(
+        "--compare",
+        metavar="BEFORE_JSON",
+        help="with --report-only: set --out's points beside those of an earlier ceiling.json (compare.md)",
+    )
+    p.add_argument(
         "--flow-control",
         default="pace",
         choices=["pace", "drop"],
@@ -1064,9 +1069,55 @@ def write_report(report: dict[str, Any], args: argparse.Namespace, settings: Set
     print(f"written to {args.out}")
 
 
+def compare(before: dict[str, Any], after: dict[str, Any]) -> str:
+    """Markdown: each point and mode of `after` beside the same one in `before` (two ceiling.json
+    reports): env steps/s (training: trained), CPU per (trained) env step of every role together,
+    the trained share and the cores busy."""
+
+    def key(r: dict[str, Any]) -> tuple[str, str]:
+        return Point(**r["point"]).label(), r["mode"]
+
+    old = {key(r): r for r in before["results"] if not r.get("error")}
+    lines = [
+        f"Before: commit {before['meta']['commit']}, {before['meta']['date']}; after: commit "
+        f"{after['meta']['commit']}, {after['meta']['date']} "
+        f"({after['meta']['machine']}, {after['meta']['cpus']} CPUs).",
+        "Training rows: env steps/s trained, CPU per trained env step; sampling rows: stepped.",
+        "",
+        "| point | mode | env steps/s before | after | x | µs per env step before | after | x | "
+        "trained of updated before / after | cores busy before / after |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in after["results"]:
+        b = old.get(key(r))
+        if r.get("error") or b is None:
+            continue
+        training = r["mode"] == "training"
+        rate = "trained_env_steps_per_s" if training else "env_steps_per_s"
+        cost = "cpu_us_per_trained_env_step" if training else "cpu_us_per_env_step"
+        rb, ra = b[rate], r[rate]
+        cb, ca = sum(b[cost].values()), sum(r[cost].values())
+        share = (
+            f"{100 * b['trained_of_updated']:.1f} % / {100 * r['trained_of_updated']:.1f} %"
+            if training and "trained_of_updated" in b and "trained_of_updated" in r
+            else "–"
+        )
+        busy = f"{sum(b['cpu_cores'].values()):.2f} / {sum(r['cpu_cores'].values()):.2f}"
+        lines.append(
+            f"| {key(r)[0]} | {r['mode']} | {_f(rb)} | {_f(ra)} | {ra / rb:.2f} | {_f(cb, 1)} | {_f(ca, 1)} | "
+            f"{ca / cb:.2f} | {share} | {busy} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def report_only(args: argparse.Namespace) -> int:
     """Rebuild the page, plots and extrapolation from `--out`/ceiling.json (no fleet runs)."""
     report = json.loads((args.out / "ceiling.json").read_text())
+    if args.compare:
+        text = compare(json.loads(Path(args.compare).read_text()), report)
+        (args.out / "compare.md").write_text(text)
+        print(text)
+        return 0
     kept = dict(report["meta"]["settings"])
     settings = Settings(**{k: v for k, v in kept.items() if k != "overrides"}, extra=kept.get("overrides", []))
     write_report(report, args, settings)

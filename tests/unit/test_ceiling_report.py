@@ -187,3 +187,28 @@ def test_median_run_keeps_one_whole_run_and_every_repeats_rate() -> None:
     assert kept["repeats_env_steps_per_s"] == [300.0, 100.0, None, 200.0]
     assert kept["repeats_failed"] == 1
     assert ceiling.median_run([{"error": "a"}, {"error": "b"}]) == {"error": "b"}
+
+
+def test_compare_sets_each_point_beside_the_earlier_one() -> None:
+    def run(mode: str, rate: float, us: float, share: float = 1.0) -> dict:
+        r = {
+            "point": {"actors": 1, "envs": 16, "transport": "shm", "obs": "state", "max_batch": 256},
+            "mode": mode,
+            "error": None,
+            "env_steps_per_s": rate,
+            "cpu_us_per_env_step": {"actor": us / 2, "inference": us / 2},
+            "cpu_cores": {"actor": 0.5, "inference": 0.25},
+        }
+        if mode == "training":
+            r |= {"trained_env_steps_per_s": rate, "cpu_us_per_trained_env_step": {"a": us}}
+            r["trained_of_updated"] = share
+        return r
+
+    meta = {"commit": "abc", "date": "d", "machine": "m", "cpus": 2}
+    before = {"meta": meta, "results": [run("sampling", 100.0, 50.0), run("training", 80.0, 60.0, 0.9)]}
+    after = {"meta": meta, "results": [run("sampling", 200.0, 25.0), run("training", 160.0, 30.0)]}
+    text = ceiling.compare(before, after)
+    assert "| 1a x 16e, shm, state, mb 256 | sampling | 100 | 200 | 2.00 | 50.0 | 25.0 | 0.50 | – | 0.75 / 0.75 |" in (
+        text
+    )
+    assert "| training | 80 | 160 | 2.00 | 60.0 | 30.0 | 0.50 | 90.0 % / 100.0 % |" in text
