@@ -224,6 +224,8 @@ class EnvWorkerPool:
     def __init__(
         self, env_cfg: dict, num_envs: int, num_workers: int, num_stages: int, layout: Layout, env_offset: int = 0
     ):
+        if num_workers < 0:
+            raise ValueError(f"actor.num_workers must be >= 0 (0: the actor steps its envs itself), got {num_workers}")
         self.num_envs, self.num_stages = num_envs, num_stages
         self.env_name = str(env_cfg.get("name", ""))
         self.stage_rows = [(s * num_envs // num_stages, (s + 1) * num_envs // num_stages) for s in range(num_stages)]
@@ -235,8 +237,6 @@ class EnvWorkerPool:
         self._faults: dict[int, dict[str, int]] = {}  # per worker: its remote envs' faults so far
         self._inline: dict[int, tuple[Any, EnvSlice]] = {}  # num_workers 0: stage -> (envs, rows)
         self._due: dict[int, np.ndarray | None] = {}  # inline stages told to step, not yet stepped
-        if num_workers < 0:
-            raise ValueError(f"actor.num_workers must be >= 0 (0: the actor steps its envs itself), got {num_workers}")
         if num_workers == 0:
             self._start_inline(env_cfg, env_offset)
             return
