@@ -431,12 +431,14 @@ def run_point(point: Point, mode: str, settings: Settings, work: Path) -> dict[s
     from rlfleet.runs.launcher import train_local
 
     run_dir = work / f"{mode}-{point.actors}a-{point.envs}e-{point.transport}-{point.obs}-{point.max_batch}"
-    cfg = load_config(settings.recipe, settings.overrides(point, mode, run_dir))
+    overrides = settings.overrides(point, mode, run_dir)
     # One actor's segments (every stage's) must fit in what the learner may owe within the lag
-    # bound, or flow control could never grant them all (rlfleet.learner.pacing): many envs per
-    # actor get larger updates.
-    T, lag = cfg.actor.rollout_len, max(cfg.algorithm.max_policy_lag, 1)  # rows (samples) per segment
-    cfg.learner.batch_samples = max(cfg.learner.batch_samples, -(-T * point.envs // lag))
+    # bound, or flow control could never grant them all (rlfleet.learner.pacing; the config check
+    # refuses such a run): many envs per actor get larger updates.
+    probe = load_config(settings.recipe, [*overrides, "learner.flow_control=drop"])
+    T, lag = probe.actor.rollout_len, max(probe.algorithm.max_policy_lag, 1)  # rows (samples) per segment
+    batch = max(probe.learner.batch_samples, -(-T * point.envs // lag))
+    cfg = load_config(settings.recipe, [*overrides, f"learner.batch_samples={batch}"])
     measure = Measurement(run_dir, point, settings, min_updates=2 if mode == "training" else 0)
     t0 = time.monotonic()
     error = None
