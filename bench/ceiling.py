@@ -213,7 +213,7 @@ def histogram_quantile(q: float, buckets: list[tuple[float, float]]) -> float:
 # --- one fleet point -------------------------------------------------------------------------------
 
 
-def _free_port_base(n: int) -> int:
+def free_port_base(n: int) -> int:
     """A base port with n free ports above it (the launcher gives learner, inference, actors base+i),
     below the ephemeral range: a client connecting to a port there before its server listens can
     be connected to itself by the kernel and read its own request back."""
@@ -446,7 +446,7 @@ def run_point(point: Point, mode: str, settings: Settings, work: Path) -> dict[s
     with _console_to(run_dir / "console.log"):
         measure.start()
         try:
-            train_local(cfg, metrics_port=_free_port_base(point.actors + 2))
+            train_local(cfg, metrics_port=free_port_base(point.actors + 2))
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
         measure.fleet_ended.set()

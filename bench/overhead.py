@@ -27,7 +27,6 @@ import json
 import os
 import re
 import signal
-import socket
 import sys
 import tempfile
 import threading
@@ -57,12 +56,6 @@ CASES: dict[str, tuple[str, list[str]]] = {
     ),
 }
 ROLES = ("actor", "env workers", "inference", "learner")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _actor_env_steps(port: int) -> float | None:
@@ -119,10 +112,13 @@ def fleet_window(recipe: str, overrides: list[str], seconds: float, warmup: floa
     from rlfleet.runs.launcher import train_local
 
     actors = int(load_config(recipe, overrides).actor.num_actors)
-    ports = actors + 2  # learner, inference, actor i at base + 2 + i (rlfleet.runs.launcher.metrics_ports)
-    base = _free_port()
-    while base + ports > 65535 or any(not _port_free(base + i) for i in range(ports)):
-        base = _free_port()
+    # learner, inference, actor i at base + 2 + i (rlfleet.runs.launcher.metrics_ports), below the
+    # ephemeral range: an ephemeral port found free now may be another socket's by the time a late
+    # actor binds it
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from ceiling import free_port_base
+
+    base = free_port_base(actors + 2)
     result: dict = {}
 
     def fleet_steps() -> float | None:
@@ -174,15 +170,6 @@ def fleet_window(recipe: str, overrides: list[str], seconds: float, warmup: floa
         train_local(cfg, metrics_port=base)
         w.join(timeout=5)
     return result
-
-
-def _port_free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def _pipe_peer(conn) -> None:  # the env worker's end of a pipe: answer every "step"
