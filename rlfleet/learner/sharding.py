@@ -171,10 +171,6 @@ class MinibatchMean:
         """The mean over this rank's counted rows (statistics)."""
         return self._masked_sum(x) / (self.rows * _elements_per_row(x))
 
-    def fraction(self, flags: torch.Tensor) -> float:
-        """The exact fraction of this rank's counted elements that are True."""
-        return int(self.count(flags).item()) / self.elements(flags)
-
     def count(self, flags: torch.Tensor) -> torch.Tensor:
         """How many of this rank's counted elements are True (a tensor: read it with others at once)."""
         return self._masked_sum(flags)

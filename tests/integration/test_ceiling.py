@@ -18,33 +18,23 @@ def _positive(x: float) -> bool:
     return isinstance(x, (int, float)) and math.isfinite(x) and x > 0
 
 
-def test_a_tiny_ceiling_point_reports_per_role_cpu_and_inference_stats(tmp_path):
-    out = tmp_path / "ceiling"
+def _run_ceiling(*args: str) -> None:
     res = subprocess.run(
-        [
-            sys.executable,
-            str(CEILING),
-            "--factors",
-            "none",
-            "--base",
-            "envs=4,transport=zmq",
-            "--warmup",
-            "0.5",
-            "--seconds",
-            "1.5",
-            "--sim",
-            "",
-            "--out",
-            str(out),
-            "learner.batch_samples=64",
-            "actor.rollout_len=8",
-        ],
+        [sys.executable, str(CEILING), *args],
         capture_output=True,
         text=True,
         env=dict(os.environ, OMP_NUM_THREADS="1"),
         timeout=600,
     )
     assert res.returncode == 0, res.stderr[-3000:] + res.stdout[-3000:]
+
+
+def test_a_tiny_ceiling_point_reports_per_role_cpu_and_inference_stats(tmp_path):
+    out = tmp_path / "ceiling"
+    _run_ceiling(
+        *("--factors", "none", "--base", "envs=4,transport=zmq", "--warmup", "0.5", "--seconds", "1.5"),
+        *("--sim", "", "--out", str(out), "learner.batch_samples=64", "actor.rollout_len=8"),
+    )
     report = json.loads((out / "ceiling.json").read_text())
     assert [r["mode"] for r in report["results"]] == ["sampling", "training"]
     for r in report["results"]:
@@ -81,20 +71,11 @@ def test_a_point_with_in_process_envs_and_repeats(tmp_path):
     # actor.num_workers=0: the actor steps its envs itself (no env worker processes to measure);
     # --repeat 2 keeps the median run and both rates
     out = tmp_path / "ceiling"
-    res = subprocess.run(
-        [
-            sys.executable,
-            str(CEILING),
-            *("--factors", "none", "--modes", "training", "--repeat", "2", "--base", "envs=4"),
-            *("--warmup", "0.5", "--seconds", "1.5", "--sim", "", "--out", str(out)),
-            *("learner.batch_samples=64", "actor.rollout_len=8", "actor.num_workers=0"),
-        ],
-        capture_output=True,
-        text=True,
-        env=dict(os.environ, OMP_NUM_THREADS="1"),
-        timeout=600,
+    _run_ceiling(
+        *("--factors", "none", "--modes", "training", "--repeat", "2", "--base", "envs=4"),
+        *("--warmup", "0.5", "--seconds", "1.5", "--sim", "", "--out", str(out)),
+        *("learner.batch_samples=64", "actor.rollout_len=8", "actor.num_workers=0"),
     )
-    assert res.returncode == 0, res.stderr[-3000:] + res.stdout[-3000:]
     report = json.loads((out / "ceiling.json").read_text())
     (r,) = report["results"]
     assert r["error"] is None and report["meta"]["repeat"] == 2

@@ -168,7 +168,7 @@ def test_the_minibatch_mean_is_the_plain_mean_on_one_process_and_its_share_under
     x = torch.randn(6, 3, generator=g)  # per-element values of a 6-row minibatch, 3 per row
     whole = MinibatchMean(torch.ones(6, dtype=torch.bool), 6.0)
     assert torch.equal(whole(x), x.mean()) and torch.equal(whole.local(x), x.mean())  # bit for bit
-    assert whole.fraction(x > 0) == int((x > 0).sum()) / 18
+    assert int(whole.count(x > 0)) == int((x > 0).sum()) and whole.elements(x > 0) == 18
     # two ranks holding rows 0-3 and 4-5: DDP averages their losses' gradients, i.e. their values
     shares = [MinibatchMean(torch.ones(4, dtype=torch.bool), 3.0), MinibatchMean(torch.ones(2, dtype=torch.bool), 3.0)]
     torch.testing.assert_close((shares[0](x[:4]) + shares[1](x[4:])) / 2, x.mean())
