@@ -30,7 +30,7 @@ import grpc
 from rlfleet.wire import codec
 from rlfleet.wire.gen import learner_pb2, learner_pb2_grpc
 from rlfleet.wire.grpc_server import make_channel
-from rlfleet.wire.life_ledger import RECORD, ledger_path, read_account, unreported
+from rlfleet.wire.life_ledger import RECORD, ledger_path, mark_reported, read_account, unreported
 from rlfleet.wire.segment import Segment
 
 log = logging.getLogger(__name__)
@@ -85,7 +85,7 @@ class LifeLedger:
             os.close(self._fd)
             self._fd = None
             if reported:
-                self.path.replace(self.path.with_suffix(".reported"))
+                mark_reported(self.path)
 
 
 def orphaned_lives(folder: str | None, client_id: str, own: Path | None) -> list[tuple[Path, learner_pb2.LifeReport]]:
@@ -98,6 +98,8 @@ def orphaned_lives(folder: str | None, client_id: str, own: Path | None) -> list
             continue
         try:
             acct = read_account(path)
+        except FileNotFoundError:  # the learner counted it since the listing
+            continue
         except ValueError:
             log.warning("unreadable actor ledger %s: skipped", path)
             continue
@@ -326,7 +328,7 @@ class LearnerClient:
                 while self._orphans:  # a predecessor killed before it could report: report it for it
                     path, report = self._orphans[0]
                     self._heartbeat(report)
-                    path.replace(path.with_suffix(".reported"))
+                    mark_reported(path)
                     log.info(
                         "reported an earlier life of %s: %d env steps, %d accepted",
                         self.client_id,

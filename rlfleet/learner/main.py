@@ -54,7 +54,7 @@ from rlfleet.wire.gen import learner_pb2_grpc
 from rlfleet.wire.grpc_decoding import add_servicer
 from rlfleet.wire.grpc_server import start_grpc_server
 from rlfleet.wire.join import EXIT_INTERRUPTED, write_address
-from rlfleet.wire.life_ledger import read_account, unreported
+from rlfleet.wire.life_ledger import mark_reported, read_account, unreported
 from rlfleet.wire.run_spec import RunSpec, write_run_spec
 from rlfleet.wire.segment import Segment
 
@@ -356,10 +356,13 @@ class Learner:
             try:
                 a = read_account(path)
                 lost += self.losses.life_ended(a.client_id, a.life, a.taken, a.accepted, a.rejected, crashed=True)
+            except FileNotFoundError:  # its actor reported it and renamed it since the listing
+                continue
             except ValueError as exc:  # unreadable, or an account the learners' own count rules out
                 log.warning("actor ledger %s not counted: %s", path.name, exc)
                 continue
-            path.replace(path.with_suffix(".reported"))
+            if not mark_reported(path):
+                continue
             log.info("counted %s's life %x from its ledger file (it never reported)", a.client_id, a.life)
         return lost
 

@@ -1,7 +1,9 @@
 """An actor life's env-step account as a file (`DIR/CLIENT.LIFE.ledger`): three little-endian int64
 (taken, accepted, rejected), rewritten in place by the actor as its counts change. The actor's next
 life and the learner at the end of a run (and at resume) read the files of lives that never reported,
-so a life killed before its report is still counted; whoever counts one renames it `.reported`."""
+so a life killed before its report is still counted; whoever counts one renames it `.reported`.
+The actor's own report and the learner's end-of-run sweep can meet on the same file, so a rename
+finds it gone when the other side got there first (`mark_reported`)."""
 
 from __future__ import annotations
 
@@ -28,7 +30,8 @@ class LifeAccount:
 
 
 def read_account(path: Path) -> LifeAccount:
-    """One ledger file; ValueError when its name or its 24 bytes do not parse."""
+    """One ledger file; ValueError when its name or its 24 bytes do not parse, FileNotFoundError when
+    it is gone (counted and renamed by someone else since it was listed)."""
     stem = path.name[: -len(SUFFIX)]
     client_id, sep, life_hex = stem.rpartition(".")
     if not sep or not client_id:
@@ -36,8 +39,20 @@ def read_account(path: Path) -> LifeAccount:
     try:
         taken, accepted, rejected = RECORD.unpack(path.read_bytes()[: RECORD.size])
         return LifeAccount(path, client_id, int(life_hex, 16), taken, accepted, rejected)
+    except FileNotFoundError:
+        raise
     except (struct.error, OSError) as exc:
         raise ValueError(f"{path.name}: {exc}") from exc
+
+
+def mark_reported(path: Path) -> bool:
+    """Rename a counted ledger `.reported`; False when it was already gone (the other side, actor or
+    learner, counted it between our listing and now; the learner ignores a repeated report)."""
+    try:
+        path.replace(path.with_suffix(".reported"))
+    except FileNotFoundError:
+        return False
+    return True
 
 
 def unreported(folder: str | Path, client_id: str = "*") -> list[Path]:

@@ -110,3 +110,35 @@ def test_the_learner_counts_actor_lives_that_never_reported_from_their_ledger_fi
         assert learner.count_unreported_lives() == 0  # once
     finally:
         learner.close()
+
+
+def test_the_learner_end_sweep_meets_an_actor_renaming_its_own_ledger(tmp_path, monkeypatch):
+    """At the end of a run the actor's report and the learner's sweep of RUN/ledgers race for the
+    same file: the actor may rename it `.reported` between the learner's listing and its rename, or
+    before its read. Neither is an error (the learner ignores a repeated report)."""
+    import rlfleet.learner.main as learner_main
+    from rlfleet.wire.life_ledger import RECORD, ledger_path, read_account
+
+    cfg = load_config("metaworld_reach_ppo", [f"runner.logger.log_path={tmp_path}", "actor.num_envs=4"])
+    learner = Learner(cfg, tmp_path)
+    try:
+        folder = tmp_path / "ledgers"
+        folder.mkdir()
+        after_read = ledger_path(folder, "actor0", 0xA)
+        before_read = ledger_path(folder, "actor1", 0xB)
+        for path in (after_read, before_read):
+            path.write_bytes(RECORD.pack(64, 0, 0))
+
+        def actor_renames(path):  # the actor's close(reported=True), landing mid-sweep
+            if path == before_read:
+                path.replace(path.with_suffix(".reported"))
+            account = read_account(path)
+            if path == after_read:
+                path.replace(path.with_suffix(".reported"))
+            return account
+
+        monkeypatch.setattr(learner_main, "read_account", actor_renames)
+        assert learner.count_unreported_lives() == 64  # actor0 read, then renamed by its actor
+        assert sorted(p.name for p in folder.iterdir()) == ["actor0.0000000a.reported", "actor1.0000000b.reported"]
+    finally:
+        learner.close()

@@ -9,6 +9,7 @@ import pytest
 from rlfleet.actors.learner_client import LifeLedger, orphaned_lives
 from rlfleet.learner import losses
 from rlfleet.learner.losses import LEDGER_FILE, BadLifeReport, LossLedger, read_ledger
+from rlfleet.wire.life_ledger import mark_reported
 
 
 def test_every_taken_step_is_counted_or_lost_by_cause_across_resumes(tmp_path):
@@ -66,6 +67,17 @@ def test_an_actor_life_ledger_outlives_the_process_and_is_found_by_the_next(tmp_
     second.close(reported=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["actor0.00001234.ledger", "actor0.00009999.reported"]
     assert LifeLedger("x", 1, None).path is None  # without a folder: counts only
+
+
+def test_an_actor_closing_a_ledger_the_learner_already_counted_is_not_an_error(tmp_path):
+    """The learner's end-of-run sweep may count and rename a life's ledger before the actor's own
+    close(reported=True) renames it."""
+    ledger = LifeLedger("actor0", 0x42, str(tmp_path))
+    ledger.set_taken(8)
+    assert mark_reported(ledger.path)  # the learner's sweep
+    assert not mark_reported(ledger.path)  # gone: someone counted it
+    ledger.close(reported=True)
+    assert [p.name for p in tmp_path.iterdir()] == ["actor0.00000042.reported"]
 
 
 @pytest.mark.parametrize(
