@@ -36,9 +36,24 @@ from rlfleet.wire.slots import BASE_OUTPUTS, obs_keys, output_slot
 
 log = logging.getLogger(__name__)
 _I64 = struct.Struct("<q")
-MAX_ATTACHED = 1024  # blocks mapped at once (one per actor connection); the oldest idle one goes first
+MAX_ATTACHED = 1024  # blocks attached at once (one per actor connection, an fd each); the oldest idle one goes first
 _SWEEP_S = 5.0  # how often blocks whose owner has removed them are released
 _SHM_DIR = "/dev/shm"
+
+
+def _allow_fds(wanted: int) -> None:
+    """Raise this process's soft fd limit towards `wanted` (never above the hard limit)."""
+    try:
+        import resource  # POSIX only
+    except ImportError:
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError):  # a limit we may not raise: attaches past it are refused one by one
+            log.warning("could not raise the fd limit from %d to %d", soft, target)
 
 
 class _Attached:
@@ -66,6 +81,7 @@ class ZmqFrontend:
             log.warning("TLS is on: the ZeroMQ front end stays on 127.0.0.1; remote actors use transport=grpc")
             host = "127.0.0.1"
         self._token = auth.token
+        _allow_fds(MAX_ATTACHED + 1024)  # an fd per attached block, beside sockets and gRPC's
         self.router = ctx.socket(zmq.ROUTER)
         self.router.setsockopt(zmq.LINGER, 0)
         self.router.setsockopt(zmq.MAXMSGSIZE, auth.max_message_bytes)  # larger: the peer is disconnected
@@ -287,7 +303,7 @@ class ZmqFrontend:
             if answered.is_set():
                 return
             answered.set()
-            try:  # written by name even if re-attached meanwhile (the block is never mapped here)
+            try:  # through the entry's own fd even if re-attached meanwhile (closed once unused)
                 try:
                     blk.write_rows({output_slot(key): value for key, value in out.items()}, lo, hi)
                 except codec.WireFormatError as exc:  # the owner truncated or removed its block

@@ -20,6 +20,7 @@ import mmap
 import os
 import re
 import secrets
+import threading
 import weakref
 from dataclasses import dataclass
 from multiprocessing import shared_memory
@@ -261,12 +262,19 @@ class PeerBlock:
     The inference server serves blocks that other processes own. A mapped block that its
     owner truncates (ftruncate to 0, or below the rows read) turns the next access into SIGBUS,
     which no Python code can catch; a system call on a shorter file returns a short count
-    instead, so here a truncated or removed block is a clean error. Each access opens the
-    block by name and closes it again: no fd and no address space is held per attached block.
+    instead, so here a truncated or removed block is a clean error. One fd is held per block
+    name, shared by every attach of it (no address space): every access checks it with fstat, so a
+    block its owner removed (no links left) or truncated is refused, as a fresh open by name
+    would, without paying for the open and close on every request.
     """
+
+    _by_name: dict[str, int] = {}  # block name -> the fd its attaches share
+    _holders: dict[int, int] = {}  # fd -> attaches holding it
+    _shared_lock = threading.Lock()
 
     def __init__(self, name: str, layout: Layout, size: int):
         self.name, self.layout, self.size = name, layout, size
+        self._fd: int | None = None
         self.offsets, _ = _offsets(layout)
         self._row_bytes = {
             key: int(np.prod(spec.shape[1:], dtype=np.int64)) * np.dtype(spec.dtype).itemsize
@@ -288,8 +296,18 @@ class PeerBlock:
                 raise WireFormatError(
                     f"shared block {name} holds {have} bytes, layout needs {size}", reason="bad_shape"
                 )
-        finally:
+        except BaseException:
             os.close(fd)
+            raise
+        with cls._shared_lock:
+            held = cls._by_name.get(name)
+            if held is not None and os.fstat(held).st_nlink > 0:
+                os.close(fd)  # the block this name already holds, still linked: share its fd
+                fd = held
+            else:  # first attach, or the name was removed and made anew: the old fd stays with its holders
+                cls._by_name[name] = fd
+            cls._holders[fd] = cls._holders.get(fd, 0) + 1
+        out._fd = fd
         return out
 
     def _open(self, reason: str = "block_gone") -> int:
@@ -304,57 +322,61 @@ class PeerBlock:
                 f"could not open shared block {self.name[:80]!r}: {exc.strerror}", reason=reason
             ) from exc
 
-    def _checked_open(self) -> int:
-        fd = self._open()
-        try:
-            have = os.fstat(fd).st_size
-        except OSError:
-            os.close(fd)
-            raise
-        if have < self.size:
-            os.close(fd)
+    def _checked_fd(self) -> int:
+        """The held fd, once fstat says the block still has a name and its layout's size."""
+        if self._fd is None:
+            raise WireFormatError(f"shared block {self.name[:80]!r} was released", reason="block_gone")
+        st = os.fstat(self._fd)
+        if st.st_nlink == 0:  # its owner unlinked it: what we would read or write no one will see
+            raise WireFormatError(f"no shared block named {self.name[:80]!r}", reason="block_gone")
+        if st.st_size < self.size:
             raise WireFormatError(
-                f"shared block {self.name} was truncated to {have} bytes (its layout needs {self.size})",
+                f"shared block {self.name} was truncated to {st.st_size} bytes (its layout needs {self.size})",
                 reason="block_truncated",
             )
-        return fd
+        return self._fd
 
     def read_rows(self, keys: list[str], lo: int, hi: int) -> dict[str, np.ndarray]:
         """Private copies of rows lo:hi of each named array."""
-        fd = self._checked_open()
-        try:
-            out = {}
-            for key in keys:
-                spec = self.layout[key]
-                arr = np.empty((hi - lo, *spec.shape[1:]), dtype=spec.dtype)
-                if not _pread_all(fd, arr.data.cast("B"), self.offsets[key] + lo * self._row_bytes[key]):
-                    # truncated after the size check: the rows are not all there
-                    raise WireFormatError(
-                        f"shared block {self.name} was truncated while its rows were read", reason="block_truncated"
-                    )
-                out[key] = arr
-            return out
-        finally:
-            os.close(fd)
+        fd = self._checked_fd()
+        out = {}
+        for key in keys:
+            spec = self.layout[key]
+            arr = np.empty((hi - lo, *spec.shape[1:]), dtype=spec.dtype)
+            if not _pread_all(fd, arr.data.cast("B"), self.offsets[key] + lo * self._row_bytes[key]):
+                # truncated after the size check: the rows are not all there
+                raise WireFormatError(
+                    f"shared block {self.name} was truncated while its rows were read", reason="block_truncated"
+                )
+            out[key] = arr
+        return out
 
     def write_rows(self, values: dict[str, np.ndarray], lo: int, hi: int) -> None:
         """Write rows lo:hi of each named array (cast to the slot's dtype, shape checked)."""
-        fd = self._checked_open()
-        try:
-            for key, value in values.items():
-                spec = self.layout[key]
-                want = (hi - lo, *spec.shape[1:])
-                if tuple(np.shape(value)) != want:
-                    raise ValueError(f"slot {key!r} takes {list(want)} for these rows, got {list(np.shape(value))}")
-                data = np.ascontiguousarray(np.asarray(value).astype(spec.dtype, casting="same_kind", copy=False))
-                # a truncation racing this write makes pwrite extend the file back (up to the layout's
-                # size, which was checked at attach), never fault
-                view, pos = data.data.cast("B"), self.offsets[key] + lo * self._row_bytes[key]
-                while view:
-                    done = os.pwrite(fd, view, pos)
-                    view, pos = view[done:], pos + done
-        finally:
-            os.close(fd)
+        fd = self._checked_fd()
+        for key, value in values.items():
+            spec = self.layout[key]
+            want = (hi - lo, *spec.shape[1:])
+            if tuple(np.shape(value)) != want:
+                raise ValueError(f"slot {key!r} takes {list(want)} for these rows, got {list(np.shape(value))}")
+            data = np.ascontiguousarray(np.asarray(value).astype(spec.dtype, casting="same_kind", copy=False))
+            # a truncation racing this write makes pwrite extend the file back (up to the layout's
+            # size, which was checked at attach), never fault
+            view, pos = data.data.cast("B"), self.offsets[key] + lo * self._row_bytes[key]
+            while view:
+                done = os.pwrite(fd, view, pos)
+                view, pos = view[done:], pos + done
 
     def close(self) -> None:
-        """Nothing is held between accesses."""
+        """Release the held fd (the block itself is its owner's)."""
+        fd, self._fd = self._fd, None
+        if fd is None:
+            return
+        with self._shared_lock:
+            left = self._holders.pop(fd) - 1
+            if left:
+                self._holders[fd] = left
+                return
+            if self._by_name.get(self.name) == fd:
+                del self._by_name[self.name]
+            os.close(fd)  # under the lock: an attach must not be handed this number while it closes
