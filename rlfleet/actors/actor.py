@@ -95,6 +95,13 @@ def _run_actor(
     env = {**as_dict(cfg.env), "fleet_envs": fleet}
     layout = run_slot_layout(build_env_config(as_dict(cfg.env)), spec, E)
     pool = EnvWorkerPool(env, E, a.num_workers, S, layout, env_offset=actor_index * E)
+    if a.num_workers == 0 and S > 1 and not schedule.group_size:
+        log.info(
+            "actor %s steps its envs itself in %d pipeline stages: a stage's step overlaps no other "
+            "here, and actor.pipeline_stage_num=1 halves the inference requests per env step",
+            client_id,
+            S,
+        )
     learner = inference = None
     segments, steps, t0 = 0, 0, time.monotonic()
 
