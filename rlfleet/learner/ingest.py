@@ -1,7 +1,15 @@
-"""The learner's bounded ingest queue: back-pressure, de-duplication and rejection counts."""
+"""The learner's bounded ingest queue: back-pressure, de-duplication and rejection counts.
+
+Queued segments leave oldest policy first (the lowest version that acted in them; arrival order
+among equals): a row's deadline is its acting version + `max_policy_lag`, and taking the earliest
+deadline first keeps a segment that took long to step (an actor starved of CPU among many)
+from queueing behind newer ones until its first rows are too old to train. With one actor, or
+actors that keep pace, versions arrive in order and this is arrival order.
+"""
 
 from __future__ import annotations
 
+import itertools
 import queue
 import threading
 from collections import Counter, OrderedDict
@@ -22,6 +30,11 @@ def _env_steps(item: IngestedSegment) -> int:
     return int(getattr(item.segment, "env_steps", 0))  # tests may queue placeholder segments
 
 
+def _oldest_version(item: IngestedSegment) -> int:
+    versions = getattr(item.segment, "versions", None)  # placeholders: none, so arrival order
+    return int(versions.min()) if versions is not None and len(versions) else 0
+
+
 class IngestQueue:
     """A full queue blocks the pushing RPC, which blocks the actor: a slow learner slows actors."""
 
@@ -33,7 +46,9 @@ class IngestQueue:
         seen_before: Callable[[str, int], bool] | None = None,
         on_queued: Callable[[IngestedSegment], None] | None = None,
     ):
-        self._q: queue.Queue[IngestedSegment] = queue.Queue(maxsize=maxsize)
+        # (oldest acting version, arrival number, segment): earliest deadline first, then FIFO
+        self._q: queue.PriorityQueue[tuple[int, int, IngestedSegment]] = queue.PriorityQueue(maxsize=maxsize)
+        self._arrivals = itertools.count()
         self._seen: OrderedDict[tuple[str, int], None] = OrderedDict()
         self._inflight: dict[tuple[str, int], threading.Event] = {}
         self._remember = remember
@@ -74,7 +89,7 @@ class IngestQueue:
             if not other.wait(timeout):
                 return False
         try:
-            self._q.put(item, timeout=timeout)
+            self._q.put((_oldest_version(item), next(self._arrivals), item), timeout=timeout)
             ok = True
         except queue.Full:
             ok = False
@@ -96,7 +111,7 @@ class IngestQueue:
 
     def get(self, timeout: float) -> IngestedSegment | None:
         try:
-            item = self._q.get(timeout=timeout)
+            _, _, item = self._q.get(timeout=timeout)
         except queue.Empty:
             return None
         with self._lock:
