@@ -8,10 +8,12 @@ there for updates and the trainer masks those older than the lag bound: stepped,
 The learner keeps one number, the samples it owes training: `untrained` (accepted, not yet in a
 finished update: the ingest queue, the batch being gathered, the columns carried to the next
 update) plus `reserved` (granted to an actor for a segment it is stepping or sending). The learner
-trains its queue in order, exactly `batch_samples` (b) samples per update, so a segment granted at
+trains its queue oldest acting policy first (rlfleet.learner.ingest; arrival order when versions
+arrive in order), exactly `batch_samples` (b) samples per update, so a segment granted at
 learner version V has at most `owed` samples ahead of it (when segments arrive in the order they
 were granted: actors that step a segment faster than the learner trains an update, the case
-pacing is for): its last row is trained at version V + (owed + segment - 1) // b. An actor asks
+pacing is for; one that arrives late goes ahead of newer ones): its last row is trained at
+version V + (owed + segment - 1) // b. An actor asks
 before each segment (`Credits` RPC); the answer waits until
 
     owed < b                                       (the next update cannot start without it), or
