@@ -288,7 +288,7 @@ class PeerBlock:
             raise WireFormatError(f"shared block name must look like {PREFIX}_<hex>", reason="attach_denied")
         _, size = _offsets(layout)
         out = cls(name, layout, size)
-        fd = out._open("attach_failed")
+        fd = out._open()
         try:
             _check_header(os.pread(fd, len(_MAGIC) + _SECRET_BYTES, 0), secret)
             have = os.fstat(fd).st_size
@@ -310,14 +310,16 @@ class PeerBlock:
         out._fd = fd
         return out
 
-    def _open(self, reason: str = "block_gone") -> int:
+    def _open(self) -> int:
+        """Open the block by name (at attach only: later accesses use the held fd)."""
+        reason = "attach_failed"
         try:
             return _posixshmem.shm_open("/" + self.name, os.O_RDWR, mode=0o600)
         except FileNotFoundError as exc:
             raise WireFormatError(f"no shared block named {self.name[:80]!r}", reason=reason) from exc
         except PermissionError as exc:
             raise WireFormatError(f"shared block {self.name[:80]!r} is not accessible", reason="attach_denied") from exc
-        except OSError as exc:  # e.g. out of fds: this request is refused, the block is left alone
+        except OSError as exc:  # e.g. out of fds: this attach is refused, the block is left alone
             raise WireFormatError(
                 f"could not open shared block {self.name[:80]!r}: {exc.strerror}", reason=reason
             ) from exc
